@@ -1,0 +1,89 @@
+//! Primary contexts: retained once per device for the life of the process, and made
+//! current on a thread only when it is not current already (a thread-local cache of the
+//! context this library last made current saves the driver call).
+//!
+//! If code outside cuda-rt changes the thread's current context with the raw driver API,
+//! call [`forget_current`] afterwards so the cache is not trusted.
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+use super::{drv, sys};
+use crate::error::{Error, Result};
+
+/// Most devices a process can address through cuda-rt.
+pub const MAX_DEVICES: usize = 64;
+
+/// Retained primary contexts, as addresses (a `CUcontext` is not `Send`).
+static PRIMARY: [OnceLock<Result<usize>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+
+thread_local! {
+    /// The context cuda-rt last made current on this thread (0: unknown).
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Device `id`'s primary context, retained on first use and never released (CuPy does
+/// the same: the context lives as long as the process).
+pub fn primary(id: i32) -> Result<sys::CUcontext> {
+    let slot = usize::try_from(id)
+        .ok()
+        .and_then(|i| PRIMARY.get(i))
+        .ok_or_else(|| Error::InvalidArgument(format!("device id {id} is out of range")))?;
+    let addr = slot
+        .get_or_init(|| {
+            let dev = super::device::get(id)?;
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: `ctx` is a valid out pointer; `dev` came from cuDeviceGet.
+            drv!(cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+            Ok(ctx as usize)
+        })
+        .clone()?;
+    Ok(addr as sys::CUcontext)
+}
+
+/// Makes device `id`'s primary context current on this thread, unless this library
+/// already made it current here.
+#[inline]
+pub fn make_current(id: i32) -> Result<()> {
+    let ctx = primary(id)?;
+    if CURRENT.with(Cell::get) == ctx as usize {
+        return Ok(());
+    }
+    set_current(ctx)
+}
+
+/// `cuCtxSetCurrent`, and remembers it.
+pub fn set_current(ctx: sys::CUcontext) -> Result<()> {
+    // SAFETY: `ctx` is a context handle (the driver rejects invalid ones).
+    drv!(cuCtxSetCurrent(ctx))?;
+    CURRENT.with(|c| c.set(ctx as usize));
+    Ok(())
+}
+
+/// The thread's current context as the driver sees it (`cuCtxGetCurrent`).
+pub fn current() -> Result<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out pointer.
+    drv!(cuCtxGetCurrent(&mut ctx))?;
+    Ok(ctx)
+}
+
+/// Forgets which context cuda-rt made current on this thread; the next
+/// [`make_current`] asks the driver again.
+pub fn forget_current() {
+    CURRENT.with(|c| c.set(0));
+}
+
+/// Free and total memory of the current context's device (`cuMemGetInfo`).
+pub fn mem_info() -> Result<(usize, usize)> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: both are valid out pointers.
+    drv!(cuMemGetInfo_v2(&mut free, &mut total))?;
+    Ok((free, total))
+}
+
+/// Blocks until the current context's work is done (`cuCtxSynchronize`).
+pub fn synchronize() -> Result<()> {
+    // SAFETY: no pointers involved.
+    drv!(cuCtxSynchronize())
+}

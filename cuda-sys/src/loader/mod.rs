@@ -1,0 +1,274 @@
+//! Opening CUDA libraries at run time and resolving their entry points.
+//!
+//! Nothing is linked at build time. Each library is found by the search of [`search`],
+//! opened once per process and kept open for the life of the process (unloading CUDA
+//! while handles may still exist is never safe). Driver entry points are resolved with
+//! `cuGetProcAddress`, asking for the exact ABI version the 13.0 headers declare, so one
+//! build runs against 12.x and 13.x drivers: a function whose signature changed in a
+//! newer CUDA than the driver supports is an error naming it, never a mismatched call.
+
+mod error;
+pub mod search;
+pub mod specs;
+
+use std::ffi::{c_char, c_int, c_void, CString};
+
+pub use error::{Attempt, LoadError, LoadErrorKind};
+use search::{Candidate, SearchEnv};
+
+/// How a library's entry points are resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `dlsym` by name.
+    Plain,
+    /// The CUDA driver: `cuGetProcAddress` with an explicit version.
+    Driver,
+}
+
+/// Static description of a library: its file names and where to look.
+#[derive(Debug)]
+pub struct LibrarySpec {
+    /// The library in words, e.g. `NVRTC`.
+    pub name: &'static str,
+    /// File names to try, newest soname first.
+    pub files: &'static [&'static str],
+    /// The environment variable naming the library's file (or a folder holding it).
+    pub override_var: &'static str,
+    /// Folders under a site-packages folder where the Python wheels put the library.
+    pub wheel_dirs: &'static [&'static str],
+    /// How entry points are resolved.
+    pub kind: Kind,
+}
+
+impl LibrarySpec {
+    fn label(&self) -> String {
+        format!("{} ({})", self.name, self.files.join(" or "))
+    }
+}
+
+/// `cuGetProcAddress_v2`, declared by hand because the loader must not depend on the
+/// generated driver module (which a user may turn off).
+type GetProcAddress =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut u32) -> u32;
+type DriverGetVersion = unsafe extern "C" fn(*mut c_int) -> u32;
+
+/// CUDA version of the 13.0 headers, asked for entry points not in the version table.
+pub const HEADER_CUDA_VERSION: i32 = 13000;
+const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
+/// An opened library.
+pub struct Library {
+    spec: &'static LibrarySpec,
+    path: String,
+    lib: libloading::Library,
+    get_proc: Option<GetProcAddress>,
+    driver_version: Option<i32>,
+}
+
+impl std::fmt::Debug for Library {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Library")
+            .field("name", &self.spec.name)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl Library {
+    /// Finds and opens `spec` with the process's environment, and keeps it open for the
+    /// life of the process. Each call opens anew: callers cache the result (every
+    /// generated module's `api()` does).
+    pub fn open(spec: &'static LibrarySpec) -> Result<&'static Library, LoadError> {
+        let lib = Self::open_with(spec, &SearchEnv::from_process(spec))?;
+        Ok(Box::leak(Box::new(lib)))
+    }
+
+    /// Finds and opens `spec` with the given environment (tests use fake folders).
+    pub fn open_with(spec: &'static LibrarySpec, env: &SearchEnv) -> Result<Library, LoadError> {
+        let mut tried = Vec::new();
+        for Candidate { path, .. } in search::candidates(spec, env) {
+            let shown = path.display().to_string();
+            // SAFETY: opening a CUDA library runs its initialisers, which have no
+            // preconditions; the handle is kept for as long as symbols are used.
+            match unsafe { libloading::Library::new(&path) } {
+                Ok(lib) => return Ok(Self::from_parts(spec, shown, lib)),
+                Err(e) => {
+                    let reason = loader_reason(&e);
+                    // dlerror repeats the path; say it once.
+                    let reason = match reason.strip_prefix(shown.as_str()) {
+                        Some(r) => r.trim_start_matches(": ").to_string(),
+                        None => reason,
+                    };
+                    tried.push(Attempt {
+                        path: shown,
+                        reason,
+                    })
+                }
+            }
+        }
+        Err(LoadError::new(LoadErrorKind::LibraryNotFound {
+            library: spec.label(),
+            override_var: spec.override_var,
+            tried,
+        }))
+    }
+
+    fn from_parts(spec: &'static LibrarySpec, path: String, lib: libloading::Library) -> Self {
+        let mut me = Library {
+            spec,
+            path,
+            lib,
+            get_proc: None,
+            driver_version: None,
+        };
+        if spec.kind == Kind::Driver {
+            if let Ok(p) = me.dlsym("cuGetProcAddress_v2") {
+                // SAFETY: cuGetProcAddress_v2 has this C signature in every driver that
+                // exports it (CUDA 12.0 and later).
+                me.get_proc =
+                    Some(unsafe { std::mem::transmute::<*mut c_void, GetProcAddress>(p) });
+            }
+            if let Ok(p) = me.dlsym("cuDriverGetVersion") {
+                // SAFETY: cuDriverGetVersion(int*) has had this signature since CUDA 2.2.
+                let f = unsafe { std::mem::transmute::<*mut c_void, DriverGetVersion>(p) };
+                let mut v: c_int = 0;
+                // SAFETY: `v` is a valid out pointer; the call needs no initialisation.
+                if unsafe { f(&mut v) } == 0 {
+                    me.driver_version = Some(v);
+                }
+            }
+        }
+        me
+    }
+
+    /// The file that was opened (a bare name when the system loader found it).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The library's description.
+    pub fn spec(&self) -> &'static LibrarySpec {
+        self.spec
+    }
+
+    /// For the driver: the CUDA version it supports (`cuDriverGetVersion`), e.g. 13000.
+    pub fn driver_version(&self) -> Option<i32> {
+        self.driver_version
+    }
+
+    /// The address of entry point `name` (non-null), or an error naming it.
+    pub fn resolve(&self, name: &str) -> Result<*mut c_void, LoadError> {
+        match (self.spec.kind, self.get_proc) {
+            (Kind::Driver, Some(gpa)) if name != "cuGetProcAddress_v2" => {
+                self.driver_proc_address(gpa, name)
+            }
+            _ => self.dlsym(name),
+        }
+    }
+
+    fn dlsym(&self, name: &str) -> Result<*mut c_void, LoadError> {
+        // SAFETY: the symbol is read as an untyped address; the caller gives it its type.
+        let found = unsafe { self.lib.get::<*mut c_void>(name.as_bytes()) };
+        match found {
+            Ok(sym) if !(*sym).is_null() => Ok(*sym),
+            Ok(_) => Err(self.missing(name, "the symbol's address is null".into())),
+            Err(e) => Err(self.missing(name, loader_reason(&e))),
+        }
+    }
+
+    fn driver_proc_address(
+        &self,
+        gpa: GetProcAddress,
+        name: &str,
+    ) -> Result<*mut c_void, LoadError> {
+        let sym = DriverSymbol::parse(name);
+        let c_base = CString::new(sym.base)
+            .map_err(|_| self.missing(name, "the name contains a NUL byte".into()))?;
+        let mut pfn: *mut c_void = std::ptr::null_mut();
+        let mut status: u32 = 0;
+        let flags = if sym.per_thread {
+            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+        } else {
+            CU_GET_PROC_ADDRESS_LEGACY_STREAM
+        };
+        // SAFETY: `c_base` is NUL-terminated, `pfn` and `status` are valid out pointers.
+        let rc = unsafe { gpa(c_base.as_ptr(), &mut pfn, sym.version, flags, &mut status) };
+        if rc == 0 && !pfn.is_null() {
+            return Ok(pfn);
+        }
+        let detail = match status {
+            2 => format!(
+                "this ABI version needs a CUDA {} driver; this driver supports CUDA {}",
+                crate::version::format_version(sym.version),
+                self.driver_version
+                    .map(crate::version::format_version)
+                    .unwrap_or_else(|| "(unknown)".into())
+            ),
+            1 => "the driver does not export it".into(),
+            _ => format!(
+                "cuGetProcAddress({}, version {}) returned {rc}",
+                sym.base, sym.version
+            ),
+        };
+        Err(self.missing(name, detail))
+    }
+
+    fn missing(&self, symbol: &str, detail: String) -> LoadError {
+        LoadError::new(LoadErrorKind::SymbolNotFound {
+            library: self.spec.label(),
+            path: self.path.clone(),
+            symbol: symbol.to_string(),
+            detail,
+        })
+    }
+}
+
+fn loader_reason(e: &libloading::Error) -> String {
+    let s = e.to_string();
+    // libloading prefixes its own words; keep the system loader's message.
+    match s.find(": ") {
+        Some(i) if s.starts_with("Dl") || s.starts_with("Get") => s[i + 2..].to_string(),
+        _ => s,
+    }
+}
+
+/// A driver entry point's name split into what `cuGetProcAddress` wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverSymbol<'a> {
+    /// The name without `_vN`, `_ptds` or `_ptsz`.
+    pub base: &'a str,
+    /// The CUDA version whose ABI the 13.0 headers declare for it.
+    pub version: i32,
+    /// Whether the per-thread-default-stream variant was asked for.
+    pub per_thread: bool,
+}
+
+impl<'a> DriverSymbol<'a> {
+    /// Looks `name` up in the table generated from `cudaTypedefs.h`:
+    /// `cuMemcpyHtoD_v2_ptds` is `cuMemcpyHtoD` at ABI 3020, per-thread;
+    /// `cuCtxSynchronize` is ABI 2000 while `cuCtxSynchronize_v2` is 13000. A name the
+    /// table does not know keeps its name and asks for the headers' version.
+    pub fn parse(name: &'a str) -> Self {
+        let (declared, per_thread) = match name
+            .strip_suffix("_ptds")
+            .or_else(|| name.strip_suffix("_ptsz"))
+        {
+            Some(r) => (r, true),
+            None => (name, false),
+        };
+        let table = crate::generated_versions::DRIVER_SYMBOL_VERSIONS;
+        match table.binary_search_by(|(n, _, _)| (*n).cmp(declared)) {
+            Ok(i) => DriverSymbol {
+                base: table[i].1,
+                version: table[i].2 as i32,
+                per_thread,
+            },
+            Err(_) => DriverSymbol {
+                base: declared,
+                version: HEADER_CUDA_VERSION,
+                per_thread,
+            },
+        }
+    }
+}

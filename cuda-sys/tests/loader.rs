@@ -1,0 +1,269 @@
+//! The loader with fake library folders: search order, overrides, the errors' words,
+//! and cuGetProcAddress resolution against a fake driver built here with the C compiler.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cuda_sys::loader::search::SearchEnv;
+use cuda_sys::loader::search::{candidates, site_packages, Source};
+use cuda_sys::loader::{specs, DriverSymbol, Library};
+use cuda_sys::LoadErrorKind;
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "cuda-sys-test-{}-{tag}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn touch(p: &Path) {
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, b"not an ELF file").unwrap();
+}
+
+/// Builds a shared library from C source with the system C compiler.
+fn build_so(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, source).unwrap();
+    let so = dir.join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&c)
+        .status()
+        .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
+    assert!(status.success(), "C compiler failed for {name}");
+    so
+}
+
+#[test]
+fn search_order_is_override_cuda_path_usr_local_system_then_wheels() {
+    let root = temp_dir("order");
+    let cuda_path = root.join("opt/cuda-13");
+    std::fs::create_dir_all(cuda_path.join("lib64")).unwrap();
+    std::fs::create_dir_all(root.join("usr/local/cuda/lib64")).unwrap();
+    let venv = root.join("venv");
+    let site = venv.join("lib/python3.12/site-packages");
+    std::fs::create_dir_all(site.join("nvidia/cu13/lib")).unwrap();
+    let over = root.join("mine/libnvrtc.so.13");
+    touch(&over);
+
+    let env = SearchEnv::with_root(&root)
+        .var("CUDA_RT_LIBNVRTC", &over)
+        .var("CUDA_PATH", &cuda_path)
+        .var("VIRTUAL_ENV", &venv);
+    let got: Vec<(PathBuf, Source)> = candidates(&specs::NVRTC, &env)
+        .into_iter()
+        .map(|c| (c.path, c.source))
+        .collect();
+    let expect = vec![
+        (over.clone(), Source::Override),
+        (cuda_path.join("lib64/libnvrtc.so.13"), Source::CudaPath),
+        (cuda_path.join("lib64/libnvrtc.so.12"), Source::CudaPath),
+        (
+            root.join("usr/local/cuda/lib64/libnvrtc.so.13"),
+            Source::UsrLocalCuda,
+        ),
+        (
+            root.join("usr/local/cuda/lib64/libnvrtc.so.12"),
+            Source::UsrLocalCuda,
+        ),
+        (PathBuf::from("libnvrtc.so.13"), Source::SystemLoader),
+        (PathBuf::from("libnvrtc.so.12"), Source::SystemLoader),
+        (
+            site.join("nvidia/cu13/lib/libnvrtc.so.13"),
+            Source::PythonWheel,
+        ),
+        (
+            site.join("nvidia/cu13/lib/libnvrtc.so.12"),
+            Source::PythonWheel,
+        ),
+    ];
+    assert_eq!(got, expect);
+}
+
+#[test]
+fn override_may_name_a_folder() {
+    let root = temp_dir("overdir");
+    let env = SearchEnv::with_root(&root).var("CUDA_RT_LIBCUBLAS", &root);
+    let c = candidates(&specs::CUBLAS, &env);
+    assert_eq!(c[0].path, root.join("libcublas.so.13"));
+    assert_eq!(c[1].path, root.join("libcublas.so.12"));
+    assert!(c[..2].iter().all(|c| c.source == Source::Override));
+}
+
+#[test]
+fn missing_folders_are_not_searched_but_the_system_loader_always_is() {
+    let root = temp_dir("empty");
+    let env = SearchEnv::with_root(&root).var("CUDA_PATH", root.join("nope"));
+    let c = candidates(&specs::CURAND, &env);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].source, Source::SystemLoader);
+    assert_eq!(c[0].path, PathBuf::from("libcurand.so.10"));
+}
+
+#[test]
+fn site_packages_prefers_newest_python_and_finds_pyenv_and_user_sites() {
+    let root = temp_dir("sites");
+    let home = root.join("home/u");
+    for d in [
+        "home/u/.pyenv/versions/3.11.7/lib/python3.11/site-packages",
+        "home/u/.local/lib/python3.9/site-packages",
+        "home/u/.local/lib/python3.12/site-packages",
+        "usr/local/lib/python3.12/dist-packages",
+        "usr/lib/python3/dist-packages",
+    ] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let env = SearchEnv::with_root(&root).var("HOME", &home);
+    let got = site_packages(&env);
+    assert_eq!(
+        got,
+        vec![
+            root.join("home/u/.pyenv/versions/3.11.7/lib/python3.11/site-packages"),
+            root.join("home/u/.local/lib/python3.12/site-packages"),
+            root.join("home/u/.local/lib/python3.9/site-packages"),
+            root.join("usr/local/lib/python3.12/dist-packages"),
+            root.join("usr/lib/python3/dist-packages"),
+        ]
+    );
+}
+
+#[test]
+fn missing_library_error_names_it_and_lists_every_path_tried() {
+    let root = temp_dir("missing");
+    let cuda = root.join("cuda");
+    touch(&cuda.join("lib64/libcusparse.so.12"));
+    let env = SearchEnv::with_root(&root).var("CUDA_PATH", &cuda);
+    let err = Library::open_with(&specs::CUSPARSE, &env).unwrap_err();
+    let LoadErrorKind::LibraryNotFound { tried, .. } = err.kind() else {
+        panic!("wrong kind: {err:?}")
+    };
+    assert_eq!(tried.len(), 2);
+    let msg = err.to_string();
+    assert!(msg.starts_with("cuSPARSE (libcusparse.so.12) not found (set CUDA_RT_LIBCUSPARSE to its file or folder); tried 2 paths:"), "{msg}");
+    assert!(
+        msg.contains(&format!("{}/lib64/libcusparse.so.12: ", cuda.display())),
+        "{msg}"
+    );
+    assert!(msg.contains("\n  libcusparse.so.12: "), "{msg}");
+}
+
+#[test]
+fn override_library_loads_and_a_missing_symbol_is_an_error_naming_it() {
+    let dir = temp_dir("fake-nvrtc");
+    let so = build_so(
+        &dir,
+        "libnvrtc.so.13",
+        "int nvrtcVersion(int *ma, int *mi) { *ma = 13; *mi = 0; return 0; }\n",
+    );
+    let env = SearchEnv::with_root(&dir).var("CUDA_RT_LIBNVRTC", &so);
+    let lib = Library::open_with(&specs::NVRTC, &env).expect("fake NVRTC loads");
+    assert_eq!(lib.path(), so.display().to_string());
+    let p = lib.resolve("nvrtcVersion").expect("symbol exists");
+    // SAFETY: the fake's nvrtcVersion has exactly this signature.
+    let f: unsafe extern "C" fn(*mut i32, *mut i32) -> i32 = unsafe { std::mem::transmute(p) };
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: valid out pointers.
+    assert_eq!(unsafe { f(&mut a, &mut b) }, 0);
+    assert_eq!((a, b), (13, 0));
+
+    let err = lib.resolve("nvrtcNoSuchThing").unwrap_err();
+    assert_eq!(err.symbol(), Some("nvrtcNoSuchThing"));
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "symbol nvrtcNoSuchThing not found in NVRTC (libnvrtc.so.13 or libnvrtc.so.12) ({})",
+            so.display()
+        )),
+        "{msg}"
+    );
+}
+
+const FAKE_DRIVER: &str = r#"
+#include <string.h>
+static int init_calls = 0;
+static int fake_init(unsigned flags) { (void)flags; init_calls++; return 0; }
+static int fake_sync_v1(void) { return 0; }
+int cuDriverGetVersion(int *v) { *v = 12080; return 0; }
+int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {
+    (void)flags;
+    *pfn = 0;
+    if (ver > 12080) { *status = 2; return 500; }
+    if (strcmp(sym, "cuInit") == 0 && ver == 2000) { *pfn = (void*)fake_init; *status = 0; return 0; }
+    if (strcmp(sym, "cuCtxSynchronize") == 0 && ver == 2000) { *pfn = (void*)fake_sync_v1; *status = 0; return 0; }
+    *status = 1; return 500;
+}
+int fake_init_calls(void) { return init_calls; }
+"#;
+
+#[test]
+fn driver_entry_points_come_from_cu_get_proc_address_with_their_abi_version() {
+    let dir = temp_dir("fake-driver");
+    let so = build_so(&dir, "libcuda.so.1", FAKE_DRIVER);
+    let env = SearchEnv::with_root(&dir).var("CUDA_RT_LIBCUDA", &so);
+    let lib = Library::open_with(&specs::DRIVER, &env).expect("fake driver loads");
+    assert_eq!(lib.driver_version(), Some(12080));
+
+    // cuInit is ABI 2000: a 12.8 driver serves it.
+    let p = lib.resolve("cuInit").expect("cuInit resolves");
+    // SAFETY: fake_init has this signature.
+    let f: unsafe extern "C" fn(u32) -> i32 = unsafe { std::mem::transmute(p) };
+    // SAFETY: no preconditions.
+    assert_eq!(unsafe { f(0) }, 0);
+
+    // cuCtxSynchronize (no suffix) is the old ABI; cuCtxSynchronize_v2 needs CUDA 13.0.
+    assert!(lib.resolve("cuCtxSynchronize").is_ok());
+    let err = lib.resolve("cuCtxSynchronize_v2").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "symbol cuCtxSynchronize_v2 not found in CUDA driver (libcuda.so.1) ({}): this ABI version needs a CUDA 13.0 driver; this driver supports CUDA 12.8",
+            so.display()
+        )
+    );
+    let err = lib.resolve("cuMemAlloc_v2").unwrap_err();
+    assert!(
+        err.to_string().ends_with("the driver does not export it"),
+        "{err}"
+    );
+}
+
+#[test]
+fn driver_symbols_map_to_base_name_and_abi_version() {
+    let s = DriverSymbol::parse("cuMemAlloc_v2");
+    assert_eq!(
+        (s.base, s.version, s.per_thread),
+        ("cuMemAlloc", 3020, false)
+    );
+    let s = DriverSymbol::parse("cuMemcpyHtoD_v2_ptds");
+    assert_eq!(
+        (s.base, s.version, s.per_thread),
+        ("cuMemcpyHtoD", 3020, true)
+    );
+    let s = DriverSymbol::parse("cuCtxSynchronize");
+    assert_eq!((s.base, s.version), ("cuCtxSynchronize", 2000));
+    let s = DriverSymbol::parse("cuCtxSynchronize_v2");
+    assert_eq!((s.base, s.version), ("cuCtxSynchronize", 13000));
+    let s = DriverSymbol::parse("cuStreamGetCaptureInfo_v3");
+    assert_eq!((s.base, s.version), ("cuStreamGetCaptureInfo", 12030));
+    let s = DriverSymbol::parse("cuSomethingNew");
+    assert_eq!((s.base, s.version), ("cuSomethingNew", 13000));
+}
+
+#[test]
+fn generated_module_reports_a_missing_library_instead_of_panicking() {
+    // On a machine without CUDA the real driver is missing; with one it loads. Either
+    // way the call returns, and an error names the library.
+    match cuda_sys::driver::api() {
+        Ok(api) => assert!(api.cuInit().is_ok()),
+        Err(e) => assert!(e.to_string().contains("libcuda.so.1"), "{e}"),
+    }
+}

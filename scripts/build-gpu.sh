@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds every test and bench binary (profile `gpu`: optimised, no debug info,
+# stripped), the C shim, the C smoke program and the examples into gpu-bin/, with the
+# runner gpu-bin/run.sh. Send gpu-bin/ to the GPU machine and run `bash gpu-bin/run.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=gpu-bin
+rm -rf "$OUT"
+mkdir -p "$OUT/tests" "$OUT/benches" "$OUT/examples" "$OUT/lib"
+
+collect() { # $1 = folder under $OUT, rest = cargo args
+  local dest=$1; shift
+  cargo "$@" --workspace --profile gpu --message-format=json 2>/dev/null |
+    python3 -c '
+import json, os, shutil, sys
+dest = sys.argv[1]
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    pkg = m["package_id"].split("#")[-1].split("@")[0].split("/")[-1].replace("-", "_")
+    kind = m["target"]["kind"][0]
+    name = "%s__%s__%s" % (pkg, kind, m["target"]["name"])
+    shutil.copy2(m["executable"], os.path.join(dest, name))
+    print("  " + name)
+' "$OUT/$dest"
+}
+
+echo "tests:";    collect tests test --no-run
+echo "benches:";  collect benches bench --no-run
+echo "examples:"; collect examples build --examples
+cargo build -p cuda-rt-c --profile gpu
+cp target/gpu/libcuda_rt_c.so "$OUT/lib/"
+${CC:-cc} tests/c/smoke.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_smoke"
+cp scripts/gpu-run.sh "$OUT/run.sh"
+du -sh "$OUT"
+size=$(du -sb "$OUT" | cut -f1)
+if [ "$size" -gt $((64 * 1024 * 1024)) ]; then
+  echo "gpu-bin is $size bytes: over the 64 MiB that can travel" >&2
+  exit 1
+fi

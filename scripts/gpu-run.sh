@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU suite runner (copied to gpu-bin/run.sh by scripts/build-gpu.sh).
+#   bash gpu-bin/run.sh            every test binary with CUDA_RT_REQUIRE_GPU=1
+#   SANITIZE=1 bash gpu-bin/run.sh the same under compute-sanitizer memcheck
+#   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables)
+# Ends with one line: `N passed, N failed`.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+export CUDA_RT_REQUIRE_GPU=1
+export CUDA_RT_SHIM_DIR="$HERE/lib"
+export LD_LIBRARY_PATH="$HERE/lib:${LD_LIBRARY_PATH:-}"
+OUTDIR=${OUT:-/tmp}
+passed=0; failed=0; failed_bins=()
+run() {
+  if [ "${SANITIZE:-0}" = 1 ]; then
+    compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 "$@"
+  else
+    "$@"
+  fi
+}
+for bin in "$HERE"/tests/*; do
+  name=$(basename "$bin")
+  log="$OUTDIR/test-$name.log"
+  run "$bin" --test-threads="${TEST_THREADS:-4}" >"$log" 2>&1
+  rc=$?
+  p=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
+  f=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
+  if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f))
+  printf '%-50s %4d passed %3d failed (rc %d)\n' "$name" "$p" "$f" "$rc"
+  if [ $rc -ne 0 ]; then failed_bins+=("$name"); grep -E "panicked|FAILED|failed|ERROR" "$log" | head -20; fi
+done
+if "$HERE/c_smoke" >"$OUTDIR/c_smoke.log" 2>&1; then
+  passed=$((passed + 1)); echo "c_smoke: passed"
+else
+  failed=$((failed + 1)); failed_bins+=(c_smoke); cat "$OUTDIR/c_smoke.log"
+fi
+for ex in "$HERE"/examples/*; do
+  [ -e "$ex" ] || continue
+  echo "== example $(basename "$ex")"
+  "$ex" 2>&1 | tail -20
+done
+if [ "${BENCH:-0}" = 1 ]; then
+  for b in "$HERE"/benches/*; do
+    [ -e "$b" ] || continue
+    echo "== bench $(basename "$b")"
+    "$b" --bench 2>&1 | tee "$OUTDIR/bench-$(basename "$b").log" | tail -60
+  done
+fi
+[ ${#failed_bins[@]} -gt 0 ] && echo "failing: ${failed_bins[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

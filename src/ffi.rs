@@ -1,0 +1,139 @@
+//! The exported functions. Each one goes through [`guard`], which turns a `Result` into
+//! a code, records the message and catches panics.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cuda_rt::{Device, Error};
+
+/// Success.
+pub const CURT_SUCCESS: c_int = 0;
+/// A bad argument (null pointer, bad size...).
+pub const CURT_ERROR_INVALID_ARGUMENT: c_int = -1;
+/// A library or entry point could not be loaded.
+pub const CURT_ERROR_NOT_FOUND: c_int = -2;
+/// Out of memory.
+pub const CURT_ERROR_OUT_OF_MEMORY: c_int = -3;
+/// NVRTC compile error.
+pub const CURT_ERROR_COMPILE: c_int = -4;
+/// CUDA is not usable, or the operation is not supported.
+pub const CURT_ERROR_NOT_SUPPORTED: c_int = -5;
+/// Any other error (state, capture, math library).
+pub const CURT_ERROR_OTHER: c_int = -6;
+/// A panic was caught inside cuda-rt (a bug: please report it).
+pub const CURT_ERROR_PANIC: c_int = -99;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+}
+
+/// The code for an error: a positive CUDA driver code (`CUresult`) when the driver
+/// failed, else one of the negative `CURT_ERROR_*` codes.
+pub fn error_code(e: &Error) -> c_int {
+    if let Some(code) = e.driver_code() {
+        if !matches!(e, Error::OutOfMemory(_)) {
+            return code.0 as c_int;
+        }
+    }
+    match e {
+        Error::InvalidArgument(_) | Error::InvalidDevice { .. } => CURT_ERROR_INVALID_ARGUMENT,
+        Error::Load(_) => CURT_ERROR_NOT_FOUND,
+        Error::OutOfMemory(_) => CURT_ERROR_OUT_OF_MEMORY,
+        Error::Compile(_) => CURT_ERROR_COMPILE,
+        Error::NotAvailable(_) | Error::NotSupported(_) => CURT_ERROR_NOT_SUPPORTED,
+        _ => CURT_ERROR_OTHER,
+    }
+}
+
+/// Runs `f` (which must check its pointer arguments before any other work, so a bad
+/// argument is reported as such), converting its outcome to a code and catching any panic.
+fn guard(f: impl FnOnce() -> cuda_rt::Result<()>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CURT_SUCCESS,
+        Ok(Err(e)) => {
+            set_last_error(&e.to_string());
+            error_code(&e)
+        }
+        Err(_) => {
+            set_last_error("internal error: a panic was caught at the C boundary");
+            CURT_ERROR_PANIC
+        }
+    }
+}
+
+fn out<T>(p: *mut T, name: &str) -> cuda_rt::Result<&'static mut T> {
+    // SAFETY: the C caller passes either null (rejected here) or a valid, aligned,
+    // writable pointer, as wrapper.h documents.
+    unsafe { p.as_mut() }.ok_or_else(|| Error::InvalidArgument(format!("{name} is NULL")))
+}
+
+/// The last error message on this thread (empty if none); valid until the next call
+/// that fails on this thread.
+#[no_mangle]
+pub extern "C" fn curt_last_error() -> *const c_char {
+    LAST_ERROR.with(|l| l.borrow().as_ptr())
+}
+
+/// 1 if CUDA is usable, else 0 (the reason is then in `curt_last_error`).
+#[no_mangle]
+pub extern "C" fn curt_is_available() -> c_int {
+    let r = catch_unwind(cuda_rt::availability);
+    match r {
+        Ok(Ok(_)) => 1,
+        Ok(Err(reason)) => {
+            set_last_error(&reason);
+            0
+        }
+        Err(_) => 0,
+    }
+}
+
+/// Writes the number of CUDA devices to `*count`.
+#[no_mangle]
+pub extern "C" fn curt_device_count(count: *mut c_int) -> c_int {
+    guard(|| {
+        let count = out(count, "count")?;
+        *count = cuda_rt::device_count()?;
+        Ok(())
+    })
+}
+
+/// Writes the driver's CUDA version (e.g. 13000) to `*version`.
+#[no_mangle]
+pub extern "C" fn curt_driver_version(version: *mut c_int) -> c_int {
+    guard(|| {
+        let version = out(version, "version")?;
+        *version = cuda_rt::env::driver_version()?.to_int();
+        Ok(())
+    })
+}
+
+/// Writes device `id`'s compute capability to `*major` and `*minor`.
+#[no_mangle]
+pub extern "C" fn curt_device_compute_capability(
+    id: c_int,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> c_int {
+    guard(|| {
+        let (major, minor) = (out(major, "major")?, out(minor, "minor")?);
+        (*major, *minor) = Device::new(id)?.compute_capability()?;
+        Ok(())
+    })
+}
+
+/// Writes device `id`'s total memory in bytes to `*bytes`.
+#[no_mangle]
+pub extern "C" fn curt_device_total_memory(id: c_int, bytes: *mut usize) -> c_int {
+    guard(|| {
+        let bytes = out(bytes, "bytes")?;
+        *bytes = Device::new(id)?.total_memory()?;
+        Ok(())
+    })
+}
