@@ -98,3 +98,26 @@ impl Device {
         driver::device::attribute(self.handle, attr)
     }
 }
+
+thread_local! {
+    /// This thread's current device id (CuPy: per thread, 0 until set).
+    static CURRENT_DEVICE: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread's current device id (0 until [`set_device_id`] or a device scope sets
+/// it). No driver call.
+#[inline]
+pub fn get_device_id() -> i32 {
+    CURRENT_DEVICE.with(std::cell::Cell::get)
+}
+
+/// Makes `id` this thread's current device (validated; makes its primary context
+/// current).
+pub fn set_device_id(id: i32) -> Result<()> {
+    if id != get_device_id() {
+        Device::new(id)?;
+    }
+    driver::context::make_current(id)?;
+    CURRENT_DEVICE.with(|c| c.set(id));
+    Ok(())
+}

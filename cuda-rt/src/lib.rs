@@ -22,9 +22,11 @@ pub(crate) mod driver;
 pub mod env;
 pub mod error;
 pub mod memory;
+pub mod stream;
 #[doc(hidden)]
 pub mod testing;
 
 pub use cuda_sys;
-pub use device::{availability, device_count, is_available, Device};
+pub use device::{availability, device_count, get_device_id, is_available, Device};
 pub use error::{Error, Result};
+pub use stream::{get_current_stream, AsStream, Stream, StreamRef};
