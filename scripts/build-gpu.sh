@@ -8,12 +8,12 @@ OUT=gpu-bin
 rm -rf "$OUT"
 mkdir -p "$OUT/tests" "$OUT/benches" "$OUT/examples" "$OUT/lib"
 
-collect() { # $1 = folder under $OUT, rest = cargo args
-  local dest=$1; shift
+collect() { # $1 = folder under $OUT, $2 = what to keep (test|bench|example), rest = cargo args
+  local dest=$1 keep=$2; shift 2
   cargo "$@" --workspace --profile gpu --message-format=json 2>/dev/null |
     python3 -c '
 import json, os, shutil, sys
-dest = sys.argv[1]
+dest, keep = sys.argv[1], sys.argv[2]
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -21,17 +21,24 @@ for line in sys.stdin:
         continue
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
         continue
-    pkg = m["package_id"].split("#")[-1].split("@")[0].split("/")[-1].replace("-", "_")
     kind = m["target"]["kind"][0]
-    name = "%s__%s__%s" % (pkg, kind, m["target"]["name"])
+    if keep == "test" and not (m["profile"]["test"] and kind != "bench"):
+        continue
+    if keep != "test" and kind != keep:
+        continue
+    pkg = m["target"]["src_path"]
+    pkg = m["package_id"].split("#")[-1]
+    pkg = pkg.split("@")[0] if "@" in pkg else os.path.basename(os.path.dirname(m["manifest_path"]))
+    pkg = pkg.replace("-", "_")
+    name = "%s__%s__%s" % (pkg, "unit" if kind in ("lib", "cdylib", "rlib") else kind, m["target"]["name"])
     shutil.copy2(m["executable"], os.path.join(dest, name))
     print("  " + name)
-' "$OUT/$dest"
+' "$OUT/$dest" "$keep"
 }
 
-echo "tests:";    collect tests test --no-run
-echo "benches:";  collect benches bench --no-run
-echo "examples:"; collect examples build --examples
+echo "tests:";    collect tests test test --no-run
+echo "benches:";  collect benches bench bench --no-run
+echo "examples:"; collect examples example build --examples
 cargo build -p cuda-rt-c --profile gpu
 cp target/gpu/libcuda_rt_c.so "$OUT/lib/"
 ${CC:-cc} tests/c/smoke.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_smoke"

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_sys::loader::search::SearchEnv;
 use cuda_sys::loader::search::{candidates, site_packages, Source};
-use cuda_sys::loader::{specs, DriverSymbol, Library};
+use cuda_sys::loader::{specs, DriverSymbol, Kind, Library, LibrarySpec};
 use cuda_sys::LoadErrorKind;
 
 fn temp_dir(tag: &str) -> PathBuf {
@@ -136,24 +136,33 @@ fn site_packages_prefers_newest_python_and_finds_pyenv_and_user_sites() {
     );
 }
 
+/// A library no machine has, so the system loader fails too.
+static NOWHERE: LibrarySpec = LibrarySpec {
+    name: "cuNowhere",
+    files: &["libcunowhere.so.12"],
+    override_var: "CUDA_RT_LIBCUNOWHERE",
+    wheel_dirs: &["nvidia/cu13/lib"],
+    kind: Kind::Plain,
+};
+
 #[test]
 fn missing_library_error_names_it_and_lists_every_path_tried() {
     let root = temp_dir("missing");
     let cuda = root.join("cuda");
-    touch(&cuda.join("lib64/libcusparse.so.12"));
+    touch(&cuda.join("lib64/libcunowhere.so.12"));
     let env = SearchEnv::with_root(&root).var("CUDA_PATH", &cuda);
-    let err = Library::open_with(&specs::CUSPARSE, &env).unwrap_err();
+    let err = Library::open_with(&NOWHERE, &env).unwrap_err();
     let LoadErrorKind::LibraryNotFound { tried, .. } = err.kind() else {
         panic!("wrong kind: {err:?}")
     };
     assert_eq!(tried.len(), 2);
     let msg = err.to_string();
-    assert!(msg.starts_with("cuSPARSE (libcusparse.so.12) not found (set CUDA_RT_LIBCUSPARSE to its file or folder); tried 2 paths:"), "{msg}");
+    assert!(msg.starts_with("cuNowhere (libcunowhere.so.12) not found (set CUDA_RT_LIBCUNOWHERE to its file or folder); tried 2 paths:"), "{msg}");
     assert!(
-        msg.contains(&format!("{}/lib64/libcusparse.so.12: ", cuda.display())),
+        msg.contains(&format!("{}/lib64/libcunowhere.so.12: ", cuda.display())),
         "{msg}"
     );
-    assert!(msg.contains("\n  libcusparse.so.12: "), "{msg}");
+    assert!(msg.contains("\n  libcunowhere.so.12: "), "{msg}");
 }
 
 #[test]
