@@ -1,1 +1,3 @@
 //! Device memory: allocation and pools.
+
+pub mod arena;

@@ -1,0 +1,326 @@
+//! Host-only benches of the pool algorithm (`memory::arena`) over the fake backend:
+//! cached malloc+free pairs, multi-thread scaling, and two allocation traces.
+//! Prints one JSON object per line, then a table. `cargo bench --bench arena_traces`.
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use cuda_rt::memory::arena::{Backend, Block, FakeBackend, Pool};
+
+/// xorshift64*: tiny, seeded, good enough for traces.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn log_uniform(&mut self, lo: f64, hi: f64) -> usize {
+        (lo.ln() + self.unit() * (hi.ln() - lo.ln())).exp() as usize
+    }
+}
+
+struct Row {
+    name: String,
+    size: u64,
+    value: f64,
+    unit: &'static str,
+    raw: Option<(f64, &'static str)>,
+    note: String,
+}
+
+fn emit(rows: &mut Vec<Row>, row: Row) {
+    let mut line = format!(
+        "{{\"name\": \"{}\", \"size\": {}, \"value\": {:.2}, \"unit\": \"{}\"",
+        row.name, row.size, row.value, row.unit
+    );
+    if let Some((raw, raw_name)) = row.raw {
+        // ratio = ours over raw for times, raw over ours for rates: < 1 is faster.
+        let ratio = if row.unit == "ns" {
+            row.value / raw
+        } else {
+            raw / row.value
+        };
+        line +=
+            &format!(", \"raw\": {raw:.2}, \"raw_name\": \"{raw_name}\", \"ratio\": {ratio:.4}");
+    }
+    line += "}";
+    println!("{line}");
+    rows.push(row);
+}
+
+fn quick() -> bool {
+    std::env::var_os("ARENA_BENCH_QUICK").is_some()
+}
+
+/// Best of 5 rounds of `n` iterations of `f`, in ns per iteration.
+fn time_ns(n: u64, mut f: impl FnMut()) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        best = best.min(t.elapsed().as_nanos() as f64 / n as f64);
+    }
+    best
+}
+
+fn pair_cached(rows: &mut Vec<Row>, size: usize) {
+    let n = if quick() { 200_000 } else { 2_000_000 };
+    let pool = Pool::new(FakeBackend::new());
+    pool.free(pool.malloc(size, 1).unwrap());
+    let ns = time_ns(n, || {
+        let b = pool.malloc(black_box(size), 1).unwrap();
+        black_box(b.addr());
+        pool.free(b);
+    });
+    let fake = FakeBackend::new();
+    let raw_fake = time_ns(n, || {
+        let a = fake.alloc(black_box(size)).unwrap();
+        fake.free(black_box(a), size);
+    });
+    let layout = std::alloc::Layout::from_size_align(size, 512).unwrap();
+    let raw_sys = time_ns(n / 20, || {
+        // SAFETY: non-zero size, freed with the same layout.
+        unsafe {
+            let p = std::alloc::alloc(black_box(layout));
+            assert!(!p.is_null());
+            std::alloc::dealloc(black_box(p), layout);
+        }
+    });
+    let s = pool.stats();
+    assert_eq!(
+        s.backend_allocs, 1,
+        "a cached pair must not reach the backend"
+    );
+    emit(
+        rows,
+        Row {
+            name: "arena_pair_cached".into(),
+            size: size as u64,
+            value: ns,
+            unit: "ns",
+            raw: Some((raw_sys, "std_alloc_align512_pair")),
+            note: format!("fake backend pair {raw_fake:.1} ns"),
+        },
+    );
+}
+
+fn scaling(rows: &mut Vec<Row>) {
+    let size = 1 << 20;
+    let per_thread: u64 = if quick() { 100_000 } else { 1_000_000 };
+    let mut single = 0.0;
+    for threads in [1usize, 2, 4, 8, 16] {
+        let rate = run_threads(threads, per_thread, size, true);
+        let alone = run_threads(threads, per_thread, size, false);
+        if threads == 1 {
+            single = rate;
+        }
+        emit(
+            rows,
+            Row {
+                name: format!("arena_scaling_{threads}_threads"),
+                size: size as u64,
+                value: rate,
+                unit: "pairs/s",
+                raw: Some((alone, "one_pool_per_thread")),
+                note: format!("{:.2}x one thread", rate / single),
+            },
+        );
+    }
+}
+
+/// Aggregate pairs/s of `threads` threads on their own keys, of one shared pool
+/// (`shared`) or of a pool each (the no-sharing reference).
+fn run_threads(threads: usize, per_thread: u64, size: usize, shared: bool) -> f64 {
+    let pool = Arc::new(Pool::new(FakeBackend::new()));
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let pool = if shared {
+                pool.clone()
+            } else {
+                Arc::new(Pool::new(FakeBackend::new()))
+            };
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let key = 100 + t as u64;
+                pool.free(pool.malloc(size, key).unwrap());
+                barrier.wait();
+                let start = Instant::now();
+                for _ in 0..per_thread {
+                    let b = pool.malloc(black_box(size), key).unwrap();
+                    black_box(b.addr());
+                    pool.free(b);
+                }
+                (start, Instant::now())
+            })
+        })
+        .collect();
+    // Wall time from the first thread's start to the last thread's end: each thread
+    // stamps its own, so a main thread waiting for a core cannot skew it.
+    let spans: Vec<(Instant, Instant)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let start = spans.iter().map(|s| s.0).min().unwrap();
+    let end = spans.iter().map(|s| s.1).max().unwrap();
+    (threads as u64 * per_thread) as f64 / (end - start).as_secs_f64()
+}
+
+enum Op {
+    Alloc(usize),
+    /// Free the live block at this index (swap_remove).
+    Free(usize),
+}
+
+/// Trace A: sizes log-uniform 256 B .. 64 MiB, at most 512 live blocks.
+fn trace_a(n: usize, seed: u64) -> (Vec<Op>, u64) {
+    let mut rng = Rng(seed);
+    let mut live: Vec<usize> = Vec::new();
+    let (mut bytes, mut peak) = (0u64, 0u64);
+    let mut ops = Vec::with_capacity(n);
+    for _ in 0..n {
+        let alloc = live.is_empty() || (live.len() < 512 && rng.next() & 1 == 0);
+        if alloc {
+            let s = rng.log_uniform(256.0, 64.0 * 1048576.0);
+            bytes += round(s);
+            peak = peak.max(bytes);
+            live.push(s);
+            ops.push(Op::Alloc(s));
+        } else {
+            let i = rng.below(live.len());
+            bytes -= round(live.swap_remove(i));
+            ops.push(Op::Free(i));
+        }
+    }
+    (ops, peak)
+}
+
+/// Trace B (RMM random allocations): sizes log-uniform 1 KiB .. 64 MiB; allocate
+/// with probability 0.73 while live bytes stay under 16 GiB, else free a random block.
+fn trace_b(n: usize, seed: u64) -> (Vec<Op>, u64) {
+    let mut rng = Rng(seed);
+    let mut live: Vec<usize> = Vec::new();
+    let (mut bytes, mut peak) = (0u64, 0u64);
+    let cap = 16u64 << 30;
+    let mut ops = Vec::with_capacity(n);
+    while ops.len() < n {
+        let s = rng.log_uniform(1024.0, 64.0 * 1048576.0);
+        let alloc = rng.unit() < 0.73 && bytes + round(s) <= cap;
+        if alloc {
+            bytes += round(s);
+            peak = peak.max(bytes);
+            live.push(s);
+            ops.push(Op::Alloc(s));
+        } else if !live.is_empty() {
+            let i = rng.below(live.len());
+            bytes -= round(live.swap_remove(i));
+            ops.push(Op::Free(i));
+        }
+    }
+    (ops, peak)
+}
+
+fn round(s: usize) -> u64 {
+    (s as u64).div_ceil(512) * 512
+}
+
+/// Runs `ops` on a fresh pool; returns (ns per op, peak reserved, stats line).
+fn run_trace(ops: &[Op], release_on_miss: bool) -> (f64, u64, String) {
+    let mut best = f64::MAX;
+    let mut peak_reserved = 0;
+    let mut note = String::new();
+    for _ in 0..3 {
+        let pool = Pool::new(FakeBackend::new());
+        pool.set_release_on_miss(release_on_miss);
+        let mut live: Vec<Block> = Vec::with_capacity(4096);
+        let t = Instant::now();
+        for op in ops {
+            match *op {
+                Op::Alloc(s) => live.push(pool.malloc(s, 7).unwrap()),
+                Op::Free(i) => pool.free(live.swap_remove(i)),
+            }
+        }
+        let ns = t.elapsed().as_nanos() as f64 / ops.len() as f64;
+        let s = pool.stats();
+        best = best.min(ns);
+        peak_reserved = s.peak_total_bytes;
+        note = format!(
+            "hits {} misses {} backend allocs {} frees {}",
+            s.cache_hits, s.cache_misses, s.backend_allocs, s.backend_frees
+        );
+        for b in live.drain(..) {
+            pool.free(b);
+        }
+        pool.check().unwrap();
+    }
+    (best, peak_reserved, note)
+}
+
+fn traces(rows: &mut Vec<Row>) {
+    let n = 200_000;
+    for (name, (ops, peak_live)) in [("trace_a", trace_a(n, 42)), ("trace_b", trace_b(n, 42))] {
+        for (policy, release) in [("", false), ("_release_on_miss", true)] {
+            let (ns, peak_reserved, note) = run_trace(&ops, release);
+            emit(
+                rows,
+                Row {
+                    name: format!("arena_{name}{policy}"),
+                    size: ops.len() as u64,
+                    value: ns,
+                    unit: "ns",
+                    raw: None,
+                    note: note.clone(),
+                },
+            );
+            emit(
+                rows,
+                Row {
+                    name: format!("arena_{name}{policy}_reserved_over_live"),
+                    size: ops.len() as u64,
+                    value: peak_reserved as f64 / peak_live as f64,
+                    unit: "ratio",
+                    raw: None,
+                    note: format!(
+                        "peak reserved {:.2} GiB, peak live {:.2} GiB",
+                        peak_reserved as f64 / (1u64 << 30) as f64,
+                        peak_live as f64 / (1u64 << 30) as f64
+                    ),
+                },
+            );
+        }
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; accept and ignore arguments.
+    let mut rows = Vec::new();
+    for size in [256, 1 << 20, 64 << 20] {
+        pair_cached(&mut rows, size);
+    }
+    scaling(&mut rows);
+    traces(&mut rows);
+    println!();
+    println!(
+        "{:<44} {:>10} {:>14} {:>8}  notes",
+        "name", "size", "value", "unit"
+    );
+    for r in &rows {
+        let raw = r
+            .raw
+            .map(|(v, n)| format!("raw {n} {v:.1} ({:.3}x) ", r.value / v))
+            .unwrap_or_default();
+        println!(
+            "{:<44} {:>10} {:>14.2} {:>8}  {}{}",
+            r.name, r.size, r.value, r.unit, raw, r.note
+        );
+    }
+}

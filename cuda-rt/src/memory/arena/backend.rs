@@ -1,0 +1,331 @@
+//! Where a [`Pool`](super::Pool) gets its memory: the [`Backend`] trait and two
+//! host backends, [`HostBackend`] (real host memory) and [`FakeBackend`] (address
+//! ranges only, for benches and large traces).
+
+use std::collections::BTreeMap;
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::ALLOCATION_UNIT;
+
+/// Why a [`Backend`] could not allocate.
+#[derive(Debug)]
+pub enum BackendError {
+    /// The backend has no memory for the request. The pool releases its cached
+    /// blocks and retries once before reporting out of memory.
+    OutOfMemory,
+    /// Any other failure (a driver error, a bad context...). The pool gives it to
+    /// the caller unchanged and does not retry.
+    Other(Box<dyn StdError + Send + Sync + 'static>),
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::OutOfMemory => f.write_str("the backend is out of memory"),
+            BackendError::Other(e) => write!(f, "the backend failed: {e}"),
+        }
+    }
+}
+
+impl StdError for BackendError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            BackendError::OutOfMemory => None,
+            BackendError::Other(e) => Some(&**e),
+        }
+    }
+}
+
+/// The source of memory of a [`Pool`](super::Pool): the CUDA front implements it over
+/// `cuMemAlloc`/`cuMemFree`, tests and benches use [`HostBackend`] or [`FakeBackend`].
+///
+/// The pool calls the backend on the thread that called `malloc` (or
+/// `free_all_blocks`, or drop), never while holding one of its own locks, so a
+/// backend may call back into the pool (for example a memory hook reading stats).
+pub trait Backend: Send + Sync {
+    /// Allocates `size` bytes and returns the start address. `size` is always a
+    /// positive multiple of [`ALLOCATION_UNIT`]. The address must be non-zero and the
+    /// range `addr..addr + size` must not overlap any live allocation of this backend.
+    fn alloc(&self, size: usize) -> Result<u64, BackendError>;
+
+    /// Gives back an allocation made by [`alloc`](Backend::alloc); `size` is the size
+    /// it was allocated with. Each allocation is freed exactly once.
+    fn free(&self, addr: u64, size: usize);
+}
+
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn alloc(&self, size: usize) -> Result<u64, BackendError> {
+        (**self).alloc(size)
+    }
+    fn free(&self, addr: u64, size: usize) {
+        (**self).free(addr, size)
+    }
+}
+
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn alloc(&self, size: usize) -> Result<u64, BackendError> {
+        (**self).alloc(size)
+    }
+    fn free(&self, addr: u64, size: usize) {
+        (**self).free(addr, size)
+    }
+}
+
+/// A snapshot of what a host backend has handed out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendCounters {
+    /// Bytes currently allocated and not yet freed.
+    pub live_bytes: u64,
+    /// Allocations currently live.
+    pub live_allocations: u64,
+    /// Highest `live_bytes` seen.
+    pub peak_live_bytes: u64,
+    /// Successful allocations so far.
+    pub allocs: u64,
+    /// Frees so far.
+    pub frees: u64,
+    /// Allocations refused as out of memory so far.
+    pub oom_refusals: u64,
+}
+
+/// Shared accounting of the two host backends: live bytes against an optional
+/// capacity, plus failure injection.
+#[derive(Debug, Default)]
+struct Accounting {
+    live_bytes: AtomicU64,
+    live_allocations: AtomicU64,
+    peak_live_bytes: AtomicU64,
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    oom_refusals: AtomicU64,
+    /// 0 means unlimited.
+    capacity: AtomicU64,
+    fail_other: AtomicBool,
+}
+
+impl Accounting {
+    fn reserve(&self, size: u64) -> Result<(), BackendError> {
+        if self.fail_other.load(Ordering::Relaxed) {
+            return Err(BackendError::Other("injected backend failure".into()));
+        }
+        let cap = self.capacity.load(Ordering::Relaxed);
+        let res = self
+            .live_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
+                let new = live.checked_add(size)?;
+                (cap == 0 || new <= cap).then_some(new)
+            });
+        match res {
+            Ok(old) => {
+                self.peak_live_bytes
+                    .fetch_max(old + size, Ordering::Relaxed);
+                self.live_allocations.fetch_add(1, Ordering::Relaxed);
+                self.allocs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(_) => {
+                self.oom_refusals.fetch_add(1, Ordering::Relaxed);
+                Err(BackendError::OutOfMemory)
+            }
+        }
+    }
+
+    fn unreserve(&self, size: u64) {
+        self.live_bytes.fetch_sub(size, Ordering::AcqRel);
+        self.live_allocations.fetch_sub(1, Ordering::Relaxed);
+        self.frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> BackendCounters {
+        BackendCounters {
+            live_bytes: self.live_bytes.load(Ordering::Acquire),
+            live_allocations: self.live_allocations.load(Ordering::Relaxed),
+            peak_live_bytes: self.peak_live_bytes.load(Ordering::Relaxed),
+            allocs: self.allocs.load(Ordering::Relaxed),
+            frees: self.frees.load(Ordering::Relaxed),
+            oom_refusals: self.oom_refusals.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Real host memory from `std::alloc`, aligned to [`ALLOCATION_UNIT`] bytes: blocks can
+/// be written and read, so tests (and Miri) see any overlap or use after free.
+///
+/// Every live allocation is recorded; `free` of an address or size it did not hand
+/// out panics (a pool bug), and whatever is still live when the backend is dropped
+/// is deallocated then. Optional capacity (out of memory past it) and failure
+/// injection let tests drive the pool's retry paths.
+#[derive(Debug, Default)]
+pub struct HostBackend {
+    acct: Accounting,
+    live: Mutex<BTreeMap<u64, usize>>,
+}
+
+impl HostBackend {
+    /// A backend with no capacity limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A backend that reports out of memory once `capacity` bytes are live.
+    pub fn with_capacity(capacity: u64) -> Self {
+        let b = Self::default();
+        b.set_capacity(capacity);
+        b
+    }
+
+    /// Sets the capacity in bytes (0: unlimited).
+    pub fn set_capacity(&self, capacity: u64) {
+        self.acct.capacity.store(capacity, Ordering::Relaxed);
+    }
+
+    /// While `true`, every `alloc` fails with [`BackendError::Other`].
+    pub fn set_fail_other(&self, fail: bool) {
+        self.acct.fail_other.store(fail, Ordering::Relaxed);
+    }
+
+    /// What the backend has handed out so far.
+    pub fn counters(&self) -> BackendCounters {
+        self.acct.snapshot()
+    }
+
+    fn layout(size: usize) -> Option<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(size, ALLOCATION_UNIT).ok()
+    }
+}
+
+impl Backend for HostBackend {
+    fn alloc(&self, size: usize) -> Result<u64, BackendError> {
+        let Some(layout) = Self::layout(size).filter(|_| size > 0) else {
+            return Err(BackendError::Other(
+                format!("HostBackend cannot allocate {size} bytes").into(),
+            ));
+        };
+        self.acct.reserve(size as u64)?;
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            self.acct.unreserve(size as u64);
+            return Err(BackendError::OutOfMemory);
+        }
+        let addr = ptr as u64;
+        lock(&self.live).insert(addr, size);
+        Ok(addr)
+    }
+
+    fn free(&self, addr: u64, size: usize) {
+        let recorded = lock(&self.live).remove(&addr);
+        assert_eq!(
+            recorded,
+            Some(size),
+            "HostBackend::free({addr:#x}, {size}) does not match a live allocation"
+        );
+        if let Some(layout) = Self::layout(size) {
+            // SAFETY: `addr` was returned by `alloc` with this same layout (checked
+            // against the record above) and is freed only once (the record is gone).
+            unsafe { std::alloc::dealloc(addr as usize as *mut u8, layout) };
+        }
+        self.acct.unreserve(size as u64);
+    }
+}
+
+impl Drop for HostBackend {
+    fn drop(&mut self) {
+        let live = std::mem::take(self.live.get_mut().unwrap_or_else(PoisonError::into_inner));
+        for (addr, size) in live {
+            if let Some(layout) = Self::layout(size) {
+                // SAFETY: as in `free`: a live allocation of this layout, freed once.
+                unsafe { std::alloc::dealloc(addr as usize as *mut u8, layout) };
+            }
+        }
+    }
+}
+
+/// Address ranges without memory: hands out non-overlapping ranges from a counter
+/// (never reused), so traces of many gibibytes run in no memory at all. The fast
+/// mode only counts; [`FakeBackend::checked`] also records every live range and
+/// panics on a free that does not match one.
+#[derive(Debug)]
+pub struct FakeBackend {
+    acct: Accounting,
+    next: AtomicU64,
+    live: Option<Mutex<BTreeMap<u64, usize>>>,
+}
+
+impl Default for FakeBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeBackend {
+    /// First address handed out; any non-zero multiple of 512 would do.
+    const BASE: u64 = 1 << 40;
+
+    /// A counting-only fake backend with no capacity limit (fastest).
+    pub fn new() -> Self {
+        FakeBackend {
+            acct: Accounting::default(),
+            next: AtomicU64::new(Self::BASE),
+            live: None,
+        }
+    }
+
+    /// A fake backend that records live ranges and checks every free against them.
+    pub fn checked() -> Self {
+        FakeBackend {
+            live: Some(Mutex::new(BTreeMap::new())),
+            ..Self::new()
+        }
+    }
+
+    /// Sets the capacity in bytes (0: unlimited).
+    pub fn set_capacity(&self, capacity: u64) {
+        self.acct.capacity.store(capacity, Ordering::Relaxed);
+    }
+
+    /// While `true`, every `alloc` fails with [`BackendError::Other`].
+    pub fn set_fail_other(&self, fail: bool) {
+        self.acct.fail_other.store(fail, Ordering::Relaxed);
+    }
+
+    /// What the backend has handed out so far.
+    pub fn counters(&self) -> BackendCounters {
+        self.acct.snapshot()
+    }
+}
+
+impl Backend for FakeBackend {
+    fn alloc(&self, size: usize) -> Result<u64, BackendError> {
+        if size == 0 {
+            return Err(BackendError::Other(
+                "FakeBackend cannot allocate 0 bytes".into(),
+            ));
+        }
+        self.acct.reserve(size as u64)?;
+        let addr = self.next.fetch_add(size as u64, Ordering::Relaxed);
+        if let Some(live) = &self.live {
+            lock(live).insert(addr, size);
+        }
+        Ok(addr)
+    }
+
+    fn free(&self, addr: u64, size: usize) {
+        if let Some(live) = &self.live {
+            let recorded = lock(live).remove(&addr);
+            assert_eq!(
+                recorded,
+                Some(size),
+                "FakeBackend::free({addr:#x}, {size}) does not match a live allocation"
+            );
+        }
+        self.acct.unreserve(size as u64);
+    }
+}

@@ -1,0 +1,552 @@
+//! One arena's chunks: a slab of chunk records, address-neighbour links inside each
+//! backend allocation, and the best-fit index (size classes with a two-level bitmap,
+//! a treap keyed by `(size, addr)` per class). Everything here runs under the
+//! arena's mutex; nothing here allocates except the slab growing past its high mark.
+
+/// "No chunk" in every `u32` link.
+pub(super) const NIL: u32 = u32::MAX;
+
+/// Sub-classes per power of two above the exact classes (2^SUB_BITS).
+const SUB_BITS: u32 = 4;
+const SUB: u64 = 1 << SUB_BITS;
+/// Classes: sizes up to 2^64 bytes (2^55 units) need (55 - 4 + 1) * 16 + 16 < 1024.
+const N_CLASSES: usize = 1024;
+const N_WORDS: usize = N_CLASSES / 64;
+
+/// Size class of a chunk of `units` allocation units (`units >= 1`): exact for
+/// fewer than 16 units, then 16 classes per power of two. Monotonic in `units`.
+#[inline]
+fn class_of(units: u64) -> usize {
+    if units < SUB {
+        units as usize
+    } else {
+        let fl = 63 - units.leading_zeros();
+        let sl = (units >> (fl - SUB_BITS)) & (SUB - 1);
+        ((u64::from(fl - SUB_BITS) + 1) * SUB + sl) as usize
+    }
+}
+
+/// Treap priority of a free chunk: a multiplicative hash of its address, so the
+/// tree shape is deterministic and needs no random state.
+#[inline]
+fn priority(addr: u64) -> u32 {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    /// Slab slot not in use; `next` links the vacant list.
+    Vacant,
+    /// In the best-fit index.
+    Free,
+    /// Handed out.
+    Used,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    addr: u64,
+    size: u64,
+    /// Address neighbours inside the same backend allocation.
+    prev: u32,
+    next: u32,
+    /// Treap children while free.
+    left: u32,
+    right: u32,
+    prio: u32,
+    state: State,
+}
+
+impl Chunk {
+    const VACANT: Chunk = Chunk {
+        addr: 0,
+        size: 0,
+        prev: NIL,
+        next: NIL,
+        left: NIL,
+        right: NIL,
+        prio: 0,
+        state: State::Vacant,
+    };
+}
+
+/// Why [`Bins::free`] refused a chunk.
+#[derive(Debug)]
+pub(super) struct NotLive;
+
+/// Per-arena counters, kept under the arena's lock (no atomics on the hot path).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ArenaCounters {
+    pub used: u64,
+    pub peak_used: u64,
+    pub reserved: u64,
+    pub n_free: u64,
+    pub mallocs: u64,
+    pub frees: u64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// The chunks of one arena.
+#[derive(Debug)]
+pub(super) struct Bins {
+    chunks: Vec<Chunk>,
+    vacant: u32,
+    roots: [u32; N_CLASSES],
+    words: [u64; N_WORDS],
+    summary: u64,
+    pub counters: ArenaCounters,
+}
+
+impl Bins {
+    pub fn new() -> Self {
+        Bins {
+            chunks: Vec::new(),
+            vacant: NIL,
+            roots: [NIL; N_CLASSES],
+            words: [0; N_WORDS],
+            summary: 0,
+            counters: ArenaCounters::default(),
+        }
+    }
+
+    // ---- slab ----
+
+    fn new_slot(&mut self, chunk: Chunk) -> u32 {
+        if self.vacant != NIL {
+            let i = self.vacant;
+            self.vacant = self.chunks[i as usize].next;
+            self.chunks[i as usize] = chunk;
+            i
+        } else {
+            let i = u32::try_from(self.chunks.len())
+                .ok()
+                .filter(|&i| i != NIL)
+                .unwrap_or_else(|| panic!("more than {} chunks in one arena", NIL - 1));
+            self.chunks.push(chunk);
+            i
+        }
+    }
+
+    fn vacate(&mut self, i: u32) {
+        self.chunks[i as usize] = Chunk {
+            next: self.vacant,
+            ..Chunk::VACANT
+        };
+        self.vacant = i;
+    }
+
+    #[inline]
+    fn c(&self, i: u32) -> &Chunk {
+        &self.chunks[i as usize]
+    }
+
+    #[inline]
+    fn cm(&mut self, i: u32) -> &mut Chunk {
+        &mut self.chunks[i as usize]
+    }
+
+    #[inline]
+    fn key(&self, i: u32) -> (u64, u64) {
+        let c = self.c(i);
+        (c.size, c.addr)
+    }
+
+    // ---- treap ----
+
+    fn tree_insert(&mut self, root: u32, n: u32) -> u32 {
+        if root == NIL {
+            return n;
+        }
+        if self.key(n) < self.key(root) {
+            let l = self.tree_insert(self.c(root).left, n);
+            self.cm(root).left = l;
+            if self.c(l).prio > self.c(root).prio {
+                self.cm(root).left = self.c(l).right;
+                self.cm(l).right = root;
+                return l;
+            }
+        } else {
+            let r = self.tree_insert(self.c(root).right, n);
+            self.cm(root).right = r;
+            if self.c(r).prio > self.c(root).prio {
+                self.cm(root).right = self.c(r).left;
+                self.cm(r).left = root;
+                return r;
+            }
+        }
+        root
+    }
+
+    fn tree_merge(&mut self, a: u32, b: u32) -> u32 {
+        if a == NIL {
+            return b;
+        }
+        if b == NIL {
+            return a;
+        }
+        if self.c(a).prio > self.c(b).prio {
+            let r = self.tree_merge(self.c(a).right, b);
+            self.cm(a).right = r;
+            a
+        } else {
+            let l = self.tree_merge(a, self.c(b).left);
+            self.cm(b).left = l;
+            b
+        }
+    }
+
+    /// Removes the node with `key` (which must be in the tree) and returns the new root.
+    fn tree_remove(&mut self, root: u32, key: (u64, u64)) -> u32 {
+        debug_assert!(root != NIL, "key not in tree");
+        let k = self.key(root);
+        if key < k {
+            let l = self.tree_remove(self.c(root).left, key);
+            self.cm(root).left = l;
+            root
+        } else if key > k {
+            let r = self.tree_remove(self.c(root).right, key);
+            self.cm(root).right = r;
+            root
+        } else {
+            self.tree_merge(self.c(root).left, self.c(root).right)
+        }
+    }
+
+    /// The smallest node with key >= `key`, or NIL.
+    fn tree_lower_bound(&self, mut t: u32, key: (u64, u64)) -> u32 {
+        let mut best = NIL;
+        while t != NIL {
+            if self.key(t) >= key {
+                best = t;
+                t = self.c(t).left;
+            } else {
+                t = self.c(t).right;
+            }
+        }
+        best
+    }
+
+    fn tree_leftmost(&self, mut t: u32) -> u32 {
+        while t != NIL && self.c(t).left != NIL {
+            t = self.c(t).left;
+        }
+        t
+    }
+
+    // ---- best-fit index ----
+
+    fn index_insert(&mut self, i: u32) {
+        let (size, addr) = self.key(i);
+        let class = class_of(size / super::ALLOCATION_UNIT as u64);
+        let c = self.cm(i);
+        c.state = State::Free;
+        c.left = NIL;
+        c.right = NIL;
+        c.prio = priority(addr);
+        self.roots[class] = self.tree_insert(self.roots[class], i);
+        self.words[class / 64] |= 1 << (class % 64);
+        self.summary |= 1 << (class / 64);
+        self.counters.n_free += 1;
+    }
+
+    fn index_remove(&mut self, i: u32) {
+        let key = self.key(i);
+        let class = class_of(key.0 / super::ALLOCATION_UNIT as u64);
+        self.roots[class] = self.tree_remove(self.roots[class], key);
+        if self.roots[class] == NIL {
+            self.words[class / 64] &= !(1 << (class % 64));
+            if self.words[class / 64] == 0 {
+                self.summary &= !(1 << (class / 64));
+            }
+        }
+        self.counters.n_free -= 1;
+    }
+
+    /// First non-empty class >= `from`.
+    #[inline]
+    fn next_class(&self, from: usize) -> Option<usize> {
+        if from >= N_CLASSES {
+            return None;
+        }
+        let w = from / 64;
+        let m = self.words[w] & (!0u64 << (from % 64));
+        if m != 0 {
+            return Some(w * 64 + m.trailing_zeros() as usize);
+        }
+        let s = if w + 1 < 64 {
+            self.summary & (!0u64 << (w + 1))
+        } else {
+            0
+        };
+        if s == 0 {
+            return None;
+        }
+        let w = s.trailing_zeros() as usize;
+        Some(w * 64 + self.words[w].trailing_zeros() as usize)
+    }
+
+    /// Best fit: the free chunk with the smallest `(size, addr)` among those with
+    /// `size >= want`, or NIL.
+    #[inline]
+    fn find(&self, want: u64) -> u32 {
+        let class = class_of(want / super::ALLOCATION_UNIT as u64);
+        let root = self.roots[class];
+        if root != NIL {
+            let i = self.tree_lower_bound(root, (want, 0));
+            if i != NIL {
+                return i;
+            }
+        }
+        match self.next_class(class + 1) {
+            Some(c) => self.tree_leftmost(self.roots[c]),
+            None => NIL,
+        }
+    }
+
+    // ---- operations ----
+
+    /// Serves `size` (a rounded, positive size) from the free chunks: best fit,
+    /// split, the caller gets the lower part. Returns `(chunk, addr)`; counts a hit.
+    /// On `None` nothing changed (the caller counts the miss).
+    #[inline]
+    pub fn malloc_cached(&mut self, size: u64) -> Option<(u32, u64)> {
+        let i = self.find(size);
+        if i == NIL {
+            return None;
+        }
+        self.index_remove(i);
+        let c = *self.c(i);
+        if c.size > size {
+            let j = self.new_slot(Chunk {
+                addr: c.addr + size,
+                size: c.size - size,
+                prev: i,
+                next: c.next,
+                ..Chunk::VACANT
+            });
+            if c.next != NIL {
+                self.cm(c.next).prev = j;
+            }
+            let ci = self.cm(i);
+            ci.next = j;
+            ci.size = size;
+            self.index_insert(j);
+        }
+        self.cm(i).state = State::Used;
+        self.count_malloc(size);
+        self.counters.hits += 1;
+        Some((i, c.addr))
+    }
+
+    #[inline]
+    fn count_malloc(&mut self, size: u64) {
+        let k = &mut self.counters;
+        k.used += size;
+        k.peak_used = k.peak_used.max(k.used);
+        k.mallocs += 1;
+    }
+
+    /// Records a fresh backend allocation of `size` bytes at `addr`, handed out whole.
+    pub fn add_allocation(&mut self, addr: u64, size: u64) -> u32 {
+        let i = self.new_slot(Chunk {
+            addr,
+            size,
+            state: State::Used,
+            ..Chunk::VACANT
+        });
+        self.counters.reserved += size;
+        self.count_malloc(size);
+        i
+    }
+
+    /// Takes back chunk `i` handed out at `addr` with `size`, merges it with free
+    /// neighbours of the same backend allocation and files it as free.
+    #[inline]
+    pub fn free(&mut self, mut i: u32, addr: u64, size: u64) -> Result<(), NotLive> {
+        match self.chunks.get(i as usize) {
+            Some(c) if c.state == State::Used && c.addr == addr && c.size == size => {}
+            _ => return Err(NotLive),
+        }
+        self.counters.used -= size;
+        self.counters.frees += 1;
+        let p = self.c(i).prev;
+        if p != NIL && self.c(p).state == State::Free {
+            self.index_remove(p);
+            let c = *self.c(i);
+            let pc = self.cm(p);
+            pc.size += c.size;
+            pc.next = c.next;
+            if c.next != NIL {
+                self.cm(c.next).prev = p;
+            }
+            self.vacate(i);
+            i = p;
+        }
+        let n = self.c(i).next;
+        if n != NIL && self.c(n).state == State::Free {
+            self.index_remove(n);
+            let nc = *self.c(n);
+            let ci = self.cm(i);
+            ci.size += nc.size;
+            ci.next = nc.next;
+            if nc.next != NIL {
+                self.cm(nc.next).prev = i;
+            }
+            self.vacate(n);
+        }
+        self.index_insert(i);
+        Ok(())
+    }
+
+    /// Removes every free chunk that is a whole backend allocation (not split) and
+    /// appends `(addr, size)` of each to `out`, for the caller to give back.
+    pub fn release_whole(&mut self, out: &mut Vec<(u64, u64)>) {
+        self.release_whole_where(out, |_| true);
+    }
+
+    /// As [`release_whole`](Self::release_whole), for the chunks whose size passes `pick`.
+    pub fn release_whole_where(&mut self, out: &mut Vec<(u64, u64)>, pick: impl Fn(u64) -> bool) {
+        for i in 0..self.chunks.len() as u32 {
+            let c = *self.c(i);
+            if c.state == State::Free && c.prev == NIL && c.next == NIL && pick(c.size) {
+                self.index_remove(i);
+                self.vacate(i);
+                self.counters.reserved -= c.size;
+                out.push((c.addr, c.size));
+            }
+        }
+    }
+
+    /// Free chunks as `(addr, size)`, for tests and debugging.
+    pub fn free_chunks(&self) -> Vec<(u64, u64)> {
+        self.chunks
+            .iter()
+            .filter(|c| c.state == State::Free)
+            .map(|c| (c.addr, c.size))
+            .collect()
+    }
+
+    /// Checks every structural invariant; `Err` names the first one broken.
+    pub fn check(&self) -> Result<(), String> {
+        let unit = super::ALLOCATION_UNIT as u64;
+        let (mut total, mut used, mut n_free) = (0u64, 0u64, 0u64);
+        for (i, c) in self.chunks.iter().enumerate() {
+            let i = i as u32;
+            match c.state {
+                State::Vacant => continue,
+                State::Free => n_free += 1,
+                State::Used => used += c.size,
+            }
+            total += c.size;
+            if c.size == 0 || c.size % unit != 0 || c.addr % unit != 0 {
+                return Err(format!("chunk {i} has addr {:#x} size {}", c.addr, c.size));
+            }
+            if c.prev != NIL {
+                let p = self.c(c.prev);
+                if p.state == State::Vacant || p.next != i || p.addr + p.size != c.addr {
+                    return Err(format!("chunk {i}: broken prev link"));
+                }
+                if p.state == State::Free && c.state == State::Free {
+                    return Err(format!("chunk {i}: two adjacent free chunks not merged"));
+                }
+            }
+            if c.next != NIL {
+                let n = self.c(c.next);
+                if n.state == State::Vacant || n.prev != i || c.addr + c.size != n.addr {
+                    return Err(format!("chunk {i}: broken next link"));
+                }
+            }
+        }
+        if total != self.counters.reserved {
+            return Err(format!(
+                "chunks sum to {total}, reserved is {}",
+                self.counters.reserved
+            ));
+        }
+        if used != self.counters.used {
+            return Err(format!(
+                "used chunks sum to {used}, used is {}",
+                self.counters.used
+            ));
+        }
+        if n_free != self.counters.n_free {
+            return Err(format!(
+                "{n_free} free chunks, counter says {}",
+                self.counters.n_free
+            ));
+        }
+        let mut in_trees = 0u64;
+        for class in 0..N_CLASSES {
+            let root = self.roots[class];
+            let bit = self.words[class / 64] >> (class % 64) & 1 == 1;
+            if bit != (root != NIL) {
+                return Err(format!("class {class}: bitmap disagrees with tree"));
+            }
+            in_trees += self.check_tree(root, class, None, None)?;
+        }
+        for w in 0..N_WORDS {
+            if (self.words[w] != 0) != (self.summary >> w & 1 == 1) {
+                return Err(format!("summary bit {w} wrong"));
+            }
+        }
+        if in_trees != n_free {
+            return Err(format!("{in_trees} chunks in trees, {n_free} free"));
+        }
+        Ok(())
+    }
+
+    fn check_tree(
+        &self,
+        t: u32,
+        class: usize,
+        lo: Option<(u64, u64)>,
+        hi: Option<(u64, u64)>,
+    ) -> Result<u64, String> {
+        if t == NIL {
+            return Ok(0);
+        }
+        let c = self.c(t);
+        let k = self.key(t);
+        if c.state != State::Free
+            || class_of(c.size / super::ALLOCATION_UNIT as u64) != class
+            || lo.is_some_and(|lo| k <= lo)
+            || hi.is_some_and(|hi| k >= hi)
+        {
+            return Err(format!("tree of class {class}: bad node {t}"));
+        }
+        for child in [c.left, c.right] {
+            if child != NIL && self.c(child).prio > c.prio {
+                return Err(format!("tree of class {class}: heap order broken at {t}"));
+            }
+        }
+        Ok(1 + self.check_tree(c.left, class, lo, Some(k))?
+            + self.check_tree(c.right, class, Some(k), hi)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotonic_and_bounded() {
+        let mut units: Vec<u64> = (1..5000).collect();
+        for shift in 12..55 {
+            let u = 1u64 << shift;
+            units.extend([u - 1, u, u + 1, u + u / 3, u + u / 2]);
+        }
+        units.sort_unstable();
+        for w in units.windows(2) {
+            assert!(
+                class_of(w[0]) <= class_of(w[1]),
+                "class_of({}) > class_of({})",
+                w[0],
+                w[1]
+            );
+        }
+        assert_eq!(class_of(15), 15);
+        assert_eq!(class_of(16), 16);
+        assert!(class_of(u64::MAX / 512) < N_CLASSES);
+    }
+}
