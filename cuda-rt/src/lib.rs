@@ -22,6 +22,7 @@ pub(crate) mod driver;
 pub mod env;
 pub mod error;
 pub mod memory;
+pub mod profiler;
 pub mod stream;
 #[doc(hidden)]
 pub mod testing;
