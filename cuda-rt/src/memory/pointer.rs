@@ -614,6 +614,49 @@ mod tests {
         assert!(p.memset_u32(0, usize::MAX).is_err());
     }
 
+    crate::gpu_test!(sync_copies_are_refused_while_the_current_stream_captures, {
+        let p = crate::memory::alloc(1024).unwrap();
+        let stream = crate::Stream::new().unwrap();
+        let prev = crate::stream::set_current_stream(stream.as_stream_ref()).unwrap();
+        dm::stream_begin_capture(stream.as_raw()).unwrap();
+        let host = [1u8; 16];
+        let mut back = [0u8; 16];
+        let errors = [
+            p.copy_from_host(&host).unwrap_err(),
+            p.copy_to_host(&mut back).unwrap_err(),
+            p.copy_from_device(&p.offset_by(512).unwrap(), 16)
+                .unwrap_err(),
+            p.memset(0, 16).unwrap_err(),
+            // a borrowed host slice cannot be captured either
+            p.copy_from_host_async(&host, None).unwrap_err(),
+        ];
+        // device-only async work is captured normally
+        p.memset_async(0, 16, None).unwrap();
+        dm::stream_end_capture_and_discard(stream.as_raw()).unwrap();
+        crate::stream::set_current_stream(prev).unwrap();
+        for e in errors {
+            assert!(matches!(e, Error::Capture(_)), "{e}");
+            assert!(e.to_string().contains("capturing a graph"), "{e}");
+        }
+        // after the capture, the same copies work
+        p.copy_from_host(&host).unwrap();
+        p.copy_to_host(&mut back).unwrap();
+        assert_eq!(back, host);
+    });
+
+    crate::gpu_test!(sync_copies_follow_a_non_default_current_stream, {
+        let p = crate::memory::alloc(1 << 20).unwrap();
+        let stream = crate::Stream::with_options(true, 0).unwrap();
+        let prev = crate::stream::set_current_stream(stream.as_stream_ref()).unwrap();
+        // queued on the non-blocking current stream, then a synchronous read: it must
+        // see the memset.
+        p.memset_async(0x11, 1 << 20, None).unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        p.copy_to_host(&mut back).unwrap();
+        crate::stream::set_current_stream(prev).unwrap();
+        assert!(back.iter().all(|&b| b == 0x11));
+    });
+
     #[test]
     fn size_zero_operations_are_no_ops() {
         let p = fake(0);
