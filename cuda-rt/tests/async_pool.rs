@@ -1,6 +1,8 @@
 //! Stream-ordered allocation and the driver's memory pools. GPU tests skip without a GPU.
 
-use cuda_rt::memory::{malloc_async, MemoryAsync, MemoryAsyncPool, ROUND_SIZE};
+use std::sync::Arc;
+
+use cuda_rt::memory::{malloc_async, MemoryAsync, MemoryAsyncPool, MemoryPointer, ROUND_SIZE};
 use cuda_rt::{AsStream, Error, Stream};
 
 cuda_rt::gpu_test!(malloc_async_rounds_to_512_and_round_trips, {
@@ -15,23 +17,45 @@ cuda_rt::gpu_test!(malloc_async_rounds_to_512_and_round_trips, {
 });
 
 cuda_rt::gpu_test!(
-    memory_async_is_freed_on_its_stream_after_the_stream_is_gone,
+    memory_async_keeps_a_shared_stream_alive_until_freed_on_it,
     {
-        let s = Stream::new().unwrap();
-        let m = MemoryAsync::new_on(4096, &s).unwrap();
-        assert_eq!(m.stream().handle(), s.as_raw() as usize);
-        let p = cuda_rt::memory::MemoryPointer::from_memory(std::sync::Arc::new(m));
-        p.memset_async(3, 4096, Some(&s)).unwrap();
+        let s = Arc::new(Stream::new().unwrap());
+        let raw = s.as_raw() as usize;
+        let m = MemoryAsync::new_on_shared(4096, s.clone()).unwrap();
+        assert_eq!(m.stream().handle(), raw);
+        let p = MemoryPointer::from_memory(Arc::new(m));
+        p.memset_async(3, 4096, Some(&*s)).unwrap();
         let mut back = vec![0u8; 4096];
-        p.copy_to_host_async(&mut back, Some(&s)).unwrap();
+        p.copy_to_host_async(&mut back, Some(&*s)).unwrap();
         assert!(back.iter().all(|&b| b == 3));
-        s.synchronize().unwrap();
-        drop(s);
-        drop(p); // the stream is destroyed: the free falls back, without a crash
+        assert_eq!(Arc::strong_count(&s), 2, "the memory holds the stream");
+        drop(s); // the caller's stream object is gone; the memory still holds it
+        drop(p); // freed on its stream, then the stream is destroyed
         let q = malloc_async(4096).unwrap();
         q.memset(1, 4096).unwrap();
     }
 );
+
+cuda_rt::gpu_test!(pool_malloc_on_a_shared_stream_round_trips, {
+    let pool = MemoryAsyncPool::create(0).unwrap();
+    let s = Arc::new(Stream::new().unwrap());
+    let p = pool.malloc_on_shared(1000, s.clone()).unwrap();
+    drop(s);
+    p.copy_from_host(&[8u16; 500]).unwrap();
+    let mut back = [0u16; 500];
+    p.copy_to_host(&mut back).unwrap();
+    assert_eq!(back, [8u16; 500]);
+});
+
+cuda_rt::gpu_test!(memory_async_on_a_borrowed_stream_is_freed_on_it, {
+    let s = Stream::new().unwrap();
+    let m = MemoryAsync::new_on(4096, &s).unwrap();
+    assert_eq!(m.stream().handle(), s.as_raw() as usize);
+    let p = MemoryPointer::from_memory(Arc::new(m));
+    p.memset_async(5, 4096, Some(&s)).unwrap();
+    drop(p); // freed on `s`, which is still alive
+    s.synchronize().unwrap();
+});
 
 cuda_rt::gpu_test!(pool_reports_used_and_total_bytes, {
     let pool = MemoryAsyncPool::create(0).unwrap();

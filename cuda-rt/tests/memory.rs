@@ -118,7 +118,6 @@ cuda_rt::gpu_test!(managed_memory_is_readable_after_device_writes, {
             .unwrap();
         m.prefetch(Location::Device(0), None).unwrap();
         m.prefetch(Location::Host, None).unwrap();
-        cuda_rt::Stream::new().unwrap().synchronize().unwrap();
         let s = cuda_rt::Stream::new().unwrap();
         m.prefetch(Location::Device(0), Some(&s)).unwrap();
         s.synchronize().unwrap();

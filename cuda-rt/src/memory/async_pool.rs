@@ -1,15 +1,19 @@
 //! Stream-ordered allocation over the driver's memory pools: [`malloc_async`],
 //! [`MemoryAsync`] and [`MemoryAsyncPool`] (CuPy's `cudaMallocAsync` allocator).
 //!
-//! Memory is freed with `cuMemFreeAsync` on the stream it was allocated on. The raw
-//! stream handle is kept, so the memory does not hold the `Stream` object. **Keep the
-//! stream alive while memory allocated on it lives**, or use a default stream (always
-//! alive). If the stream was destroyed first, the driver usually refuses the stale
-//! handle; the free then falls back to synchronizing the device (so the destroyed
-//! stream's queued work is finished) and freeing on the legacy default stream. A stale
-//! handle the driver reused for a new stream would instead order the free on that new
-//! stream; once streams expose a shared liveness token (issue 3) the memory will hold
-//! it and this case goes away.
+//! Memory is freed with `cuMemFreeAsync` on the stream it was allocated on.
+//!
+//! - Allocated on a stream shared through an `Arc` ([`MemoryAsync::new_on_shared`],
+//!   [`MemoryAsyncPool::malloc_on_shared`]), the memory holds a clone of the `Arc`:
+//!   the stream stays alive until the memory is freed on it, whatever the caller drops
+//!   first. This is the way to let memory outlive the caller's stream object.
+//! - Allocated on a default stream (the legacy or per-thread one), nothing can go stale.
+//! - Allocated on a borrowed stream (the current stream, a `&Stream`), only the raw
+//!   handle is kept: **keep that stream alive while memory allocated on it lives**. If
+//!   it was destroyed first, the driver usually refuses the stale handle, and the free
+//!   falls back to synchronizing the device (so the destroyed stream's queued work is
+//!   finished) and freeing on the legacy default stream; a handle the driver already
+//!   reused for a new stream would order the free on that new stream instead.
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,9 +40,14 @@ pub struct MemoryAsync {
     size: usize,
     device: i32,
     stream: StreamRef,
+    /// Keeps a shared stream alive until the memory is freed on it.
+    _stream_owner: Option<SharedStream>,
     /// Keeps a pool this library created alive while its memory lives.
     _pool: Option<MemoryAsyncPool>,
 }
+
+/// A stream shared with the memory allocated on it.
+type SharedStream = Arc<dyn AsStream + Send + Sync>;
 
 impl fmt::Debug for MemoryAsync {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -55,12 +64,25 @@ impl MemoryAsync {
     /// `size` bytes (rounded up to 512) from the current device's current pool, on the
     /// current stream (`cuMemAllocAsync`). Size 0 is a null pointer of size 0.
     pub fn new(size: usize) -> Result<MemoryAsync> {
-        Self::alloc(size, get_current_stream(), None)
+        Self::alloc(size, get_current_stream(), None, None)
     }
 
-    /// The same on `stream`, from its device's current pool.
+    /// The same on `stream`, from its device's current pool. Keep the stream alive
+    /// while the memory lives (see the module docs), or use
+    /// [`MemoryAsync::new_on_shared`].
     pub fn new_on(size: usize, stream: &dyn AsStream) -> Result<MemoryAsync> {
-        Self::alloc(size, stream.as_stream_ref(), None)
+        Self::alloc(size, stream.as_stream_ref(), None, None)
+    }
+
+    /// The same on a shared stream, which the memory keeps alive until it is freed on
+    /// it: the caller may drop its `Arc` (and so the last user-visible stream object)
+    /// first.
+    pub fn new_on_shared<S: AsStream + Send + Sync + 'static>(
+        size: usize,
+        stream: Arc<S>,
+    ) -> Result<MemoryAsync> {
+        let r = stream.as_stream_ref();
+        Self::alloc(size, r, None, Some(stream))
     }
 
     /// The stream the memory was allocated on, and will be freed on.
@@ -72,6 +94,7 @@ impl MemoryAsync {
         size: usize,
         stream: StreamRef,
         pool: Option<&MemoryAsyncPool>,
+        owner: Option<SharedStream>,
     ) -> Result<MemoryAsync> {
         let device = stream.device_id();
         if size == 0 {
@@ -80,6 +103,7 @@ impl MemoryAsync {
                 size: 0,
                 device,
                 stream,
+                _stream_owner: None,
                 _pool: None,
             });
         }
@@ -107,6 +131,7 @@ impl MemoryAsync {
             size,
             device,
             stream,
+            _stream_owner: owner,
             _pool: pool.filter(|p| p.inner.owned).cloned(),
         })
     }
@@ -274,7 +299,26 @@ impl MemoryAsyncPool {
                 self.inner.device
             )));
         }
-        let m = MemoryAsync::alloc(size, stream.as_stream_ref(), Some(self))?;
+        let m = MemoryAsync::alloc(size, stream.as_stream_ref(), Some(self), None)?;
+        Ok(MemoryPointer::from_memory(Arc::new(m)))
+    }
+
+    /// `size` bytes on a shared stream of the pool's device, which the memory keeps
+    /// alive until it is freed on it.
+    pub fn malloc_on_shared<S: AsStream + Send + Sync + 'static>(
+        &self,
+        size: usize,
+        stream: Arc<S>,
+    ) -> Result<MemoryPointer> {
+        if stream.device_id() != self.inner.device {
+            return Err(Error::InvalidArgument(format!(
+                "stream of device {} used with the async pool of device {}",
+                stream.device_id(),
+                self.inner.device
+            )));
+        }
+        let r = stream.as_stream_ref();
+        let m = MemoryAsync::alloc(size, r, Some(self), Some(stream))?;
         Ok(MemoryPointer::from_memory(Arc::new(m)))
     }
 
