@@ -30,4 +30,8 @@ pub mod testing;
 pub use cuda_sys;
 pub use device::{availability, device_count, get_device_id, is_available, Device};
 pub use error::{Error, Result};
+pub use memory::{
+    alloc, get_allocator, malloc_async, malloc_managed, set_allocator, using_allocator, Allocator,
+    MemoryPointer,
+};
 pub use stream::{get_current_stream, AsStream, Stream, StreamRef};

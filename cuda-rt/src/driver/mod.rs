@@ -11,6 +11,7 @@
 
 pub mod context;
 pub mod device;
+pub mod memory;
 pub mod profiler;
 
 use std::ffi::{c_char, CStr};

@@ -1,3 +1,46 @@
-//! Device memory: allocation and pools.
+//! Device memory: allocation, memory objects, pointers, allocator selection and the
+//! driver's stream-ordered pools (CuPy's `cupy.cuda.memory`); [`arena`] is the caching
+//! pool's algorithm.
+//!
+//! - [`alloc`] allocates through the allocator in effect ([`set_allocator`],
+//!   [`using_allocator`]); [`malloc_managed`] and [`malloc_async`] allocate managed and
+//!   stream-ordered memory. Each returns a [`MemoryPointer`].
+//! - Memory objects implement [`BaseMemory`]: [`Memory`] (`cuMemAlloc`, or a user
+//!   allocator's), [`ManagedMemory`], [`MemoryAsync`], [`UnownedMemory`].
+//! - Host data crosses as slices of [`Pod`] values (primitives, arrays, [`F16`],
+//!   [`Bf16`]).
+//!
+//! ```no_run
+//! # fn main() -> cuda_rt::Result<()> {
+//! use cuda_rt::memory;
+//! let p = memory::alloc(4 * 1024)?;
+//! p.copy_from_host(&[1.0f32; 1024])?;
+//! let mut back = vec![0.0f32; 1024];
+//! p.copy_to_host(&mut back)?;
+//! assert_eq!(back, vec![1.0; 1024]);
+//! # Ok(()) }
+//! ```
+//!
+//! `unsafe` appears here only as promises (`unsafe trait`/`unsafe fn` for what the
+//! compiler cannot check: a raw pointer being valid device memory, a type being plain
+//! data); every unsafe operation is in the crate's driver layer.
 
 pub mod arena;
+mod allocator;
+mod async_pool;
+mod device_memory;
+mod managed;
+mod pod;
+mod pointer;
+mod unowned;
+
+pub use allocator::{
+    alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator, CAllocator, CFreeFn,
+    CMallocFn, ClosureAllocator, FreeFn, MallocFn,
+};
+pub use async_pool::{malloc_async, MemoryAsync, MemoryAsyncPool, ROUND_SIZE};
+pub use device_memory::{BaseMemory, Memory};
+pub use managed::{malloc_managed, Advice, Location, ManagedMemory};
+pub use pod::{Bf16, Pod, F16};
+pub use pointer::MemoryPointer;
+pub use unowned::UnownedMemory;

@@ -1,0 +1,241 @@
+//! Memory figures, each paired with the raw driver call measured in the same run.
+//!
+//! One JSON object per line (`name`, `size`, `value`, `unit`, `raw`, `raw_name`,
+//! `ratio` = our cost over raw: value / raw for times, raw / value for rates), then a
+//! human-readable table. Without a GPU: says why it skipped and exits 0.
+//!
+//! `cargo bench -p cuda-rt --bench memory`
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::memory::{alloc, malloc_async, MemoryPointer};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Figure {
+    name: &'static str,
+    size: usize,
+    value: f64,
+    unit: &'static str,
+    raw: f64,
+    raw_name: &'static str,
+    ratio: f64,
+}
+
+fn check(rc: sys::CUresult, call: &str) -> Res<()> {
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{call} failed: {rc:?}").into())
+    }
+}
+
+fn sync() -> Res<()> {
+    let f = sys::api()?.cuCtxSynchronize()?;
+    // SAFETY: no arguments; the primary context of device 0 is current.
+    check(unsafe { f() }, "cuCtxSynchronize")
+}
+
+/// Median seconds of `reps` runs of `f` after `warm` warm-up runs; synchronizes before
+/// reading the clock at both ends.
+fn median_secs(warm: usize, reps: usize, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
+    for _ in 0..warm {
+        f()?;
+    }
+    sync()?;
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        sync()?;
+        let start = Instant::now();
+        f()?;
+        sync()?;
+        t.push(start.elapsed().as_secs_f64());
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
+
+fn rate(name: &'static str, size: usize, ours: f64, raw: f64, raw_name: &'static str) -> Figure {
+    let (v, r) = (size as f64 / ours / 1e9, size as f64 / raw / 1e9);
+    Figure {
+        name,
+        size,
+        value: v,
+        unit: "GB/s",
+        raw: r,
+        raw_name,
+        ratio: r / v,
+    }
+}
+
+/// Pinned host memory from cuMemHostAlloc, freed on drop.
+struct Pinned {
+    ptr: *mut c_void,
+    len: usize,
+}
+
+impl Pinned {
+    fn new(len: usize) -> Res<Pinned> {
+        let f = sys::api()?.cuMemHostAlloc()?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out pointer; flag 0 is plain page-locked memory.
+        check(unsafe { f(&mut ptr, len, 0) }, "cuMemHostAlloc")?;
+        // SAFETY: `len` bytes were just allocated; writing them initialises them.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 1, len) };
+        Ok(Pinned { ptr, len })
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: `len` initialised bytes, owned by `self`, borrowed mutably once.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if let Ok(f) = sys::api().and_then(|a| a.cuMemFreeHost()) {
+            // SAFETY: allocated by cuMemHostAlloc, freed once.
+            let _ = unsafe { f(self.ptr) };
+        }
+    }
+}
+
+fn transfers(figs: &mut Vec<Figure>) -> Res<()> {
+    const N: usize = 256 << 20;
+    let (warm, reps) = (2, 9);
+    let d = alloc(N)?;
+    let htod = sys::api()?.cuMemcpyHtoD_v2()?;
+    let dtoh = sys::api()?.cuMemcpyDtoH_v2()?;
+
+    let mut pageable = vec![1u8; N];
+    let ours = median_secs(warm, reps, || Ok(d.copy_from_host(&pageable)?))?;
+    let raw = median_secs(warm, reps, || {
+        // SAFETY: `pageable` holds N bytes; `d` is N bytes of device memory.
+        check(
+            unsafe { htod(d.ptr(), pageable.as_ptr().cast(), N) },
+            "cuMemcpyHtoD",
+        )
+    })?;
+    figs.push(rate("h2d_pageable", N, ours, raw, "cuMemcpyHtoD"));
+
+    let ours = median_secs(warm, reps, || Ok(d.copy_to_host(&mut pageable)?))?;
+    let raw = median_secs(warm, reps, || {
+        // SAFETY: as above, device to host.
+        check(
+            unsafe { dtoh(pageable.as_mut_ptr().cast(), d.ptr(), N) },
+            "cuMemcpyDtoH",
+        )
+    })?;
+    figs.push(rate("d2h_pageable", N, ours, raw, "cuMemcpyDtoH"));
+    drop(pageable);
+
+    let mut pinned = Pinned::new(N)?;
+    let ours = median_secs(warm, reps, || Ok(d.copy_from_host(pinned.slice())?))?;
+    let p = pinned.ptr;
+    let raw = median_secs(warm, reps, || {
+        // SAFETY: `p` is N bytes of pinned host memory alive for the whole loop.
+        check(unsafe { htod(d.ptr(), p, N) }, "cuMemcpyHtoD")
+    })?;
+    figs.push(rate("h2d_pinned", N, ours, raw, "cuMemcpyHtoD"));
+
+    let ours = median_secs(warm, reps, || Ok(d.copy_to_host(pinned.slice())?))?;
+    let raw = median_secs(warm, reps, || {
+        // SAFETY: as above, device to host.
+        check(unsafe { dtoh(p, d.ptr(), N) }, "cuMemcpyDtoH")
+    })?;
+    figs.push(rate("d2h_pinned", N, ours, raw, "cuMemcpyDtoH"));
+    Ok(())
+}
+
+fn d2d(figs: &mut Vec<Figure>) -> Res<()> {
+    let (free, _) = cuda_rt::Device::new(0)?.mem_info()?;
+    let n: usize = if free > (9usize << 30) {
+        4 << 30
+    } else {
+        1 << 30
+    };
+    let src = alloc(n)?;
+    let dst = alloc(n)?;
+    src.memset(3, n)?;
+    let dtod = sys::api()?.cuMemcpyDtoD_v2()?;
+    let ours = median_secs(2, 9, || Ok(dst.copy_from_device(&src, n)?))?;
+    let raw = median_secs(2, 9, || {
+        // SAFETY: both are n bytes of device memory.
+        check(unsafe { dtod(dst.ptr(), src.ptr(), n) }, "cuMemcpyDtoD")
+    })?;
+    figs.push(rate("d2d", n, ours, raw, "cuMemcpyDtoD"));
+    Ok(())
+}
+
+fn async_pairs(figs: &mut Vec<Figure>) -> Res<()> {
+    const SIZE: usize = 1 << 20;
+    const ITERS: usize = 20_000;
+    let a = sys::api()?.cuMemAllocAsync()?;
+    let f = sys::api()?.cuMemFreeAsync()?;
+    let ours = median_secs(1, 9, || {
+        for _ in 0..ITERS {
+            let p: MemoryPointer = malloc_async(SIZE)?;
+            drop(p);
+        }
+        Ok(())
+    })?;
+    let raw = median_secs(1, 9, || {
+        for _ in 0..ITERS {
+            let mut p: sys::CUdeviceptr = 0;
+            // SAFETY: valid out pointer, legacy default stream (the current stream).
+            check(
+                unsafe { a(&mut p, SIZE, std::ptr::null_mut()) },
+                "cuMemAllocAsync",
+            )?;
+            // SAFETY: freeing what was just allocated, on the same stream.
+            check(unsafe { f(p, std::ptr::null_mut()) }, "cuMemFreeAsync")?;
+        }
+        Ok(())
+    })?;
+    let (v, r) = (ours / ITERS as f64 * 1e9, raw / ITERS as f64 * 1e9);
+    figs.push(Figure {
+        name: "malloc_async_free_pair",
+        size: SIZE,
+        value: v,
+        unit: "ns",
+        raw: r,
+        raw_name: "cuMemAllocAsync+cuMemFreeAsync",
+        ratio: v / r,
+    });
+    Ok(())
+}
+
+fn main() {
+    if let Err(why) = cuda_rt::availability() {
+        println!("memory bench skipped: no GPU: {why}");
+        return;
+    }
+    let mut figs = Vec::new();
+    for (name, step) in [
+        ("transfers", transfers as fn(&mut Vec<Figure>) -> Res<()>),
+        ("d2d", d2d),
+        ("async_pairs", async_pairs),
+    ] {
+        if let Err(e) = step(&mut figs) {
+            eprintln!("memory bench: {name} failed: {e}");
+        }
+    }
+    for f in &figs {
+        println!(
+            "{{\"name\": \"{}\", \"size\": {}, \"value\": {:.3}, \"unit\": \"{}\", \"raw\": {:.3}, \"raw_name\": \"{}\", \"ratio\": {:.3}}}",
+            f.name, f.size, f.value, f.unit, f.raw, f.raw_name, f.ratio
+        );
+    }
+    println!();
+    println!(
+        "{:<24} {:>12} {:>12} {:>12} {:<32} {:>7}",
+        "figure", "size", "ours", "raw", "raw call", "ratio"
+    );
+    for f in &figs {
+        println!(
+            "{:<24} {:>12} {:>9.3} {:<2} {:>9.3} {:<2} {:<32} {:>7.3}",
+            f.name, f.size, f.value, f.unit, f.raw, f.unit, f.raw_name, f.ratio
+        );
+    }
+}

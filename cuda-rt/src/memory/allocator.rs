@@ -1,0 +1,277 @@
+//! Allocator selection: [`alloc`] goes through the allocator in effect on this thread,
+//! which is the one of the innermost [`using_allocator`] scope, else the process-wide
+//! one of [`set_allocator`] (plain `cuMemAlloc` until set).
+//!
+//! The hot path takes no lock: a thread-local read of the scoped allocator, then an
+//! atomic generation number compared with a thread-local cached copy of the
+//! process-wide allocator. Only the first [`alloc`] on a thread after a
+//! [`set_allocator`] reads the process-wide value under its lock.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::device::get_device_id;
+use crate::error::{Error, Result};
+use crate::memory::async_pool::MemoryAsyncPool;
+use crate::memory::device_memory::{Memory, Release};
+use crate::memory::MemoryPointer;
+
+/// A Rust allocation function: `malloc(size, device)` returns a device address of at
+/// least `size` bytes on `device`.
+pub type MallocFn = dyn Fn(usize, i32) -> Result<u64> + Send + Sync;
+/// The matching free function: `free(ptr, size, device)`.
+pub type FreeFn = dyn Fn(u64, usize, i32) + Send + Sync;
+
+/// A C allocation function: `malloc(ctx, size, device)` returns a device address, or 0
+/// when it fails.
+pub type CMallocFn = extern "C" fn(ctx: *mut c_void, size: usize, device: i32) -> u64;
+/// A C free function: `free(ctx, ptr, device)`.
+pub type CFreeFn = extern "C" fn(ctx: *mut c_void, ptr: u64, device: i32);
+
+/// A pair of Rust closures used as an allocator (CuPy's `PythonFunctionAllocator`).
+#[derive(Clone)]
+pub struct ClosureAllocator {
+    malloc: Arc<MallocFn>,
+    free: Arc<FreeFn>,
+}
+
+impl ClosureAllocator {
+    /// The allocator `malloc` / `free`.
+    ///
+    /// # Safety
+    /// A successful `malloc(size, device)` must return the address of at least `size`
+    /// bytes of device-accessible memory of `device` that stays valid until `free` is
+    /// called with it (and no memory that anything else writes to meanwhile).
+    pub unsafe fn new(
+        malloc: impl Fn(usize, i32) -> Result<u64> + Send + Sync + 'static,
+        free: impl Fn(u64, usize, i32) + Send + Sync + 'static,
+    ) -> Self {
+        ClosureAllocator {
+            malloc: Arc::new(malloc),
+            free: Arc::new(free),
+        }
+    }
+
+    fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
+        let ptr = (self.malloc)(size, device)?;
+        if ptr == 0 {
+            return Err(Error::InvalidState(format!(
+                "the closure allocator returned a null pointer for {size} bytes on device {device}"
+            )));
+        }
+        let mem = Memory::from_parts(ptr, size, device, Release::Closure(self.clone()));
+        Ok(MemoryPointer::from_memory(Arc::new(mem)))
+    }
+
+    pub(crate) fn free(&self, ptr: u64, size: usize, device: i32) {
+        (self.free)(ptr, size, device)
+    }
+}
+
+/// A C function pair with an opaque argument used as an allocator (CuPy's
+/// `CFunctionAllocator`; the C shim builds these).
+#[derive(Clone, Copy)]
+pub struct CAllocator {
+    malloc: CMallocFn,
+    free: CFreeFn,
+    /// The opaque argument, as an address (it crosses threads with the allocator).
+    ctx: usize,
+}
+
+impl CAllocator {
+    /// The allocator `malloc(ctx, ..)` / `free(ctx, ..)`.
+    ///
+    /// # Safety
+    /// Both functions may be called from any thread with `ctx`, for as long as the
+    /// allocator or memory from it lives. A non-zero `malloc(ctx, size, device)` must be
+    /// the address of at least `size` bytes of device-accessible memory of `device`,
+    /// valid until `free(ctx, ptr, device)`.
+    pub unsafe fn new(malloc: CMallocFn, free: CFreeFn, ctx: *mut c_void) -> Self {
+        CAllocator {
+            malloc,
+            free,
+            ctx: ctx as usize,
+        }
+    }
+
+    fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
+        let ptr = (self.malloc)(self.ctx as *mut c_void, size, device);
+        if ptr == 0 {
+            return Err(Error::InvalidState(format!(
+                "the C allocator failed to allocate {size} bytes on device {device} (it returned 0)"
+            )));
+        }
+        let mem = Memory::from_parts(ptr, size, device, Release::C(*self));
+        Ok(MemoryPointer::from_memory(Arc::new(mem)))
+    }
+
+    pub(crate) fn free(&self, ptr: u64, device: i32) {
+        (self.free)(self.ctx as *mut c_void, ptr, device)
+    }
+}
+
+/// An allocator written as a type: returns memory objects that free themselves.
+pub trait Allocate: Send + Sync {
+    /// `size` (> 0) bytes on `device`.
+    fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer>;
+}
+
+/// What [`alloc`] allocates with. Cheap to clone (at most a reference count).
+///
+/// New kinds (the caching device pool of issue 5) are new variants; the enum is
+/// `#[non_exhaustive]` for that.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Allocator {
+    /// Plain device memory, `cuMemAlloc`/`cuMemFree`, no pool.
+    Device,
+    /// The driver's stream-ordered pool, on the current stream.
+    Async(MemoryAsyncPool),
+    /// A pair of Rust closures.
+    Closures(ClosureAllocator),
+    /// A pair of C functions with an opaque argument.
+    C(CAllocator),
+    /// Any [`Allocate`] implementation.
+    Custom(Arc<dyn Allocate>),
+}
+
+impl fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Allocator::Device => f.write_str("Allocator::Device"),
+            Allocator::Async(p) => write!(f, "Allocator::Async({p:?})"),
+            Allocator::Closures(_) => f.write_str("Allocator::Closures"),
+            Allocator::C(c) => write!(f, "Allocator::C(ctx {:#x})", c.ctx),
+            Allocator::Custom(_) => f.write_str("Allocator::Custom"),
+        }
+    }
+}
+
+impl Allocator {
+    /// `size` bytes on `device` with this allocator. Size 0 is the null pointer of size
+    /// 0 and calls no allocator.
+    pub fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
+        if size == 0 {
+            return Ok(MemoryPointer::null(device));
+        }
+        match self {
+            Allocator::Device => Ok(MemoryPointer::from_memory(Arc::new(Memory::new_on(
+                device, size,
+            )?))),
+            Allocator::Async(pool) => {
+                if pool.device_id() != device {
+                    return Err(Error::InvalidArgument(format!(
+                        "the async pool belongs to device {}, not to device {device}",
+                        pool.device_id()
+                    )));
+                }
+                pool.malloc(size)
+            }
+            Allocator::Closures(c) => c.malloc(size, device),
+            Allocator::C(c) => c.malloc(size, device),
+            Allocator::Custom(a) => a.malloc(size, device),
+        }
+    }
+
+    /// Whether two values are the same allocator (the same variant and, for the shared
+    /// ones, the same object).
+    pub fn same_as(&self, other: &Allocator) -> bool {
+        match (self, other) {
+            (Allocator::Device, Allocator::Device) => true,
+            (Allocator::Async(a), Allocator::Async(b)) => a.same_as(b),
+            (Allocator::Closures(a), Allocator::Closures(b)) => {
+                Arc::ptr_eq(&a.malloc, &b.malloc) && Arc::ptr_eq(&a.free, &b.free)
+            }
+            (Allocator::C(a), Allocator::C(b)) => {
+                a.malloc as usize == b.malloc as usize
+                    && a.free as usize == b.free as usize
+                    && a.ctx == b.ctx
+            }
+            (Allocator::Custom(a), Allocator::Custom(b)) => {
+                std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The process-wide allocator and its generation (bumped under the lock on every set).
+static GLOBAL: RwLock<Allocator> = RwLock::new(Allocator::Device);
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The innermost `using_allocator` scope's allocator on this thread.
+    static SCOPED: RefCell<Option<Allocator>> = const { RefCell::new(None) };
+    /// How many `using_allocator` scopes are open on this thread.
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// This thread's copy of the process-wide allocator, with its generation.
+    static CACHED: RefCell<(u64, Allocator)> = const { RefCell::new((0, Allocator::Device)) };
+}
+
+/// Sets the process-wide allocator; `None` is plain device allocation (the default for
+/// now; the caching pool will become the default). An error inside a
+/// [`using_allocator`] scope on this thread, as in CuPy.
+pub fn set_allocator(allocator: Option<Allocator>) -> Result<()> {
+    if DEPTH.with(Cell::get) > 0 {
+        return Err(Error::InvalidState(
+            "set_allocator cannot be called inside a using_allocator scope; \
+             leave the scope first"
+                .into(),
+        ));
+    }
+    let mut g = GLOBAL.write().unwrap_or_else(|e| e.into_inner());
+    *g = allocator.unwrap_or(Allocator::Device);
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+/// The allocator [`alloc`] uses on this thread now: the innermost scope's, else the
+/// process-wide one.
+#[inline]
+pub fn get_allocator() -> Allocator {
+    if let Some(a) = SCOPED.with(|s| s.borrow().clone()) {
+        return a;
+    }
+    let generation = GENERATION.load(Ordering::Acquire);
+    CACHED.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != generation {
+            let g = GLOBAL.read().unwrap_or_else(|e| e.into_inner());
+            *c = (generation, g.clone());
+        }
+        c.1.clone()
+    })
+}
+
+/// Runs `f` with `allocator` (`None`: plain device allocation) as this thread's
+/// allocator, then restores the previous one, also when `f` panics. Scopes nest.
+/// Memory allocated inside stays valid after the scope: it frees itself.
+pub fn using_allocator<R>(allocator: Option<Allocator>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Allocator>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            SCOPED.with(|s| *s.borrow_mut() = prev);
+            DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        }
+    }
+    let new = Some(allocator.unwrap_or(Allocator::Device));
+    let prev = SCOPED.with(|s| std::mem::replace(&mut *s.borrow_mut(), new));
+    DEPTH.with(|d| d.set(d.get() + 1));
+    let _restore = Restore(prev);
+    f()
+}
+
+/// `size` bytes on the current device through the allocator in effect
+/// ([`get_allocator`]). Size 0 is a null pointer of size 0 (no allocator call).
+#[inline]
+pub fn alloc(size: usize) -> Result<MemoryPointer> {
+    let device = get_device_id();
+    if size == 0 {
+        return Ok(MemoryPointer::null(device));
+    }
+    get_allocator().malloc(size, device)
+}

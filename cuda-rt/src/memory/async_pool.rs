@@ -1,0 +1,392 @@
+//! Stream-ordered allocation over the driver's memory pools: [`malloc_async`],
+//! [`MemoryAsync`] and [`MemoryAsyncPool`] (CuPy's `cudaMallocAsync` allocator).
+//!
+//! Memory is freed with `cuMemFreeAsync` on the stream it was allocated on.
+//!
+//! - Allocated on a stream shared through an `Arc` ([`MemoryAsync::new_on_shared`],
+//!   [`MemoryAsyncPool::malloc_on_shared`]), the memory holds a clone of the `Arc`:
+//!   the stream stays alive until the memory is freed on it, whatever the caller drops
+//!   first. This is the way to let memory outlive the caller's stream object.
+//! - Allocated on a default stream (the legacy or per-thread one), nothing can go stale.
+//! - Allocated on a borrowed stream (the current stream, a `&Stream`), only the raw
+//!   handle is kept: **keep that stream alive while memory allocated on it lives**. If
+//!   it was destroyed first, the driver usually refuses the stale handle, and the free
+//!   falls back to synchronizing the device (so the destroyed stream's queued work is
+//!   finished) and freeing on the legacy default stream; a handle the driver already
+//!   reused for a new stream would order the free on that new stream instead.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::device::{get_device_id, Device};
+use crate::driver::{self, context, context::make_current, sys};
+use crate::error::{Error, OutOfMemory, Result};
+use crate::memory::device_memory::{make_current_checked, BaseMemory};
+use crate::memory::MemoryPointer;
+use crate::stream::{current_stream_of, get_current_stream, AsStream, StreamRef};
+
+/// Async-pool sizes are multiples of this many bytes (as CuPy's).
+pub const ROUND_SIZE: usize = 512;
+
+fn round_up(size: usize) -> Result<usize> {
+    size.checked_add(ROUND_SIZE - 1)
+        .map(|s| s / ROUND_SIZE * ROUND_SIZE)
+        .ok_or_else(|| Error::InvalidArgument(format!("size {size} is too large")))
+}
+
+/// Memory from a driver memory pool, freed on the stream it was allocated on.
+pub struct MemoryAsync {
+    ptr: u64,
+    size: usize,
+    device: i32,
+    stream: StreamRef,
+    /// Keeps a shared stream alive until the memory is freed on it.
+    _stream_owner: Option<SharedStream>,
+    /// Keeps a pool this library created alive while its memory lives.
+    _pool: Option<MemoryAsyncPool>,
+}
+
+/// A stream shared with the memory allocated on it.
+type SharedStream = Arc<dyn AsStream + Send + Sync>;
+
+impl fmt::Debug for MemoryAsync {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryAsync")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .field("stream", &format_args!("{:#x}", self.stream.handle()))
+            .finish()
+    }
+}
+
+impl MemoryAsync {
+    /// `size` bytes (rounded up to 512) from the current device's current pool, on the
+    /// current stream (`cuMemAllocAsync`). Size 0 is a null pointer of size 0.
+    pub fn new(size: usize) -> Result<MemoryAsync> {
+        Self::alloc(size, get_current_stream(), None, None)
+    }
+
+    /// The same on `stream`, from its device's current pool. Keep the stream alive
+    /// while the memory lives (see the module docs), or use
+    /// [`MemoryAsync::new_on_shared`].
+    pub fn new_on(size: usize, stream: &dyn AsStream) -> Result<MemoryAsync> {
+        Self::alloc(size, stream.as_stream_ref(), None, None)
+    }
+
+    /// The same on a shared stream, which the memory keeps alive until it is freed on
+    /// it: the caller may drop its `Arc` (and so the last user-visible stream object)
+    /// first.
+    pub fn new_on_shared<S: AsStream + Send + Sync + 'static>(
+        size: usize,
+        stream: Arc<S>,
+    ) -> Result<MemoryAsync> {
+        let r = stream.as_stream_ref();
+        Self::alloc(size, r, None, Some(stream))
+    }
+
+    /// The stream the memory was allocated on, and will be freed on.
+    pub fn stream(&self) -> StreamRef {
+        self.stream
+    }
+
+    fn alloc(
+        size: usize,
+        stream: StreamRef,
+        pool: Option<&MemoryAsyncPool>,
+        owner: Option<SharedStream>,
+    ) -> Result<MemoryAsync> {
+        let device = stream.device_id();
+        if size == 0 {
+            return Ok(MemoryAsync {
+                ptr: 0,
+                size: 0,
+                device,
+                stream,
+                _stream_owner: None,
+                _pool: None,
+            });
+        }
+        let size = round_up(size)?;
+        make_current_checked(device)?;
+        let raw_pool = pool.filter(|p| p.inner.owned).map(|p| p.as_raw());
+        let attempt = || match raw_pool {
+            None => driver::memory::alloc_async(size, stream.as_raw()),
+            Some(p) => driver::memory::alloc_from_pool_async(size, p, stream.as_raw()),
+        };
+        let ptr = match attempt() {
+            Ok(p) => p,
+            Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
+                // Frees queued on other streams become reusable once they have run.
+                context::synchronize()?;
+                match attempt() {
+                    Ok(p) => p,
+                    Err(e) => return Err(async_oom(e, size, device, raw_pool)),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(MemoryAsync {
+            ptr,
+            size,
+            device,
+            stream,
+            _stream_owner: owner,
+            _pool: pool.filter(|p| p.inner.owned).cloned(),
+        })
+    }
+}
+
+/// The out-of-memory error for a pool, with its used and reserved bytes.
+fn async_oom(e: Error, size: usize, device: i32, pool: Option<sys::CUmemoryPool>) -> Error {
+    let Error::Driver(d) = e else { return e };
+    if d.code != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        return Error::Driver(d);
+    }
+    let pool = pool.or_else(|| {
+        let dev = Device::new(device).ok()?;
+        driver::memory::device_mem_pool(dev.as_raw()).ok()
+    });
+    let stat = |a| pool.and_then(|p| driver::memory::pool_get_u64(p, a).ok());
+    let used = stat(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(0);
+    let reserved =
+        stat(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
+    Error::OutOfMemory(Box::new(OutOfMemory {
+        requested: size as u64,
+        device: Some(device),
+        in_use: used,
+        cached: reserved.saturating_sub(used),
+        limit: None,
+        driver: Some(d),
+    }))
+}
+
+// SAFETY: `ptr..ptr+size` is a pool allocation owned until drop (stream-ordered: work
+// queued on the allocation stream before the drop may use it); fields never change.
+unsafe impl BaseMemory for MemoryAsync {
+    fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn device_id(&self) -> i32 {
+        self.device
+    }
+}
+
+impl Drop for MemoryAsync {
+    fn drop(&mut self) {
+        if self.size == 0 {
+            return;
+        }
+        let _ = make_current(self.stream.device_id()).and_then(|()| {
+            driver::memory::free_async(self.ptr, self.stream.as_raw()).or_else(|_| {
+                // The stream is gone (see the module docs): finish all queued work,
+                // then free on the legacy default stream.
+                context::synchronize()?;
+                driver::memory::free_async(self.ptr, std::ptr::null_mut())
+            })
+        });
+    }
+}
+
+/// `size` bytes (rounded up to 512) from the current device's current memory pool, on
+/// the current stream. Size 0 is a null pointer of size 0.
+pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
+    Ok(MemoryPointer::from_memory(Arc::new(MemoryAsync::new(
+        size,
+    )?)))
+}
+
+struct PoolInner {
+    /// `CUmemoryPool` as an address.
+    pool: usize,
+    device: i32,
+    /// Created by this library (destroyed on drop), or the device's pool.
+    owned: bool,
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        if self.owned {
+            // The driver defers destruction until outstanding allocations are freed.
+            let _ = driver::memory::pool_destroy(self.pool as sys::CUmemoryPool);
+        }
+    }
+}
+
+/// A driver memory pool used as an allocator: the device's current pool
+/// ([`MemoryAsyncPool::new`], [`MemoryAsyncPool::current`]) or one of its own
+/// ([`MemoryAsyncPool::create`]). Clones share the pool.
+#[derive(Clone)]
+pub struct MemoryAsyncPool {
+    inner: Arc<PoolInner>,
+}
+
+impl fmt::Debug for MemoryAsyncPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryAsyncPool")
+            .field("pool", &format_args!("{:#x}", self.inner.pool))
+            .field("device", &self.inner.device)
+            .field("owned", &self.inner.owned)
+            .finish()
+    }
+}
+
+impl MemoryAsyncPool {
+    /// The current device's current pool (CuPy's default).
+    pub fn new() -> Result<MemoryAsyncPool> {
+        Self::current(get_device_id())
+    }
+
+    /// Device `device`'s current pool (`cuDeviceGetMemPool`).
+    pub fn current(device: i32) -> Result<MemoryAsyncPool> {
+        let dev = Device::new(device)?;
+        make_current(device)?;
+        let pool = driver::memory::device_mem_pool(dev.as_raw())?;
+        Ok(Self::wrap(pool, device, false))
+    }
+
+    /// A new pool on device `device` (`cuMemPoolCreate`), destroyed when the last clone
+    /// and the last memory from it are gone.
+    pub fn create(device: i32) -> Result<MemoryAsyncPool> {
+        Device::new(device)?;
+        make_current(device)?;
+        let pool = driver::memory::pool_create(device)?;
+        Ok(Self::wrap(pool, device, true))
+    }
+
+    fn wrap(pool: sys::CUmemoryPool, device: i32, owned: bool) -> MemoryAsyncPool {
+        MemoryAsyncPool {
+            inner: Arc::new(PoolInner {
+                pool: pool as usize,
+                device,
+                owned,
+            }),
+        }
+    }
+
+    /// The raw `CUmemoryPool`.
+    pub fn as_raw(&self) -> sys::CUmemoryPool {
+        self.inner.pool as sys::CUmemoryPool
+    }
+
+    /// The pool's device.
+    pub fn device_id(&self) -> i32 {
+        self.inner.device
+    }
+
+    /// Whether both are the same driver pool.
+    pub fn same_as(&self, other: &MemoryAsyncPool) -> bool {
+        self.inner.pool == other.inner.pool
+    }
+
+    /// `size` bytes (rounded up to 512) on the pool device's current stream. On out of
+    /// memory: synchronize the device and retry once, then
+    /// [`Error::OutOfMemory`] with the pool's used and cached bytes.
+    pub fn malloc(&self, size: usize) -> Result<MemoryPointer> {
+        let s = current_stream_of(self.inner.device);
+        self.malloc_on(size, &s)
+    }
+
+    /// `size` bytes on `stream`, which must belong to the pool's device.
+    pub fn malloc_on(&self, size: usize, stream: &dyn AsStream) -> Result<MemoryPointer> {
+        if stream.device_id() != self.inner.device {
+            return Err(Error::InvalidArgument(format!(
+                "stream of device {} used with the async pool of device {}",
+                stream.device_id(),
+                self.inner.device
+            )));
+        }
+        let m = MemoryAsync::alloc(size, stream.as_stream_ref(), Some(self), None)?;
+        Ok(MemoryPointer::from_memory(Arc::new(m)))
+    }
+
+    /// `size` bytes on a shared stream of the pool's device, which the memory keeps
+    /// alive until it is freed on it.
+    pub fn malloc_on_shared<S: AsStream + Send + Sync + 'static>(
+        &self,
+        size: usize,
+        stream: Arc<S>,
+    ) -> Result<MemoryPointer> {
+        if stream.device_id() != self.inner.device {
+            return Err(Error::InvalidArgument(format!(
+                "stream of device {} used with the async pool of device {}",
+                stream.device_id(),
+                self.inner.device
+            )));
+        }
+        let r = stream.as_stream_ref();
+        let m = MemoryAsync::alloc(size, r, Some(self), Some(stream))?;
+        Ok(MemoryPointer::from_memory(Arc::new(m)))
+    }
+
+    fn get(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
+        make_current(self.inner.device)?;
+        driver::memory::pool_get_u64(self.as_raw(), attr)
+    }
+
+    /// Bytes handed out now (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+    pub fn used_bytes(&self) -> Result<u64> {
+        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    }
+
+    /// Bytes the pool holds from the device now (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub fn total_bytes(&self) -> Result<u64> {
+        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+    }
+
+    /// Bytes held but not handed out: `total_bytes - used_bytes`.
+    pub fn free_bytes(&self) -> Result<u64> {
+        Ok(self.total_bytes()?.saturating_sub(self.used_bytes()?))
+    }
+
+    /// The release threshold: bytes the pool keeps cached at synchronization points.
+    pub fn limit(&self) -> Result<u64> {
+        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    }
+
+    /// Sets the release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`), CuPy's
+    /// `set_limit(size=...)`.
+    pub fn set_limit(&self, bytes: u64) -> Result<()> {
+        make_current(self.inner.device)?;
+        driver::memory::pool_set_u64(
+            self.as_raw(),
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            bytes,
+        )
+    }
+
+    /// Sets the release threshold to a fraction (0 to 1) of the device's memory.
+    pub fn set_limit_fraction(&self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidArgument(format!(
+                "limit fraction {fraction} is not between 0 and 1"
+            )));
+        }
+        let total = Device::new(self.inner.device)?.total_memory()?;
+        self.set_limit((total as f64 * fraction) as u64)
+    }
+
+    /// Synchronizes the device, then trims the pool to 0 bytes
+    /// (`cuMemPoolTrimTo(pool, 0)`): every cached byte goes back to the device.
+    pub fn free_all_blocks(&self) -> Result<()> {
+        make_current(self.inner.device)?;
+        context::synchronize()?;
+        driver::memory::pool_trim_to(self.as_raw(), 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_up;
+
+    #[test]
+    fn sizes_round_up_to_512() {
+        assert_eq!(round_up(1).unwrap(), 512);
+        assert_eq!(round_up(512).unwrap(), 512);
+        assert_eq!(round_up(513).unwrap(), 1024);
+        assert!(round_up(usize::MAX).is_err());
+    }
+}

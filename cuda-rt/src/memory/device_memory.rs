@@ -1,0 +1,187 @@
+//! The memory-object trait ([`BaseMemory`]) and plain device memory ([`Memory`],
+//! `cuMemAlloc`/`cuMemFree`, or memory from a user allocator that remembers how to
+//! free itself).
+
+use std::fmt;
+
+use crate::device::device_count;
+use crate::driver::{self, context::make_current, sys};
+use crate::error::{Error, OutOfMemory, Result};
+use crate::memory::allocator::{CAllocator, ClosureAllocator};
+
+/// A range of device-accessible memory that lives as long as the object:
+/// what a [`MemoryPointer`](crate::memory::MemoryPointer) points into.
+///
+/// # Safety
+/// For as long as the object lives, `[ptr(), ptr() + size())` must be memory that CUDA
+/// copies and memsets may read and write (device, managed, or mapped pinned memory),
+/// owned by or kept alive by the object, and the three values must never change.
+/// A size of 0 may come with any pointer (0 is usual) and is never accessed.
+pub unsafe trait BaseMemory: Send + Sync + fmt::Debug + 'static {
+    /// The start address (`CUdeviceptr`).
+    fn ptr(&self) -> u64;
+    /// The size in bytes.
+    fn size(&self) -> usize;
+    /// The device the memory belongs to.
+    fn device_id(&self) -> i32;
+}
+
+/// How a [`Memory`] gives its bytes back.
+pub(crate) enum Release {
+    /// Nothing to release (size 0).
+    Nothing,
+    /// `cuMemFree`.
+    Driver,
+    /// A user closure pair's `free`.
+    Closure(ClosureAllocator),
+    /// A C function pair's `free`.
+    C(CAllocator),
+}
+
+/// Device memory: from `cuMemAlloc` ([`Memory::new`]) or from a user allocator, freed
+/// when dropped by whichever allocated it. Size 0 is a null pointer that owns nothing.
+pub struct Memory {
+    ptr: u64,
+    size: usize,
+    device: i32,
+    release: Release,
+}
+
+impl fmt::Debug for Memory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let by = match self.release {
+            Release::Nothing => "nothing",
+            Release::Driver => "cuMemFree",
+            Release::Closure(_) => "closure allocator",
+            Release::C(_) => "C allocator",
+        };
+        f.debug_struct("Memory")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .field("freed_by", &by)
+            .finish()
+    }
+}
+
+impl Memory {
+    /// `size` bytes of device memory on the current device (`cuMemAlloc`). Size 0 gives
+    /// a null pointer of size 0 and makes no driver call. Asking for more than the device
+    /// has is [`Error::OutOfMemory`] with the requested size.
+    pub fn new(size: usize) -> Result<Memory> {
+        Self::new_on(crate::device::get_device_id(), size)
+    }
+
+    /// `size` bytes of device memory on device `device`.
+    pub fn new_on(device: i32, size: usize) -> Result<Memory> {
+        if size == 0 {
+            return Ok(Memory::null(device));
+        }
+        make_current_checked(device)?;
+        let ptr =
+            driver::memory::alloc(size).map_err(|e| out_of_memory(e, size as u64, device, None))?;
+        Ok(Memory {
+            ptr,
+            size,
+            device,
+            release: Release::Driver,
+        })
+    }
+
+    /// The null memory of size 0 on `device`: owns nothing, frees nothing.
+    pub fn null(device: i32) -> Memory {
+        Memory {
+            ptr: 0,
+            size: 0,
+            device,
+            release: Release::Nothing,
+        }
+    }
+
+    /// Memory that `release` frees when dropped.
+    pub(crate) fn from_parts(ptr: u64, size: usize, device: i32, release: Release) -> Memory {
+        Memory {
+            ptr,
+            size,
+            device,
+            release,
+        }
+    }
+}
+
+// SAFETY: `ptr..ptr+size` is an allocation the object owns until drop (from cuMemAlloc,
+// or from an allocator whose constructor's caller promised the same); the fields never
+// change.
+unsafe impl BaseMemory for Memory {
+    #[inline]
+    fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    #[inline]
+    fn size(&self) -> usize {
+        self.size
+    }
+    #[inline]
+    fn device_id(&self) -> i32 {
+        self.device
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        match &self.release {
+            Release::Nothing => {}
+            Release::Driver => {
+                // An error here (a context torn down at exit) leaves nothing to do.
+                let _ = make_current(self.device).and_then(|()| driver::memory::free(self.ptr));
+            }
+            Release::Closure(c) => c.free(self.ptr, self.size, self.device),
+            Release::C(c) => c.free(self.ptr, self.device),
+        }
+    }
+}
+
+/// Checks that device `id` exists ([`Error::InvalidDevice`] otherwise).
+pub(crate) fn check_device(id: i32) -> Result<()> {
+    let count = device_count()?;
+    if id < 0 || id >= count {
+        return Err(Error::InvalidDevice { id, count });
+    }
+    Ok(())
+}
+
+/// Makes `device`'s primary context current; an unknown device is
+/// [`Error::InvalidDevice`] rather than a raw driver code.
+pub(crate) fn make_current_checked(device: i32) -> Result<()> {
+    match make_current(device) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            check_device(device)?;
+            Err(e)
+        }
+    }
+}
+
+/// Turns a driver out-of-memory error into [`Error::OutOfMemory`] with the numbers;
+/// any other error passes through.
+pub(crate) fn out_of_memory(
+    e: Error,
+    requested: u64,
+    device: i32,
+    stats: Option<(u64, u64, Option<u64>)>,
+) -> Error {
+    match e {
+        Error::Driver(d) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            let (in_use, cached, limit) = stats.unwrap_or((0, 0, None));
+            Error::OutOfMemory(Box::new(OutOfMemory {
+                requested,
+                device: Some(device),
+                in_use,
+                cached,
+                limit,
+                driver: Some(d),
+            }))
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,675 @@
+//! [`MemoryPointer`]: an address inside a memory object, which it keeps alive, with
+//! checked arithmetic, copies and memsets.
+//!
+//! Every copy and memset checks its byte count against the room left behind both
+//! pointers before any CUDA call; size 0 is then a no-op.
+//!
+//! Synchronous forms run in order with this thread's current stream: on the legacy
+//! default stream they are the plain driver calls (`cuMemcpyHtoD`, ...); on any other
+//! current stream they are queued on it and waited for, and refused with
+//! [`Error::Capture`] while that stream captures a graph. Asynchronous forms run on the
+//! stream given (default: the current one). Host slices are borrowed only for the
+//! call: a copy from or to page-locked host memory (whose transfer really runs after
+//! the call returns) waits for the stream before returning, and a host-slice copy into
+//! a capturing stream is refused, since the graph would touch the slice later.
+
+use std::fmt;
+use std::ops::{Add, Sub};
+use std::sync::Arc;
+
+use crate::driver::context::{make_current, primary};
+use crate::driver::memory as dm;
+use crate::driver::sys;
+use crate::error::{Error, Result};
+use crate::memory::device_memory::{BaseMemory, Memory};
+use crate::memory::Pod;
+use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
+
+/// A pointer into a memory object: the object (kept alive) and a byte offset in it.
+/// Clones share the memory.
+#[derive(Clone)]
+pub struct MemoryPointer {
+    mem: Arc<dyn BaseMemory>,
+    offset: usize,
+}
+
+impl fmt::Debug for MemoryPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryPointer")
+            .field("ptr", &format_args!("{:#x}", self.ptr()))
+            .field("offset", &self.offset)
+            .field("mem", &self.mem)
+            .finish()
+    }
+}
+
+impl PartialEq for MemoryPointer {
+    /// Same address on the same device.
+    fn eq(&self, other: &Self) -> bool {
+        self.ptr() == other.ptr() && self.device_id() == other.device_id()
+    }
+}
+impl Eq for MemoryPointer {}
+
+/// How a synchronous operation is ordered.
+enum SyncVia {
+    /// The plain (legacy default stream) driver call.
+    Legacy,
+    /// Queued on the current stream, then waited for.
+    Stream(StreamRef),
+}
+
+impl MemoryPointer {
+    /// A pointer `offset` bytes into `mem` (`offset <= mem.size()`).
+    pub fn new(mem: Arc<dyn BaseMemory>, offset: usize) -> Result<MemoryPointer> {
+        if offset > mem.size() {
+            return Err(Error::InvalidArgument(format!(
+                "offset {offset} is past the end of a memory of {} bytes",
+                mem.size()
+            )));
+        }
+        Ok(MemoryPointer { mem, offset })
+    }
+
+    /// A pointer to the start of `mem`.
+    pub fn from_memory(mem: Arc<dyn BaseMemory>) -> MemoryPointer {
+        MemoryPointer { mem, offset: 0 }
+    }
+
+    /// The null pointer of size 0 on `device` (what allocating 0 bytes gives).
+    pub fn null(device: i32) -> MemoryPointer {
+        MemoryPointer::from_memory(Arc::new(Memory::null(device)))
+    }
+
+    /// The address (`CUdeviceptr`): the memory's start plus the offset.
+    #[inline]
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr() + self.offset as u64
+    }
+
+    /// The byte offset into the memory.
+    #[inline]
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The bytes from this pointer to the end of its memory.
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.mem.size() - self.offset
+    }
+
+    /// The device the memory belongs to.
+    #[inline]
+    pub fn device_id(&self) -> i32 {
+        self.mem.device_id()
+    }
+
+    /// The memory object this pointer keeps alive.
+    pub fn mem(&self) -> &Arc<dyn BaseMemory> {
+        &self.mem
+    }
+
+    /// The pointer `delta` bytes away; an error past either end of the memory.
+    pub fn offset_by(&self, delta: isize) -> Result<MemoryPointer> {
+        let off = self
+            .offset
+            .checked_add_signed(delta)
+            .filter(|&o| o <= self.mem.size())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "pointer arithmetic out of bounds: offset {} {} {} is outside the \
+                     memory's 0..={} bytes",
+                    self.offset,
+                    if delta < 0 { '-' } else { '+' },
+                    delta.unsigned_abs(),
+                    self.mem.size()
+                ))
+            })?;
+        Ok(MemoryPointer {
+            mem: Arc::clone(&self.mem),
+            offset: off,
+        })
+    }
+
+    /// The pointer `n` bytes further; an error past the end.
+    pub fn checked_add(&self, n: usize) -> Result<MemoryPointer> {
+        let d = isize::try_from(n)
+            .map_err(|_| Error::InvalidArgument(format!("pointer offset {n} is too large")))?;
+        self.offset_by(d)
+    }
+
+    /// The pointer `n` bytes back; an error before the start.
+    pub fn checked_sub(&self, n: usize) -> Result<MemoryPointer> {
+        let d = isize::try_from(n)
+            .map_err(|_| Error::InvalidArgument(format!("pointer offset {n} is too large")))?;
+        self.offset_by(-d)
+    }
+
+    // -------------------------------------------------------------------------
+    // Checks
+
+    fn check_room(&self, what: &str, bytes: usize) -> Result<()> {
+        if bytes > self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: {bytes} bytes do not fit: only {} bytes are left behind the pointer \
+                 {:#x} (offset {} of a memory of {} bytes)",
+                self.size(),
+                self.ptr(),
+                self.offset,
+                self.mem.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_src_room(what: &str, src: &MemoryPointer, bytes: usize) -> Result<()> {
+        if bytes > src.size() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the source has only {} bytes left behind {:#x}, {bytes} asked for",
+                src.size(),
+                src.ptr()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_align(&self, what: &str, align: u64) -> Result<()> {
+        if self.ptr() & (align - 1) != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the pointer {:#x} is not {align}-byte aligned",
+                self.ptr()
+            )));
+        }
+        Ok(())
+    }
+
+    // -------------------------------------------------------------------------
+    // Host -> device
+
+    /// Copies all of `src` to this pointer, synchronously. More bytes than the room left
+    /// behind the pointer is an error; fewer fill a prefix.
+    pub fn copy_from_host<T: Pod>(&self, src: &[T]) -> Result<()> {
+        let what = "copy_from_host";
+        self.check_room(what, std::mem::size_of_val(src))?;
+        if src.is_empty() || std::mem::size_of::<T>() == 0 {
+            return Ok(());
+        }
+        match sync_via(what)? {
+            SyncVia::Legacy => {
+                make_current(self.device_id())?;
+                dm::htod(self.ptr(), src).map_err(|e| capture_error(what, e))
+            }
+            SyncVia::Stream(s) => {
+                dm::htod_async(self.ptr(), src, s.as_raw())?;
+                dm::stream_synchronize(s.as_raw())
+            }
+        }
+    }
+
+    /// Copies all of `src` to this pointer on `stream` (`None`: the current stream).
+    /// Pageable host memory is staged before this returns; page-locked memory is waited
+    /// for, so `src` is free again when this returns either way.
+    pub fn copy_from_host_async<T: Pod>(
+        &self,
+        src: &[T],
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        let what = "copy_from_host_async";
+        self.check_room(what, std::mem::size_of_val(src))?;
+        if src.is_empty() || std::mem::size_of::<T>() == 0 {
+            return Ok(());
+        }
+        let s = host_async_stream(what, stream)?;
+        let pinned = dm::is_page_locked(src);
+        dm::htod_async(self.ptr(), src, s.as_raw())?;
+        if pinned {
+            dm::stream_synchronize(s.as_raw())?;
+        }
+        Ok(())
+    }
+
+    // -------------------------------------------------------------------------
+    // Device -> host
+
+    /// Fills all of `dst` from this pointer, synchronously. More bytes than the room
+    /// left behind the pointer is an error.
+    pub fn copy_to_host<T: Pod>(&self, dst: &mut [T]) -> Result<()> {
+        let what = "copy_to_host";
+        self.check_room(what, std::mem::size_of_val(dst))?;
+        if dst.is_empty() || std::mem::size_of::<T>() == 0 {
+            return Ok(());
+        }
+        match sync_via(what)? {
+            SyncVia::Legacy => {
+                make_current(self.device_id())?;
+                dm::dtoh(dst, self.ptr()).map_err(|e| capture_error(what, e))
+            }
+            SyncVia::Stream(s) => {
+                dm::dtoh_async(dst, self.ptr(), s.as_raw())?;
+                dm::stream_synchronize(s.as_raw())
+            }
+        }
+    }
+
+    /// Fills all of `dst` from this pointer on `stream` (`None`: the current stream).
+    /// `dst` is filled when this returns: the driver completes copies into pageable
+    /// memory before returning, and page-locked destinations are waited for.
+    pub fn copy_to_host_async<T: Pod>(
+        &self,
+        dst: &mut [T],
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        let what = "copy_to_host_async";
+        self.check_room(what, std::mem::size_of_val(dst))?;
+        if dst.is_empty() || std::mem::size_of::<T>() == 0 {
+            return Ok(());
+        }
+        let s = host_async_stream(what, stream)?;
+        let pinned = dm::is_page_locked(dst);
+        dm::dtoh_async(dst, self.ptr(), s.as_raw())?;
+        if pinned {
+            dm::stream_synchronize(s.as_raw())?;
+        }
+        Ok(())
+    }
+
+    // -------------------------------------------------------------------------
+    // Device -> device
+
+    /// Copies `size` bytes from `src` to this pointer, synchronously; across devices
+    /// with `cuMemcpyPeer`.
+    pub fn copy_from_device(&self, src: &MemoryPointer, size: usize) -> Result<()> {
+        let what = "copy_from_device";
+        self.check_room(what, size)?;
+        Self::check_src_room(what, src, size)?;
+        if size == 0 {
+            return Ok(());
+        }
+        match sync_via(what)? {
+            SyncVia::Legacy => {
+                make_current(self.device_id())?;
+                self.d2d(src, size, None)
+                    .map_err(|e| capture_error(what, e))
+            }
+            SyncVia::Stream(s) => {
+                self.d2d(src, size, Some(s.as_raw()))?;
+                dm::stream_synchronize(s.as_raw())
+            }
+        }
+    }
+
+    /// Copies `size` bytes from `src` to this pointer on `stream` (`None`: the current
+    /// stream); across devices with `cuMemcpyPeerAsync`.
+    pub fn copy_from_device_async(
+        &self,
+        src: &MemoryPointer,
+        size: usize,
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        let what = "copy_from_device_async";
+        self.check_room(what, size)?;
+        Self::check_src_room(what, src, size)?;
+        if size == 0 {
+            return Ok(());
+        }
+        let s = stream_or_current(stream);
+        make_current(s.device_id())?;
+        self.d2d(src, size, Some(s.as_raw()))
+    }
+
+    /// Copies `size` bytes from this pointer to `dst`, synchronously.
+    pub fn copy_to_device(&self, dst: &MemoryPointer, size: usize) -> Result<()> {
+        dst.copy_from_device(self, size)
+    }
+
+    fn d2d(&self, src: &MemoryPointer, size: usize, stream: Option<sys::CUstream>) -> Result<()> {
+        let (dd, sd) = (self.device_id(), src.device_id());
+        if dd == sd {
+            return match stream {
+                None => dm::dtod(self.ptr(), src.ptr(), size),
+                Some(s) => dm::dtod_async(self.ptr(), src.ptr(), size, s),
+            };
+        }
+        let (dc, sc) = (primary(dd)?, primary(sd)?);
+        match stream {
+            None => dm::peer(self.ptr(), dc, src.ptr(), sc, size),
+            Some(s) => dm::peer_async(self.ptr(), dc, src.ptr(), sc, size, s),
+        }
+    }
+
+    // -------------------------------------------------------------------------
+    // Memset
+
+    /// Sets `size` bytes to `value`, synchronously.
+    pub fn memset(&self, value: u8, size: usize) -> Result<()> {
+        self.memset_impl("memset", Fill::U8(value), size, false, None)
+    }
+
+    /// Sets `size` bytes to `value` on `stream` (`None`: the current stream).
+    pub fn memset_async(
+        &self,
+        value: u8,
+        size: usize,
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        self.memset_impl("memset_async", Fill::U8(value), size, true, stream)
+    }
+
+    /// Sets `count` 16-bit words to `value`, synchronously (pointer 2-byte aligned).
+    pub fn memset_u16(&self, value: u16, count: usize) -> Result<()> {
+        self.memset_impl("memset_u16", Fill::U16(value), count, false, None)
+    }
+
+    /// Sets `count` 16-bit words to `value` on `stream` (`None`: the current stream).
+    pub fn memset_u16_async(
+        &self,
+        value: u16,
+        count: usize,
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        self.memset_impl("memset_u16_async", Fill::U16(value), count, true, stream)
+    }
+
+    /// Sets `count` 32-bit words to `value`, synchronously (pointer 4-byte aligned).
+    pub fn memset_u32(&self, value: u32, count: usize) -> Result<()> {
+        self.memset_impl("memset_u32", Fill::U32(value), count, false, None)
+    }
+
+    /// Sets `count` 32-bit words to `value` on `stream` (`None`: the current stream).
+    pub fn memset_u32_async(
+        &self,
+        value: u32,
+        count: usize,
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        self.memset_impl("memset_u32_async", Fill::U32(value), count, true, stream)
+    }
+
+    fn memset_impl(
+        &self,
+        what: &str,
+        fill: Fill,
+        count: usize,
+        is_async: bool,
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        let width = fill.width();
+        let bytes = count.checked_mul(width).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what}: {count} elements of {width} bytes overflow"
+            ))
+        })?;
+        self.check_room(what, bytes)?;
+        if count == 0 {
+            return Ok(());
+        }
+        self.check_align(what, width as u64)?;
+        let stream = if is_async {
+            let s = stream_or_current(stream);
+            make_current(s.device_id())?;
+            Some(s.as_raw())
+        } else {
+            match sync_via(what)? {
+                SyncVia::Legacy => {
+                    make_current(self.device_id())?;
+                    None
+                }
+                SyncVia::Stream(s) => Some(s.as_raw()),
+            }
+        };
+        let p = self.ptr();
+        let r = match (fill, stream) {
+            (Fill::U8(v), None) => dm::memset_d8(p, v, count),
+            (Fill::U16(v), None) => dm::memset_d16(p, v, count),
+            (Fill::U32(v), None) => dm::memset_d32(p, v, count),
+            (Fill::U8(v), Some(s)) => dm::memset_d8_async(p, v, count, s),
+            (Fill::U16(v), Some(s)) => dm::memset_d16_async(p, v, count, s),
+            (Fill::U32(v), Some(s)) => dm::memset_d32_async(p, v, count, s),
+        };
+        match (is_async, stream) {
+            (false, None) => r.map_err(|e| capture_error(what, e)),
+            (false, Some(s)) => r.and_then(|()| dm::stream_synchronize(s)),
+            (true, _) => r,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Fill {
+    U8(u8),
+    U16(u16),
+    U32(u32),
+}
+
+impl Fill {
+    fn width(self) -> usize {
+        match self {
+            Fill::U8(_) => 1,
+            Fill::U16(_) => 2,
+            Fill::U32(_) => 4,
+        }
+    }
+}
+
+impl Add<usize> for &MemoryPointer {
+    type Output = Result<MemoryPointer>;
+    /// `ptr + n`: [`MemoryPointer::checked_add`].
+    fn add(self, n: usize) -> Result<MemoryPointer> {
+        self.checked_add(n)
+    }
+}
+
+impl Add<usize> for MemoryPointer {
+    type Output = Result<MemoryPointer>;
+    /// `ptr + n`: [`MemoryPointer::checked_add`].
+    fn add(self, n: usize) -> Result<MemoryPointer> {
+        self.checked_add(n)
+    }
+}
+
+impl Sub<usize> for &MemoryPointer {
+    type Output = Result<MemoryPointer>;
+    /// `ptr - n`: [`MemoryPointer::checked_sub`].
+    fn sub(self, n: usize) -> Result<MemoryPointer> {
+        self.checked_sub(n)
+    }
+}
+
+impl Sub<usize> for MemoryPointer {
+    type Output = Result<MemoryPointer>;
+    /// `ptr - n`: [`MemoryPointer::checked_sub`].
+    fn sub(self, n: usize) -> Result<MemoryPointer> {
+        self.checked_sub(n)
+    }
+}
+
+fn stream_or_current(stream: Option<&dyn AsStream>) -> StreamRef {
+    match stream {
+        Some(s) => s.as_stream_ref(),
+        None => get_current_stream(),
+    }
+}
+
+/// How a synchronous operation runs: the plain call when the current stream is the
+/// legacy default stream, else queued on the current stream (refused while it
+/// captures).
+fn sync_via(what: &str) -> Result<SyncVia> {
+    let s = get_current_stream();
+    if s.handle() == LEGACY_DEFAULT_HANDLE {
+        return Ok(SyncVia::Legacy);
+    }
+    make_current(s.device_id())?;
+    if dm::stream_is_capturing(s.as_raw())? {
+        return Err(Error::Capture(format!(
+            "{what} is synchronous and the current stream ({:#x}) is capturing a graph; \
+             use the _async form (or end the capture first)",
+            s.handle()
+        )));
+    }
+    Ok(SyncVia::Stream(s))
+}
+
+/// The stream for an asynchronous host-slice copy, refusing a capturing stream (the
+/// graph would read or write the borrowed slice when replayed, after the borrow).
+fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<StreamRef> {
+    let s = stream_or_current(stream);
+    make_current(s.device_id())?;
+    if s.handle() != LEGACY_DEFAULT_HANDLE && dm::stream_is_capturing(s.as_raw())? {
+        return Err(Error::Capture(format!(
+            "{what}: stream {:#x} is capturing a graph, and a graph cannot hold on to a \
+             borrowed host slice; copy from memory the graph owns instead",
+            s.handle()
+        )));
+    }
+    Ok(s)
+}
+
+/// A synchronous call that the driver refused because a capture is under way
+/// (another stream capturing in global mode) becomes [`Error::Capture`].
+fn capture_error(what: &str, e: Error) -> Error {
+    use sys::CUresult as R;
+    match e.driver_code() {
+        Some(
+            R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            | R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+            | R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+        ) => Error::Capture(format!(
+            "{what} is synchronous and a stream is capturing a graph, so the driver refused \
+             it (and invalidated that capture); use the _async form on the capturing \
+             stream: {e}"
+        )),
+        _ => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Host-only memory for checks that run before any CUDA call (never accessed).
+    #[derive(Debug)]
+    struct Fake(usize);
+    // SAFETY: only the bounds checks run on it: every test below fails or is a no-op
+    // before a driver call, so the fake address is never accessed.
+    unsafe impl BaseMemory for Fake {
+        fn ptr(&self) -> u64 {
+            0x1000
+        }
+        fn size(&self) -> usize {
+            self.0
+        }
+        fn device_id(&self) -> i32 {
+            0
+        }
+    }
+
+    fn fake(size: usize) -> MemoryPointer {
+        MemoryPointer::from_memory(Arc::new(Fake(size)))
+    }
+
+    #[test]
+    fn arithmetic_moves_within_the_memory() {
+        let p = fake(100);
+        let q = (&p + 40).unwrap();
+        assert_eq!(q.ptr(), 0x1000 + 40);
+        assert_eq!(q.size(), 60);
+        let r = (q.clone() - 40).unwrap();
+        assert_eq!(r, p);
+        assert_eq!(p.offset_by(100).unwrap().size(), 0);
+        assert_eq!(q.offset_by(-40).unwrap().offset(), 0);
+    }
+
+    #[test]
+    fn arithmetic_past_either_end_is_an_error() {
+        let p = fake(100);
+        assert!(matches!(&p + 101, Err(Error::InvalidArgument(_))));
+        assert!(matches!(&p - 1, Err(Error::InvalidArgument(_))));
+        assert!(p.offset_by(isize::MIN).is_err());
+        assert!(p.checked_add(usize::MAX).is_err());
+        let q = p.offset_by(60).unwrap();
+        assert!(q.offset_by(41).is_err());
+        assert!(q.offset_by(-61).is_err());
+        assert!(MemoryPointer::new(Arc::new(Fake(8)), 9).is_err());
+    }
+
+    #[test]
+    fn copies_past_the_end_fail_before_any_cuda_call() {
+        let p = fake(16);
+        let e = p.copy_from_host(&[0u32; 5]).unwrap_err();
+        assert!(e.to_string().contains("20 bytes do not fit"), "{e}");
+        assert!(p.copy_to_host(&mut [0u64; 3]).is_err());
+        assert!(p.copy_from_host_async(&[0u8; 17], None).is_err());
+        assert!(p.copy_to_host_async(&mut [0u8; 17], None).is_err());
+        let q = p.offset_by(8).unwrap();
+        assert!(q.copy_from_host(&[0u8; 9]).is_err());
+        let src = fake(4);
+        let e = p.copy_from_device(&src, 5).unwrap_err();
+        assert!(e.to_string().contains("source has only 4 bytes"), "{e}");
+        assert!(src.copy_from_device(&p, 5).is_err());
+        assert!(p.copy_from_device_async(&src, 8, None).is_err());
+        assert!(p.memset(0, 17).is_err());
+        assert!(p.memset_u16(0, 9).is_err());
+        assert!(p.memset_u32_async(0, 5, None).is_err());
+        assert!(p.memset_u32(0, usize::MAX).is_err());
+    }
+
+    crate::gpu_test!(sync_copies_are_refused_while_the_current_stream_captures, {
+        let p = crate::memory::alloc(1024).unwrap();
+        let stream = crate::Stream::new().unwrap();
+        let prev = crate::stream::set_current_stream(stream.as_stream_ref()).unwrap();
+        dm::stream_begin_capture(stream.as_raw()).unwrap();
+        let host = [1u8; 16];
+        let mut back = [0u8; 16];
+        let errors = [
+            p.copy_from_host(&host).unwrap_err(),
+            p.copy_to_host(&mut back).unwrap_err(),
+            p.copy_from_device(&p.offset_by(512).unwrap(), 16)
+                .unwrap_err(),
+            p.memset(0, 16).unwrap_err(),
+            // a borrowed host slice cannot be captured either
+            p.copy_from_host_async(&host, None).unwrap_err(),
+        ];
+        // device-only async work is captured normally
+        p.memset_async(0, 16, None).unwrap();
+        dm::stream_end_capture_and_discard(stream.as_raw()).unwrap();
+        crate::stream::set_current_stream(prev).unwrap();
+        for e in errors {
+            assert!(matches!(e, Error::Capture(_)), "{e}");
+            assert!(e.to_string().contains("capturing a graph"), "{e}");
+        }
+        // after the capture, the same copies work
+        p.copy_from_host(&host).unwrap();
+        p.copy_to_host(&mut back).unwrap();
+        assert_eq!(back, host);
+    });
+
+    crate::gpu_test!(sync_copies_follow_a_non_default_current_stream, {
+        let p = crate::memory::alloc(1 << 20).unwrap();
+        let stream = crate::Stream::with_options(true, 0).unwrap();
+        let prev = crate::stream::set_current_stream(stream.as_stream_ref()).unwrap();
+        // queued on the non-blocking current stream, then a synchronous read: it must
+        // see the memset.
+        p.memset_async(0x11, 1 << 20, None).unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        p.copy_to_host(&mut back).unwrap();
+        crate::stream::set_current_stream(prev).unwrap();
+        assert!(back.iter().all(|&b| b == 0x11));
+    });
+
+    #[test]
+    fn size_zero_operations_are_no_ops() {
+        let p = fake(0);
+        p.copy_from_host::<f32>(&[]).unwrap();
+        p.copy_to_host::<u8>(&mut []).unwrap();
+        p.copy_from_host_async::<u8>(&[], None).unwrap();
+        p.copy_to_host_async::<u8>(&mut [], None).unwrap();
+        p.copy_from_device(&fake(0), 0).unwrap();
+        p.copy_from_device_async(&fake(0), 0, None).unwrap();
+        p.memset(1, 0).unwrap();
+        p.memset_u32_async(1, 0, None).unwrap();
+        let n = MemoryPointer::null(0);
+        assert_eq!((n.ptr(), n.size()), (0, 0));
+        n.copy_from_host::<u8>(&[]).unwrap();
+    }
+}

@@ -1,0 +1,139 @@
+//! Stream-ordered allocation and the driver's memory pools. GPU tests skip without a GPU.
+
+use std::sync::Arc;
+
+use cuda_rt::memory::{malloc_async, MemoryAsync, MemoryAsyncPool, MemoryPointer, ROUND_SIZE};
+use cuda_rt::{AsStream, Error, Stream};
+
+cuda_rt::gpu_test!(malloc_async_rounds_to_512_and_round_trips, {
+    let p = malloc_async(1000).unwrap();
+    assert_eq!(p.size(), 1024);
+    assert_eq!(ROUND_SIZE, 512);
+    let src: Vec<i32> = (0..250).map(|i| i * -3).collect();
+    p.copy_from_host(&src).unwrap();
+    let mut back = vec![0i32; 250];
+    p.copy_to_host(&mut back).unwrap();
+    assert_eq!(back, src);
+});
+
+cuda_rt::gpu_test!(
+    memory_async_keeps_a_shared_stream_alive_until_freed_on_it,
+    {
+        let s = Arc::new(Stream::new().unwrap());
+        let raw = s.as_raw() as usize;
+        let m = MemoryAsync::new_on_shared(4096, s.clone()).unwrap();
+        assert_eq!(m.stream().handle(), raw);
+        let p = MemoryPointer::from_memory(Arc::new(m));
+        p.memset_async(3, 4096, Some(&*s)).unwrap();
+        let mut back = vec![0u8; 4096];
+        p.copy_to_host_async(&mut back, Some(&*s)).unwrap();
+        assert!(back.iter().all(|&b| b == 3));
+        assert_eq!(Arc::strong_count(&s), 2, "the memory holds the stream");
+        drop(s); // the caller's stream object is gone; the memory still holds it
+        drop(p); // freed on its stream, then the stream is destroyed
+        let q = malloc_async(4096).unwrap();
+        q.memset(1, 4096).unwrap();
+    }
+);
+
+cuda_rt::gpu_test!(pool_malloc_on_a_shared_stream_round_trips, {
+    let pool = MemoryAsyncPool::create(0).unwrap();
+    let s = Arc::new(Stream::new().unwrap());
+    let p = pool.malloc_on_shared(1000, s.clone()).unwrap();
+    drop(s);
+    p.copy_from_host(&[8u16; 500]).unwrap();
+    let mut back = [0u16; 500];
+    p.copy_to_host(&mut back).unwrap();
+    assert_eq!(back, [8u16; 500]);
+});
+
+cuda_rt::gpu_test!(memory_async_on_a_borrowed_stream_is_freed_on_it, {
+    let s = Stream::new().unwrap();
+    let m = MemoryAsync::new_on(4096, &s).unwrap();
+    assert_eq!(m.stream().handle(), s.as_raw() as usize);
+    let p = MemoryPointer::from_memory(Arc::new(m));
+    p.memset_async(5, 4096, Some(&s)).unwrap();
+    drop(p); // freed on `s`, which is still alive
+    s.synchronize().unwrap();
+});
+
+cuda_rt::gpu_test!(pool_reports_used_and_total_bytes, {
+    let pool = MemoryAsyncPool::create(0).unwrap();
+    let s = Stream::new().unwrap();
+    assert_eq!(pool.used_bytes().unwrap(), 0);
+    let a = pool.malloc_on(1 << 20, &s).unwrap();
+    let b = pool.malloc_on(100, &s).unwrap();
+    assert_eq!(b.size(), 512);
+    assert_eq!(pool.used_bytes().unwrap(), (1 << 20) + 512);
+    assert!(pool.total_bytes().unwrap() >= (1 << 20) + 512);
+    drop(a);
+    drop(b);
+    s.synchronize().unwrap();
+    assert_eq!(pool.used_bytes().unwrap(), 0);
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.total_bytes().unwrap(), 0);
+});
+
+cuda_rt::gpu_test!(pool_limit_is_the_release_threshold, {
+    let pool = MemoryAsyncPool::create(0).unwrap();
+    pool.set_limit(64 << 20).unwrap();
+    assert_eq!(pool.limit().unwrap(), 64 << 20);
+    pool.set_limit_fraction(0.0).unwrap();
+    assert_eq!(pool.limit().unwrap(), 0);
+    assert!(matches!(
+        pool.set_limit_fraction(1.5),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.set_limit_fraction(-0.1),
+        Err(Error::InvalidArgument(_))
+    ));
+});
+
+cuda_rt::gpu_test!(device_current_pool_is_the_default, {
+    let a = MemoryAsyncPool::new().unwrap();
+    let b = MemoryAsyncPool::current(0).unwrap();
+    assert!(a.same_as(&b));
+    let p = a.malloc(512).unwrap();
+    p.memset(0, 512).unwrap();
+    drop(p);
+    a.free_all_blocks().unwrap();
+});
+
+cuda_rt::gpu_test!(pool_on_an_invalid_device_is_an_error, {
+    let n = cuda_rt::device_count().unwrap();
+    assert!(matches!(
+        MemoryAsyncPool::create(n),
+        Err(Error::InvalidDevice { .. })
+    ));
+    assert!(matches!(
+        MemoryAsyncPool::current(-1),
+        Err(Error::InvalidDevice { .. })
+    ));
+    malloc_async(512).unwrap();
+});
+
+cuda_rt::gpu_test!(pool_out_of_memory_says_requested_size, {
+    let pool = MemoryAsyncPool::create(0).unwrap();
+    let total = cuda_rt::Device::new(0).unwrap().total_memory().unwrap();
+    let e = pool.malloc(total + (1 << 30)).unwrap_err();
+    match &e {
+        Error::OutOfMemory(o) => assert!(o.requested >= (total + (1 << 30)) as u64),
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    pool.malloc(1 << 20).unwrap();
+});
+
+cuda_rt::gpu_test!(pool_freed_memory_is_reused_in_stream_order, {
+    let pool = MemoryAsyncPool::create(0).unwrap();
+    let s = Stream::new().unwrap();
+    let first = pool.malloc_on(1 << 16, &s).unwrap();
+    let addr = first.ptr();
+    drop(first);
+    let second = pool.malloc_on(1 << 16, &s).unwrap();
+    assert_eq!(
+        second.ptr(),
+        addr,
+        "same stream: the freed block comes back"
+    );
+});
