@@ -11,6 +11,11 @@
 
 pub mod context;
 pub mod device;
+pub mod event;
+#[rustfmt::skip]
+pub mod lib_status;
+pub mod libs;
+pub mod stream;
 
 use std::ffi::{c_char, CStr};
 use std::sync::OnceLock;
