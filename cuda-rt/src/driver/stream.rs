@@ -162,6 +162,29 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
 
+    /// Calls the host-function trampoline once, as the driver would.
+    fn drive_host_fn<F: FnOnce() + Send + 'static>(f: F) {
+        let data = Box::into_raw(Box::new(f));
+        // SAFETY: called once with the box it expects, as the driver would.
+        unsafe { host_fn_trampoline::<F>(data.cast()) };
+    }
+
+    /// Calls the callback trampoline once with a success status, as the driver would.
+    fn drive_callback<F>(f: F)
+    where
+        F: FnOnce(std::result::Result<(), DriverError>) + Send + 'static,
+    {
+        let data = Box::into_raw(Box::new(f));
+        // SAFETY: called once with the box it expects, as the driver would.
+        unsafe {
+            callback_trampoline::<F>(
+                std::ptr::null_mut(),
+                sys::CUresult::CUDA_SUCCESS,
+                data.cast(),
+            )
+        };
+    }
+
     #[test]
     fn host_fn_trampoline_runs_the_closure_once() {
         let n = Arc::new(AtomicUsize::new(0));
@@ -169,9 +192,7 @@ mod tests {
         let f = move || {
             m.fetch_add(1, Ordering::SeqCst);
         };
-        let data = Box::into_raw(Box::new(f));
-        // SAFETY: called once with the box it expects, as the driver would.
-        unsafe { host_fn_trampoline::<_>(data.cast()) };
+        drive_host_fn(f);
         assert_eq!(n.load(Ordering::SeqCst), 1);
         assert_eq!(Arc::strong_count(&n), 1, "the closure was dropped");
     }
@@ -180,9 +201,7 @@ mod tests {
     fn host_fn_trampoline_catches_a_panic() {
         let before = host_fn_panic_count();
         let f = || panic!("boom in a host function");
-        let data = Box::into_raw(Box::new(f));
-        // SAFETY: called once with the box it expects, as the driver would.
-        unsafe { host_fn_trampoline::<_>(data.cast()) };
+        drive_host_fn(f);
         assert!(host_fn_panic_count() > before);
     }
 
@@ -195,15 +214,7 @@ mod tests {
             panic!("boom in a callback");
         };
         let before = host_fn_panic_count();
-        let data = Box::into_raw(Box::new(f));
-        // SAFETY: called once with the box it expects, as the driver would.
-        unsafe {
-            callback_trampoline::<_>(
-                std::ptr::null_mut(),
-                sys::CUresult::CUDA_SUCCESS,
-                data.cast(),
-            )
-        };
+        drive_callback(f);
         assert_eq!(*seen.lock().unwrap(), Some(true));
         assert!(host_fn_panic_count() > before);
     }
