@@ -21,6 +21,8 @@ pub mod device;
 pub(crate) mod driver;
 pub mod env;
 pub mod error;
+pub mod event;
+pub mod libs;
 pub mod memory;
 pub mod profiler;
 pub mod stream;
@@ -28,10 +30,17 @@ pub mod stream;
 pub mod testing;
 
 pub use cuda_sys;
-pub use device::{availability, device_count, get_device_id, is_available, Device};
+pub use device::{
+    availability, device_count, get_device_id, is_available, set_device_id, synchronize, Device,
+    DeviceAttribute, DeviceScope,
+};
 pub use error::{Error, Result};
+pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
+pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{
     alloc, get_allocator, malloc_async, malloc_managed, set_allocator, using_allocator, Allocator,
     MemoryPointer,
 };
-pub use stream::{get_current_stream, AsStream, Stream, StreamRef};
+pub use stream::{
+    current_stream_of, get_current_stream, AsStream, ExternalStream, Stream, StreamRef, StreamScope,
+};

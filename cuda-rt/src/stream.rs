@@ -1,19 +1,64 @@
-//! Streams: owned ([`Stream`]), borrowed ([`StreamRef`]), and the per-thread, per-device
-//! current stream.
+//! Streams: owned ([`Stream`]), borrowed ([`StreamRef`]), foreign ([`ExternalStream`]),
+//! and the per-thread, per-device current stream.
+//!
+//! The current stream is per thread and per device, the legacy default stream until
+//! set. [`AsStream::enter`] makes a stream current for a scope and restores what was
+//! current on entry when the [`StreamScope`] drops (also after a
+//! [`use_stream`](AsStream::use_stream) inside); `use_stream` sets it with no scope.
+//! A stream of a device other than the thread's current device cannot be made current.
+//!
+//! Every operation of a stream is on the [`AsStream`] trait (`synchronize`, `query`,
+//! `record`, `wait_event`, `launch_host_func`, `add_callback`, ...), so owned,
+//! borrowed and foreign streams all have them.
 
 use std::cell::Cell;
+use std::hash::{Hash, Hasher};
+use std::marker::PhantomData;
 
 use crate::device::get_device_id;
 use crate::driver::context::{make_current, MAX_DEVICES};
-use crate::driver::{drv, sys};
-use crate::error::{Error, Result};
+use crate::driver::{self, sys};
+use crate::error::{DriverError, Error, Result};
+use crate::event::Event;
 
 /// The legacy default stream's handle (CUDA's `0`).
 pub const LEGACY_DEFAULT_HANDLE: usize = 0;
 /// The per-thread default stream's handle (`CU_STREAM_PER_THREAD`, CUDA's `0x2`).
 pub const PER_THREAD_DEFAULT_HANDLE: usize = 2;
 
-/// Anything that names a stream of a device.
+/// Whether `handle` is one of the two default streams, which act in the context that
+/// is current when they are used.
+#[inline]
+fn is_default_handle(handle: usize) -> bool {
+    handle == LEGACY_DEFAULT_HANDLE || handle == PER_THREAD_DEFAULT_HANDLE
+}
+
+/// Makes the stream's device current when the stream is a default stream (whose
+/// meaning depends on the current context); other streams carry their context.
+#[inline]
+fn context_for<S: AsStream + ?Sized>(s: &S) -> Result<()> {
+    if is_default_handle(s.as_raw() as usize) {
+        make_current(s.device_id())?;
+    }
+    Ok(())
+}
+
+/// Refuses host closures on a capturing stream: a captured host node may run once per
+/// graph launch (or never), which a `FnOnce` closure cannot honour.
+fn refuse_capture<S: AsStream + ?Sized>(s: &S, what: &str) -> Result<()> {
+    if driver::stream::is_capturing(s.as_raw())? {
+        return Err(Error::Capture(format!(
+            "{what} on stream {:#x} of device {}: the stream is capturing a graph, and a \
+             run-once Rust closure cannot become a graph node (it could run once per \
+             launch); end the capture first",
+            s.as_raw() as usize,
+            s.device_id()
+        )));
+    }
+    Ok(())
+}
+
+/// Anything that names a stream of a device, with the operations of a stream.
 pub trait AsStream {
     /// The raw `CUstream`.
     fn as_raw(&self) -> sys::CUstream;
@@ -26,6 +71,122 @@ pub trait AsStream {
             device: self.device_id(),
         }
     }
+
+    /// The handle as an integer (CuPy's `Stream.ptr`; 0 and 2 for the default streams).
+    fn ptr(&self) -> usize {
+        self.as_raw() as usize
+    }
+
+    /// Blocks until all work queued on the stream is done.
+    fn synchronize(&self) -> Result<()> {
+        context_for(self)?;
+        driver::stream::synchronize(self.as_raw())
+    }
+
+    /// `true` when all work queued on the stream is done, `false` while some is
+    /// pending (`cuStreamQuery`).
+    fn query(&self) -> Result<bool> {
+        context_for(self)?;
+        driver::stream::query(self.as_raw())
+    }
+
+    /// CuPy's `Stream.done`: the same as [`query`](AsStream::query).
+    fn done(&self) -> Result<bool> {
+        self.query()
+    }
+
+    /// Records `event` on this stream, or a new event (blocking, with timing, as
+    /// CuPy's `Event()`) when `None`, and returns it. The event must belong to the
+    /// stream's device.
+    fn record(&self, event: Option<Event>) -> Result<Event> {
+        let ev = match event {
+            Some(ev) => ev,
+            None => Event::on_device(self.device_id(), crate::event::EventFlags::BLOCKING_SYNC)?,
+        };
+        ev.record_on(self)?;
+        Ok(ev)
+    }
+
+    /// Makes work queued on this stream after this call wait until `event`'s last
+    /// record has completed. An event never recorded is complete: nothing waits.
+    fn wait_event(&self, event: &Event) -> Result<()> {
+        if !event.is_recorded() {
+            return Ok(());
+        }
+        context_for(self)?;
+        driver::stream::wait_event(self.as_raw(), event.as_raw())
+    }
+
+    /// Runs `f` on a driver thread once all work queued before it on this stream is
+    /// done; work queued after it waits for it (`cuLaunchHostFunc`). `f` runs exactly
+    /// once; a panic in it is caught (see [`host_func_panic_count`]) and never reaches
+    /// the driver. `f` must not call CUDA. An error when the stream is capturing a
+    /// graph; then, and when the launch fails, `f` is dropped without running.
+    fn launch_host_func<F>(&self, f: F) -> Result<()>
+    where
+        F: FnOnce() + Send + 'static,
+        Self: Sized,
+    {
+        context_for(self)?;
+        refuse_capture(self, "launch_host_func")?;
+        driver::stream::launch_host_func(self.as_raw(), f)
+    }
+
+    /// CuPy's `Stream.add_callback`: runs `f` in stream order with the stream's status
+    /// (`Err` when an earlier operation on the stream failed), exactly once, on a driver
+    /// thread (`cuStreamAddCallback`). A panic is caught as in
+    /// [`launch_host_func`](AsStream::launch_host_func); `f` must not call CUDA.
+    fn add_callback<F>(&self, f: F) -> Result<()>
+    where
+        F: FnOnce(std::result::Result<(), DriverError>) + Send + 'static,
+        Self: Sized,
+    {
+        context_for(self)?;
+        refuse_capture(self, "add_callback")?;
+        driver::stream::add_callback(self.as_raw(), f)
+    }
+
+    /// Makes this the current stream of its device on this thread until the returned
+    /// guard drops, which restores the stream current on entry (CuPy's `with stream:`).
+    /// An error when the stream's device is not the thread's current device.
+    fn enter(&self) -> Result<StreamScope<'_>> {
+        let s = self.as_stream_ref();
+        check_device(&s)?;
+        let prev = set_current_stream(s)?;
+        Ok(StreamScope {
+            prev,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Makes this the current stream of its device on this thread, with no scope (CuPy's
+    /// `Stream.use()`). The caller keeps the stream alive while it is current (dropping
+    /// a [`Stream`] that is current on the dropping thread resets that thread to the
+    /// legacy default stream). An error when the stream's device is not the thread's
+    /// current device.
+    fn use_stream(&self) -> Result<()> {
+        let s = self.as_stream_ref();
+        check_device(&s)?;
+        set_current_stream(s).map(|_| ())
+    }
+}
+
+fn check_device(s: &StreamRef) -> Result<()> {
+    let cur = get_device_id();
+    if s.device != cur {
+        return Err(Error::InvalidState(format!(
+            "stream {:#x} belongs to device {} but device {cur} is current on this thread; \
+             enter device {}'s scope first",
+            s.handle, s.device, s.device
+        )));
+    }
+    Ok(())
+}
+
+/// How many host functions or stream callbacks have panicked in this process (each
+/// panic was caught; the default panic hook printed it).
+pub fn host_func_panic_count() -> u64 {
+    driver::stream::host_fn_panic_count()
 }
 
 /// A non-owning, copyable reference to a stream: what [`get_current_stream`] returns.
@@ -74,6 +235,16 @@ impl StreamRef {
     pub const fn is_default(&self) -> bool {
         self.handle == LEGACY_DEFAULT_HANDLE || self.handle == PER_THREAD_DEFAULT_HANDLE
     }
+
+    /// Whether this is the legacy default stream (handle 0).
+    pub const fn is_legacy_default(&self) -> bool {
+        self.handle == LEGACY_DEFAULT_HANDLE
+    }
+
+    /// Whether this is the per-thread default stream (handle 2).
+    pub const fn is_per_thread_default(&self) -> bool {
+        self.handle == PER_THREAD_DEFAULT_HANDLE
+    }
 }
 
 impl AsStream for StreamRef {
@@ -87,8 +258,8 @@ impl AsStream for StreamRef {
     }
 }
 
-/// An owned CUDA stream, destroyed on drop.
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// An owned CUDA stream, destroyed on drop. Compares and hashes by handle and device.
+#[derive(Debug)]
 pub struct Stream {
     handle: usize,
     device: i32,
@@ -102,9 +273,15 @@ impl Stream {
         Self::with_options(false, 0)
     }
 
+    /// A new non-blocking stream (it does not synchronise with the legacy default
+    /// stream) with default priority on the current device.
+    pub fn non_blocking() -> Result<Stream> {
+        Self::with_options(true, 0)
+    }
+
     /// A new stream on the current device; `non_blocking` does not synchronise with the
     /// legacy default stream; lower `priority` numbers run first (clamped by CUDA to the
-    /// device's range).
+    /// device's range, see [`Device::stream_priority_range`](crate::Device::stream_priority_range)).
     pub fn with_options(non_blocking: bool, priority: i32) -> Result<Stream> {
         let device = get_device_id();
         make_current(device)?;
@@ -113,18 +290,61 @@ impl Stream {
         } else {
             sys::CUstream_flags::CU_STREAM_DEFAULT.0
         };
-        let mut s: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: `s` is a valid out pointer; the device's context is current.
-        drv!(cuStreamCreateWithPriority(&mut s, flags, priority))?;
-        let mut actual = priority;
-        // SAFETY: `s` was just created; `actual` is a valid out pointer.
-        drv!(cuStreamGetPriority(s, &mut actual))?;
+        let s = driver::stream::create(flags, priority)?;
+        // The priority the driver asked for is clamped to the device's range; read back
+        // what it kept. When the stream is at default priority, 0 is what it kept.
+        let actual = if priority == 0 {
+            Ok(0)
+        } else {
+            driver::stream::priority(s)
+        };
+        let actual = match actual {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = driver::stream::destroy(s);
+                return Err(e);
+            }
+        };
         Ok(Stream {
             handle: s as usize,
             device,
             non_blocking,
             priority: actual,
         })
+    }
+
+    /// The legacy default stream of the current device (CuPy's `Stream.null`).
+    pub fn null() -> StreamRef {
+        StreamRef::legacy_default(get_device_id())
+    }
+
+    /// The per-thread default stream of the current device (CuPy's `Stream.ptds`).
+    pub fn per_thread() -> StreamRef {
+        StreamRef::per_thread_default(get_device_id())
+    }
+
+    /// Takes ownership of a stream created elsewhere; it is destroyed when the
+    /// returned value drops. Its flags and priority are read from the driver.
+    ///
+    /// # Safety
+    /// `handle` must be a live stream of `device` (not a default stream) that nobody
+    /// else destroys.
+    pub unsafe fn from_raw(handle: sys::CUstream, device: i32) -> Result<Stream> {
+        let flags = driver::stream::flags(handle)?;
+        let priority = driver::stream::priority(handle)?;
+        Ok(Stream {
+            handle: handle as usize,
+            device,
+            non_blocking: flags & sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0,
+            priority,
+        })
+    }
+
+    /// Gives up ownership: the handle is returned and no longer destroyed on drop.
+    pub fn into_raw(self) -> sys::CUstream {
+        let h = self.handle as sys::CUstream;
+        std::mem::forget(self);
+        h
     }
 
     /// Whether the stream does not synchronise with the legacy default stream.
@@ -139,8 +359,30 @@ impl Stream {
 
     /// Blocks until all work queued on the stream is done.
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: the handle is owned and alive.
-        drv!(cuStreamSynchronize(self.as_raw()))
+        driver::stream::synchronize(self.as_raw())
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        self.handle == other.handle && self.device == other.device
+    }
+}
+impl Eq for Stream {}
+impl Hash for Stream {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The same as the StreamRef of the stream, so both can share a map.
+        self.as_stream_ref().hash(state);
+    }
+}
+impl PartialEq<StreamRef> for Stream {
+    fn eq(&self, other: &StreamRef) -> bool {
+        self.as_stream_ref() == *other
+    }
+}
+impl PartialEq<Stream> for StreamRef {
+    fn eq(&self, other: &Stream) -> bool {
+        *self == other.as_stream_ref()
     }
 }
 
@@ -157,10 +399,88 @@ impl AsStream for Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // A stream current on this thread would dangle: fall back to the default.
+        let idx = self.device as usize;
+        let _ = CURRENT.try_with(|c| {
+            if let Some(cell) = c.get(idx) {
+                if cell.get() == self.handle {
+                    cell.set(LEGACY_DEFAULT_HANDLE);
+                }
+            }
+        });
         // The driver defers destruction until queued work finishes; an error here
         // (a context torn down at exit) leaves nothing to clean up.
-        // SAFETY: the handle is owned and destroyed once.
-        let _ = (|| drv!(cuStreamDestroy_v2(self.as_raw())))();
+        let _ = driver::stream::destroy(self.as_raw());
+    }
+}
+
+/// A stream someone else owns (another library, a user's raw handle): usable like any
+/// stream, never destroyed by cuda-rt. Compares and hashes by handle and device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExternalStream {
+    handle: usize,
+    device: i32,
+}
+
+impl ExternalStream {
+    /// Wraps `handle`, a stream of `device`.
+    ///
+    /// # Safety
+    /// `handle` must be a live stream of `device` (or 0/2 for its default streams) and
+    /// stay alive for as long as this value, or a copy of it, is used.
+    pub unsafe fn from_raw(handle: sys::CUstream, device: i32) -> ExternalStream {
+        ExternalStream {
+            handle: handle as usize,
+            device,
+        }
+    }
+
+    /// The stream's priority, asked of the driver.
+    pub fn priority(&self) -> Result<i32> {
+        context_for(self)?;
+        driver::stream::priority(self.as_raw())
+    }
+
+    /// Whether the stream is non-blocking, asked of the driver.
+    pub fn is_non_blocking(&self) -> Result<bool> {
+        context_for(self)?;
+        let f = driver::stream::flags(self.as_raw())?;
+        Ok(f & sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0)
+    }
+}
+
+impl AsStream for ExternalStream {
+    #[inline]
+    fn as_raw(&self) -> sys::CUstream {
+        self.handle as sys::CUstream
+    }
+    #[inline]
+    fn device_id(&self) -> i32 {
+        self.device
+    }
+}
+
+/// Restores, when dropped, the current stream of before [`AsStream::enter`]. It
+/// borrows the stream, which therefore outlives the scope. Not `Send`: the current
+/// stream is per thread.
+#[derive(Debug)]
+#[must_use = "the previous stream is restored when the scope guard drops"]
+pub struct StreamScope<'a> {
+    prev: StreamRef,
+    _borrow: PhantomData<(&'a (), *const ())>,
+}
+
+impl StreamScope<'_> {
+    /// The stream that was current on entry, and is restored on drop.
+    pub fn previous(&self) -> StreamRef {
+        self.prev
+    }
+}
+
+impl Drop for StreamScope<'_> {
+    fn drop(&mut self) {
+        // The device id was validated on entry, so this cannot fail.
+        let _ = set_current_stream(self.prev);
     }
 }
 
@@ -188,7 +508,6 @@ pub fn current_stream_of(device: i32) -> StreamRef {
 
 /// Sets this thread's current stream for the stream's device, returning the previous
 /// one. The caller keeps the stream alive while it is current.
-#[allow(dead_code)] // used by the stream scope (issue 3)
 pub(crate) fn set_current_stream(s: StreamRef) -> Result<StreamRef> {
     let idx = usize::try_from(s.device)
         .ok()

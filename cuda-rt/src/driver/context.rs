@@ -87,3 +87,20 @@ pub fn synchronize() -> Result<()> {
     // SAFETY: no pointers involved.
     drv!(cuCtxSynchronize())
 }
+
+/// The current context's stream priority range as `(least, greatest)`; greater
+/// priority is a lower number (`cuCtxGetStreamPriorityRange`).
+pub fn stream_priority_range() -> Result<(i32, i32)> {
+    let (mut least, mut greatest) = (0, 0);
+    // SAFETY: both are valid out pointers.
+    drv!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest))?;
+    Ok((least, greatest))
+}
+
+/// Whether device `dev` can access memory of device `peer` (`cuDeviceCanAccessPeer`).
+pub fn can_access_peer(dev: sys::CUdevice, peer: sys::CUdevice) -> Result<bool> {
+    let mut v = 0;
+    // SAFETY: `v` is a valid out pointer; the devices come from cuDeviceGet.
+    drv!(cuDeviceCanAccessPeer(&mut v, dev, peer))?;
+    Ok(v != 0)
+}

@@ -75,3 +75,17 @@ pub(crate) fn c_buf_to_string(buf: &[c_char]) -> String {
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+/// The ordinal of the device that owns `ptr` (`cuPointerGetAttribute` with
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); an error for memory CUDA does not know.
+pub fn pointer_device_ordinal(ptr: sys::CUdeviceptr) -> Result<i32> {
+    init()?;
+    let mut ord: i32 = -1;
+    // SAFETY: the attribute writes one `int` into `ord`; the driver validates `ptr`.
+    drv!(cuPointerGetAttribute(
+        (&mut ord as *mut i32).cast(),
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        ptr
+    ))?;
+    Ok(ord)
+}

@@ -11,8 +11,13 @@
 
 pub mod context;
 pub mod device;
+pub mod event;
+#[rustfmt::skip]
+pub mod lib_status;
+pub mod libs;
 pub mod memory;
 pub mod profiler;
+pub mod stream;
 
 use std::ffi::{c_char, CStr};
 use std::sync::OnceLock;

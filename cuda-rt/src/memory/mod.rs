@@ -25,8 +25,8 @@
 //! compiler cannot check: a raw pointer being valid device memory, a type being plain
 //! data); every unsafe operation is in the crate's driver layer.
 
-pub mod arena;
 mod allocator;
+pub mod arena;
 mod async_pool;
 mod device_memory;
 mod managed;

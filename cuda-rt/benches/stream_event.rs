@@ -1,0 +1,382 @@
+//! Streams and events against the raw driver, measured in the same run.
+//!
+//! `cargo bench -p cuda-rt --bench stream_event` prints one JSON object per line
+//! (`name`, `value`, `unit`, `raw`, `raw_name`, `ratio` = value / raw, `target`) and
+//! then a table. Each figure is the median over several repetitions of the mean time
+//! per operation over many iterations, after a warm-up, with raw and cuda-rt
+//! interleaved in each repetition. Without a GPU it prints why it skipped and exits 0.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::{AsStream, Device, Event, Stream};
+
+const REPS: usize = 9;
+
+struct Figure {
+    name: &'static str,
+    value: f64,
+    raw: f64,
+    raw_name: &'static str,
+    target: &'static str,
+}
+
+/// The median of `xs`.
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+/// Runs `ours` and `raw` (each returning ns per op) interleaved: one warm-up pair,
+/// then `REPS` pairs; the medians.
+fn pair(mut ours: impl FnMut() -> f64, mut raw: impl FnMut() -> f64) -> (f64, f64) {
+    ours();
+    raw();
+    let (mut o, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..REPS {
+        r.push(raw());
+        o.push(ours());
+    }
+    (median(o), median(r))
+}
+
+/// Mean ns per operation of `f`, which runs `iters` operations.
+fn per_op(iters: usize, f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
+fn check(rc: sys::CUresult, what: &str) {
+    assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
+}
+
+fn main() {
+    if let Err(reason) = cuda_rt::availability() {
+        let reason = reason.replace('\n', "; ");
+        println!("skipped stream_event bench: no GPU: {reason}");
+        return;
+    }
+    if let Err(e) = run() {
+        eprintln!("stream_event bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> cuda_rt::Result<()> {
+    let dev = Device::new(0)?;
+    dev.use_device()?;
+    let api = sys::api()?;
+    let ev_create = api.cuEventCreate()?;
+    let ev_destroy = api.cuEventDestroy_v2()?;
+    let ev_record = api.cuEventRecord()?;
+    let ev_query = api.cuEventQuery()?;
+    let st_create = api.cuStreamCreate()?;
+    let st_destroy = api.cuStreamDestroy_v2()?;
+    let ctx_get = api.cuCtxGetCurrent()?;
+    let ctx_push = api.cuCtxPushCurrent_v2()?;
+    let ctx_pop = api.cuCtxPopCurrent_v2()?;
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+    let stream = Stream::non_blocking()?;
+    let s_raw = stream.as_raw();
+    let mut figs = Vec::new();
+
+    // Batches of the cache's size, so every cuda-rt create is served by the cache.
+    const BATCH: usize = cuda_rt::event::EVENT_CACHE_CAPACITY;
+    const BATCHES: usize = 200;
+    let mut raw_evs: Vec<sys::CUevent> = Vec::with_capacity(BATCH);
+    let mut our_evs: Vec<Event> = Vec::with_capacity(BATCH);
+
+    // Event create, alone.
+    let (o, r) = pair(
+        || {
+            let mut total = 0.0;
+            for _ in 0..BATCHES {
+                total += per_op(BATCH, || {
+                    for _ in 0..BATCH {
+                        our_evs.push(Event::new(false, true, false).expect("Event::new"));
+                    }
+                });
+                our_evs.clear();
+            }
+            total / BATCHES as f64
+        },
+        || {
+            let mut total = 0.0;
+            for _ in 0..BATCHES {
+                total += per_op(BATCH, || {
+                    for _ in 0..BATCH {
+                        let mut e = std::ptr::null_mut();
+                        // SAFETY: `e` is a valid out pointer; device 0's context is current.
+                        check(unsafe { ev_create(&mut e, flags) }, "cuEventCreate");
+                        raw_evs.push(e);
+                    }
+                });
+                for e in raw_evs.drain(..) {
+                    // SAFETY: `e` was created above and is destroyed once.
+                    check(unsafe { ev_destroy(e) }, "cuEventDestroy");
+                }
+            }
+            total / BATCHES as f64
+        },
+    );
+    figs.push(Figure {
+        name: "event_create",
+        value: o,
+        raw: r,
+        raw_name: "cuEventCreate",
+        target: "",
+    });
+
+    // Event destroy, alone.
+    let (o, r) = pair(
+        || {
+            let mut total = 0.0;
+            for _ in 0..BATCHES {
+                for _ in 0..BATCH {
+                    our_evs.push(Event::new(false, true, false).expect("Event::new"));
+                }
+                total += per_op(BATCH, || our_evs.clear());
+            }
+            total / BATCHES as f64
+        },
+        || {
+            let mut total = 0.0;
+            for _ in 0..BATCHES {
+                for _ in 0..BATCH {
+                    let mut e = std::ptr::null_mut();
+                    // SAFETY: `e` is a valid out pointer; device 0's context is current.
+                    check(unsafe { ev_create(&mut e, flags) }, "cuEventCreate");
+                    raw_evs.push(e);
+                }
+                total += per_op(BATCH, || {
+                    for e in raw_evs.drain(..) {
+                        // SAFETY: `e` was created above and is destroyed once.
+                        check(unsafe { ev_destroy(e) }, "cuEventDestroy");
+                    }
+                });
+            }
+            total / BATCHES as f64
+        },
+    );
+    figs.push(Figure {
+        name: "event_destroy",
+        value: o,
+        raw: r,
+        raw_name: "cuEventDestroy",
+        target: "",
+    });
+
+    // Event create + destroy pair.
+    const N: usize = 20_000;
+    let (o, r) = pair(
+        || {
+            per_op(N, || {
+                for _ in 0..N {
+                    black_box(Event::new(false, true, false).expect("Event::new"));
+                }
+            })
+        },
+        || {
+            per_op(N, || {
+                for _ in 0..N {
+                    let mut e = std::ptr::null_mut();
+                    // SAFETY: `e` is a valid out pointer; device 0's context is current.
+                    check(unsafe { ev_create(&mut e, flags) }, "cuEventCreate");
+                    // SAFETY: `e` was just created and is destroyed once.
+                    check(unsafe { ev_destroy(black_box(e)) }, "cuEventDestroy");
+                }
+            })
+        },
+    );
+    figs.push(Figure {
+        name: "event_create_destroy",
+        value: o,
+        raw: r,
+        raw_name: "cuEventCreate+cuEventDestroy",
+        target: "< 0.10",
+    });
+
+    // Record, on the same idle stream, the same event.
+    let ev = Event::new(false, true, false)?;
+    let e_raw = ev.as_raw();
+    let (o, r) = pair(
+        || {
+            per_op(N, || {
+                for _ in 0..N {
+                    ev.record_on(&stream).expect("record");
+                }
+            })
+        },
+        || {
+            per_op(N, || {
+                for _ in 0..N {
+                    // SAFETY: `e_raw` and `s_raw` are live handles of one context.
+                    check(unsafe { ev_record(e_raw, s_raw) }, "cuEventRecord");
+                }
+            })
+        },
+    );
+    figs.push(Figure {
+        name: "event_record",
+        value: o,
+        raw: r,
+        raw_name: "cuEventRecord",
+        target: "<= 1.05",
+    });
+
+    // Query of a completed event.
+    ev.synchronize()?;
+    let (o, r) = pair(
+        || {
+            per_op(N, || {
+                for _ in 0..N {
+                    black_box(ev.query().expect("query"));
+                }
+            })
+        },
+        || {
+            per_op(N, || {
+                for _ in 0..N {
+                    // SAFETY: `e_raw` is a live event.
+                    black_box(unsafe { ev_query(e_raw) });
+                }
+            })
+        },
+    );
+    figs.push(Figure {
+        name: "event_query",
+        value: o,
+        raw: r,
+        raw_name: "cuEventQuery",
+        target: "<= 1.05",
+    });
+
+    // Stream create + destroy.
+    const NS: usize = 2_000;
+    let (o, r) = pair(
+        || {
+            per_op(NS, || {
+                for _ in 0..NS {
+                    black_box(Stream::new().expect("Stream::new"));
+                }
+            })
+        },
+        || {
+            per_op(NS, || {
+                for _ in 0..NS {
+                    let mut s = std::ptr::null_mut();
+                    // SAFETY: `s` is a valid out pointer; device 0's context is current.
+                    check(unsafe { st_create(&mut s, 0) }, "cuStreamCreate");
+                    // SAFETY: `s` was just created and is destroyed once.
+                    check(unsafe { st_destroy(black_box(s)) }, "cuStreamDestroy");
+                }
+            })
+        },
+    );
+    figs.push(Figure {
+        name: "stream_create_destroy",
+        value: o,
+        raw: r,
+        raw_name: "cuStreamCreate+cuStreamDestroy",
+        target: "<= 1.05",
+    });
+
+    // Current-stream lookup: no driver call; paired with the cheapest driver query.
+    const NL: usize = 1_000_000;
+    let (o, r) = pair(
+        || {
+            per_op(NL, || {
+                for _ in 0..NL {
+                    black_box(cuda_rt::get_current_stream());
+                }
+            })
+        },
+        || {
+            per_op(NL, || {
+                for _ in 0..NL {
+                    let mut c = std::ptr::null_mut();
+                    // SAFETY: `c` is a valid out pointer.
+                    check(unsafe { ctx_get(&mut c) }, "cuCtxGetCurrent");
+                    black_box(c);
+                }
+            })
+        },
+    );
+    figs.push(Figure {
+        name: "current_stream_lookup",
+        value: o,
+        raw: r,
+        raw_name: "cuCtxGetCurrent",
+        target: "ns, no driver call",
+    });
+
+    // Device scope enter + exit when the device is current: no driver call; paired with
+    // the push/pop a naive scope would make.
+    let ctx = dev.primary_context()?;
+    let (o, r) = pair(
+        || {
+            per_op(NL, || {
+                for _ in 0..NL {
+                    let scope = dev.enter().expect("enter");
+                    black_box(&scope);
+                    drop(scope);
+                }
+            })
+        },
+        || {
+            per_op(NL, || {
+                for _ in 0..NL {
+                    // SAFETY: `ctx` is device 0's retained primary context.
+                    check(unsafe { ctx_push(ctx) }, "cuCtxPushCurrent");
+                    let mut c = std::ptr::null_mut();
+                    // SAFETY: `c` is a valid out pointer; a context was pushed above.
+                    check(unsafe { ctx_pop(&mut c) }, "cuCtxPopCurrent");
+                }
+            })
+        },
+    );
+    figs.push(Figure {
+        name: "device_scope_enter_exit",
+        value: o,
+        raw: r,
+        raw_name: "cuCtxPushCurrent+cuCtxPopCurrent",
+        target: "ns, no driver call",
+    });
+    drop(ev);
+    drop(stream);
+
+    let name = dev.name()?;
+    for f in &figs {
+        println!(
+            "{{\"name\": \"{}\", \"value\": {:.1}, \"unit\": \"ns\", \"raw\": {:.1}, \
+             \"raw_name\": \"{}\", \"ratio\": {:.3}, \"target\": \"{}\", \"device\": \"{}\"}}",
+            f.name,
+            f.value,
+            f.raw,
+            f.raw_name,
+            f.value / f.raw,
+            f.target,
+            name
+        );
+    }
+    println!();
+    println!("streams and events on {name} (ns per operation, median of {REPS})");
+    println!(
+        "{:<26} {:>10} {:>10} {:>7}  {:<34} target",
+        "figure", "cuda-rt", "raw", "ratio", "raw call"
+    );
+    for f in &figs {
+        println!(
+            "{:<26} {:>10.1} {:>10.1} {:>7.3}  {:<34} {}",
+            f.name,
+            f.value,
+            f.raw,
+            f.value / f.raw,
+            f.raw_name,
+            f.target
+        );
+    }
+    Ok(())
+}

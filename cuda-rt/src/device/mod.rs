@@ -1,0 +1,281 @@
+//! Devices: which GPUs there are, what they are, which one is current on this thread,
+//! and whether CUDA is usable at all.
+//!
+//! The current device is per thread (0 until set), as in CuPy. [`Device::use_device`]
+//! sets it; [`Device::enter`] sets it for a scope and restores the device that was
+//! current on entry when the [`DeviceScope`] drops, also after a `use_device` inside.
+//! Each device's primary context is retained once and made current on a thread only
+//! when it is not current already, so entering the scope of the current device makes
+//! no driver call.
+
+mod attribute;
+#[rustfmt::skip]
+mod attribute_table;
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+pub use attribute_table::DeviceAttribute;
+
+use crate::driver::{self, sys};
+use crate::error::{Error, Result};
+
+/// Number of CUDA devices (asked once, then cached: the driver fixes it at `cuInit`).
+/// An error when the driver cannot be loaded or initialised; use [`is_available`] for
+/// a plain yes or no.
+pub fn device_count() -> Result<i32> {
+    static COUNT: OnceLock<Result<i32>> = OnceLock::new();
+    COUNT.get_or_init(driver::device::count).clone()
+}
+
+/// Whether CUDA can be used: a driver loads, initialises and reports at least one
+/// device. Never fails and never panics; [`availability`] says why not.
+pub fn is_available() -> bool {
+    availability().is_ok()
+}
+
+/// `Ok(device count)` when CUDA is usable, else the reason in words (driver library
+/// missing and where it was looked for, `cuInit` failing, no device).
+pub fn availability() -> std::result::Result<i32, String> {
+    match device_count() {
+        Ok(0) => Err("the CUDA driver reports no device".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A CUDA device, by id (ordinal). Cheap to copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Device {
+    id: i32,
+    handle: sys::CUdevice,
+}
+
+impl Device {
+    /// Device `id`; an error naming the valid range when there is no such device.
+    pub fn new(id: i32) -> Result<Device> {
+        let count = device_count()?;
+        if id < 0 || id >= count {
+            return Err(Error::InvalidDevice { id, count });
+        }
+        Ok(Device {
+            id,
+            handle: driver::device::get(id)?,
+        })
+    }
+
+    /// This thread's current device.
+    pub fn current() -> Result<Device> {
+        Device::new(get_device_id())
+    }
+
+    /// The device whose PCI bus id is `bus_id` (e.g. `0000:3B:00.0`, as
+    /// [`Device::pci_bus_id`] gives it; the driver also accepts `3b:00.0`).
+    pub fn from_pci_bus_id(bus_id: &str) -> Result<Device> {
+        let handle = driver::device::by_pci_bus_id(bus_id)?;
+        for id in 0..device_count()? {
+            let d = Device::new(id)?;
+            if d.handle == handle {
+                return Ok(d);
+            }
+        }
+        Err(Error::InvalidArgument(format!(
+            "PCI bus id {bus_id:?} names no device visible to this process"
+        )))
+    }
+
+    /// The device that owns the memory at `ptr` (device memory, managed memory, or
+    /// pinned host memory mapped for a device), asked of the driver with
+    /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)`.
+    pub fn from_pointer(ptr: u64) -> Result<Device> {
+        let id = driver::device::pointer_device_ordinal(ptr).map_err(|e| match e {
+            Error::Driver(d) => {
+                Error::InvalidArgument(format!("pointer {ptr:#x} is not memory CUDA knows ({d})"))
+            }
+            other => other,
+        })?;
+        Device::new(id)
+    }
+
+    /// The device id (ordinal).
+    pub fn id(&self) -> i32 {
+        self.id
+    }
+
+    /// The driver's `CUdevice` handle.
+    pub fn as_raw(&self) -> sys::CUdevice {
+        self.handle
+    }
+
+    /// The device's primary context (retained once per process, never released).
+    pub fn primary_context(&self) -> Result<sys::CUcontext> {
+        driver::context::primary(self.id)
+    }
+
+    /// Makes this the thread's current device (CuPy's `Device.use()`), without a
+    /// scope: it stays current until something else is used.
+    pub fn use_device(&self) -> Result<()> {
+        driver::context::make_current(self.id)?;
+        CURRENT_DEVICE.with(|c| c.set(self.id));
+        Ok(())
+    }
+
+    /// Makes this the thread's current device until the returned guard drops, which
+    /// restores the device current on entry (CuPy's `with device:`). Scopes nest.
+    /// When the device is current already, no driver call is made.
+    pub fn enter(&self) -> Result<DeviceScope> {
+        let prev = get_device_id();
+        driver::context::make_current(self.id)?;
+        CURRENT_DEVICE.with(|c| c.set(self.id));
+        Ok(DeviceScope {
+            prev,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Blocks until all work queued on this device is done (`cuCtxSynchronize` in its
+    /// primary context).
+    pub fn synchronize(&self) -> Result<()> {
+        driver::context::make_current(self.id)?;
+        driver::context::synchronize()
+    }
+
+    /// The product name, e.g. `NVIDIA H200`.
+    pub fn name(&self) -> Result<String> {
+        driver::device::name(self.handle)
+    }
+
+    /// Compute capability as `(major, minor)`, e.g. `(9, 0)`.
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        Ok((
+            self.attribute(DeviceAttribute::ComputeCapabilityMajor)?,
+            self.attribute(DeviceAttribute::ComputeCapabilityMinor)?,
+        ))
+    }
+
+    /// Compute capability as CuPy writes it, e.g. `"90"`.
+    pub fn compute_capability_string(&self) -> Result<String> {
+        let (major, minor) = self.compute_capability()?;
+        Ok(format!("{major}{minor}"))
+    }
+
+    /// Total memory in bytes.
+    pub fn total_memory(&self) -> Result<usize> {
+        driver::device::total_mem(self.handle)
+    }
+
+    /// `(free, total)` memory in bytes, as the driver sees it now.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        driver::context::make_current(self.id)?;
+        driver::context::mem_info()
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn multiprocessor_count(&self) -> Result<i32> {
+        self.attribute(DeviceAttribute::MultiprocessorCount)
+    }
+
+    /// The PCI bus id, e.g. `0000:3B:00.0`.
+    pub fn pci_bus_id(&self) -> Result<String> {
+        driver::device::pci_bus_id(self.handle)
+    }
+
+    /// One attribute's value.
+    pub fn attribute(&self, attr: DeviceAttribute) -> Result<i32> {
+        driver::device::attribute(self.handle, attr.raw())
+    }
+
+    /// One attribute by name: CamelCase (`MaxThreadsPerBlock`), the driver's constant
+    /// (`CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`) or its suffix, any case.
+    pub fn attribute_by_name(&self, name: &str) -> Result<i32> {
+        let attr = DeviceAttribute::from_name(name).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{name:?} is not a device attribute (e.g. MaxThreadsPerBlock, \
+                 CU_DEVICE_ATTRIBUTE_WARP_SIZE)"
+            ))
+        })?;
+        self.attribute(attr)
+    }
+
+    /// Every attribute this driver knows, with its value. Attributes newer than the
+    /// driver (it answers `CUDA_ERROR_INVALID_VALUE`) are left out.
+    pub fn attributes(&self) -> Result<Vec<(DeviceAttribute, i32)>> {
+        let mut out = Vec::with_capacity(DeviceAttribute::ALL.len());
+        for &a in DeviceAttribute::ALL {
+            match self.attribute(a) {
+                Ok(v) => out.push((a, v)),
+                Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_INVALID_VALUE) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// One attribute by the driver's raw enum value.
+    pub fn attribute_raw(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
+        driver::device::attribute(self.handle, attr)
+    }
+
+    /// The stream priority range as `(least, greatest)`; a greater priority is a lower
+    /// number, e.g. `(0, -5)`.
+    pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        driver::context::make_current(self.id)?;
+        driver::context::stream_priority_range()
+    }
+
+    /// Whether this device can access memory of `peer` directly.
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        driver::context::can_access_peer(self.handle, peer.handle)
+    }
+}
+
+/// Restores the thread's current device of before [`Device::enter`] when dropped.
+/// Not `Send`: the current device is per thread.
+#[derive(Debug)]
+#[must_use = "the previous device is restored when the scope guard drops"]
+pub struct DeviceScope {
+    prev: i32,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl DeviceScope {
+    /// The device that was current on entry, and is restored on drop.
+    pub fn previous(&self) -> i32 {
+        self.prev
+    }
+}
+
+impl Drop for DeviceScope {
+    fn drop(&mut self) {
+        // The previous device was current (its context retained) or never used: making
+        // it current again can only fail if the driver is torn down, and then nothing
+        // remains to restore.
+        let _ = driver::context::make_current(self.prev);
+        CURRENT_DEVICE.with(|c| c.set(self.prev));
+    }
+}
+
+thread_local! {
+    /// This thread's current device id (CuPy: per thread, 0 until set).
+    static CURRENT_DEVICE: Cell<i32> = const { Cell::new(0) };
+}
+
+/// This thread's current device id (0 until [`set_device_id`], [`Device::use_device`]
+/// or a device scope sets it). No driver call.
+#[inline]
+pub fn get_device_id() -> i32 {
+    CURRENT_DEVICE.with(Cell::get)
+}
+
+/// Makes `id` this thread's current device (validated; makes its primary context
+/// current).
+pub fn set_device_id(id: i32) -> Result<()> {
+    Device::new(id)?.use_device()
+}
+
+/// Blocks until all work queued on the current device is done.
+pub fn synchronize() -> Result<()> {
+    driver::context::make_current(get_device_id())?;
+    driver::context::synchronize()
+}

@@ -1,0 +1,448 @@
+//! Events: markers recorded in a stream, for synchronisation and timing.
+//!
+//! `Event::new(block, disable_timing, interprocess)` follows CuPy. Creating an event is
+//! cheap: a dropped event's handle goes to a small free list of the dropping thread,
+//! keyed by device and flags, and the next event with the same flags on that thread
+//! takes it back without a driver call. The list is bounded; events beyond it, and
+//! interprocess events, are destroyed. What is left in a thread's list is destroyed
+//! when the thread exits.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::device::get_device_id;
+use crate::driver::context::make_current;
+use crate::driver::{self, sys};
+use crate::error::{Error, Result};
+use crate::stream::{get_current_stream, AsStream};
+
+bitflags::bitflags! {
+    /// How an event behaves (`CU_EVENT_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct EventFlags: u32 {
+        /// `synchronize` blocks the thread instead of spinning (`CU_EVENT_BLOCKING_SYNC`).
+        const BLOCKING_SYNC = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC.0;
+        /// The event records no time, which makes it cheaper
+        /// (`CU_EVENT_DISABLE_TIMING`).
+        const DISABLE_TIMING = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+        /// The event can be shared with another process; requires `DISABLE_TIMING`
+        /// (`CU_EVENT_INTERPROCESS`).
+        const INTERPROCESS = sys::CUevent_flags::CU_EVENT_INTERPROCESS.0;
+    }
+}
+
+/// Most released events a thread keeps for reuse (all devices and flags together).
+pub const EVENT_CACHE_CAPACITY: usize = 64;
+
+/// A released event handle waiting for reuse.
+#[derive(Clone, Copy)]
+struct Cached {
+    device: i32,
+    flags: u32,
+    handle: usize,
+}
+
+/// One thread's free list of event handles.
+struct EventCache {
+    free: Vec<Cached>,
+}
+
+impl EventCache {
+    fn take(&mut self, device: i32, flags: u32) -> Option<usize> {
+        let i = self
+            .free
+            .iter()
+            .rposition(|c| c.device == device && c.flags == flags)?;
+        Some(self.free.swap_remove(i).handle)
+    }
+
+    /// Keeps `c` when there is room; otherwise hands it back to be destroyed.
+    fn give(&mut self, c: Cached) -> Option<Cached> {
+        if self.free.len() >= EVENT_CACHE_CAPACITY {
+            return Some(c);
+        }
+        if self.free.capacity() == 0 {
+            self.free.reserve_exact(EVENT_CACHE_CAPACITY);
+        }
+        self.free.push(c);
+        None
+    }
+}
+
+impl Drop for EventCache {
+    fn drop(&mut self) {
+        for c in self.free.drain(..) {
+            // At thread exit an error leaves nothing to do.
+            let _ = driver::event::destroy(c.handle as sys::CUevent);
+        }
+    }
+}
+
+thread_local! {
+    static CACHE: RefCell<EventCache> = const { RefCell::new(EventCache { free: Vec::new() }) };
+}
+
+/// How many released events this thread holds for reuse.
+pub fn cached_event_count() -> usize {
+    CACHE
+        .try_with(|c| c.try_borrow().map(|c| c.free.len()).unwrap_or(0))
+        .unwrap_or(0)
+}
+
+/// The 64 bytes that name an interprocess event to another process
+/// (`CUipcEventHandle`). Send them by any means; [`Event::from_ipc_handle`] opens them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcEventHandle([u8; 64]);
+
+impl IpcEventHandle {
+    /// The handle's bytes.
+    pub fn as_bytes(&self) -> &[u8; 64] {
+        &self.0
+    }
+
+    /// A handle from bytes another process got from [`Event::ipc_handle`].
+    pub fn from_bytes(bytes: [u8; 64]) -> Self {
+        IpcEventHandle(bytes)
+    }
+}
+
+impl std::fmt::Debug for IpcEventHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IpcEventHandle(")?;
+        for b in &self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// A CUDA event, owned: its handle goes back to the thread's cache (or is destroyed)
+/// on drop.
+#[derive(Debug)]
+pub struct Event {
+    handle: usize,
+    device: i32,
+    flags: EventFlags,
+    /// Whether the event was recorded since it was created (or opened by IPC).
+    recorded: AtomicBool,
+}
+
+impl Event {
+    /// CuPy's `Event(block, disable_timing, interprocess)` on the current device.
+    /// `interprocess` requires `disable_timing` (an error otherwise, before any CUDA
+    /// call).
+    pub fn new(block: bool, disable_timing: bool, interprocess: bool) -> Result<Event> {
+        let mut flags = EventFlags::empty();
+        flags.set(EventFlags::BLOCKING_SYNC, block);
+        flags.set(EventFlags::DISABLE_TIMING, disable_timing);
+        flags.set(EventFlags::INTERPROCESS, interprocess);
+        Event::with_flags(flags)
+    }
+
+    /// An event with `flags` on the current device.
+    pub fn with_flags(flags: EventFlags) -> Result<Event> {
+        Event::on_device(get_device_id(), flags)
+    }
+
+    /// An event with `flags` on `device`.
+    pub fn on_device(device: i32, flags: EventFlags) -> Result<Event> {
+        check_flags(flags)?;
+        let cached = if flags.contains(EventFlags::INTERPROCESS) {
+            None
+        } else {
+            CACHE
+                .try_with(|c| {
+                    c.try_borrow_mut()
+                        .ok()
+                        .and_then(|mut c| c.take(device, flags.bits()))
+                })
+                .ok()
+                .flatten()
+        };
+        let handle = match cached {
+            Some(h) => h,
+            None => {
+                make_current(device)?;
+                driver::event::create(flags.bits())? as usize
+            }
+        };
+        Ok(Event {
+            handle,
+            device,
+            flags,
+            recorded: AtomicBool::new(false),
+        })
+    }
+
+    /// Opens an interprocess event that another process exported with
+    /// [`ipc_handle`](Event::ipc_handle), in the current device's context. The event
+    /// counts as recorded: its state is the other process's.
+    pub fn from_ipc_handle(handle: &IpcEventHandle) -> Result<Event> {
+        let device = get_device_id();
+        make_current(device)?;
+        let h = driver::event::ipc_open_handle(handle.as_bytes())?;
+        Ok(Event {
+            handle: h as usize,
+            device,
+            flags: EventFlags::INTERPROCESS | EventFlags::DISABLE_TIMING,
+            recorded: AtomicBool::new(true),
+        })
+    }
+
+    /// Takes ownership of an event created elsewhere (it is destroyed, or cached, on
+    /// drop). It counts as recorded, since its history is unknown.
+    ///
+    /// # Safety
+    /// `handle` must be a live event of `device`'s primary context, created with
+    /// `flags`, that nobody else destroys.
+    pub unsafe fn from_raw(handle: sys::CUevent, device: i32, flags: EventFlags) -> Event {
+        Event {
+            handle: handle as usize,
+            device,
+            flags,
+            recorded: AtomicBool::new(true),
+        }
+    }
+
+    /// Gives up ownership: the handle is returned and no longer destroyed on drop.
+    pub fn into_raw(self) -> sys::CUevent {
+        let h = self.handle as sys::CUevent;
+        std::mem::forget(self);
+        h
+    }
+
+    /// The raw `CUevent`.
+    #[inline]
+    pub fn as_raw(&self) -> sys::CUevent {
+        self.handle as sys::CUevent
+    }
+
+    /// The handle as an integer (CuPy's `Event.ptr`).
+    pub fn ptr(&self) -> usize {
+        self.handle
+    }
+
+    /// The device the event belongs to.
+    pub fn device_id(&self) -> i32 {
+        self.device
+    }
+
+    /// The event's flags.
+    pub fn flags(&self) -> EventFlags {
+        self.flags
+    }
+
+    /// Whether the event was recorded since it was created.
+    pub fn is_recorded(&self) -> bool {
+        self.recorded.load(Ordering::Relaxed)
+    }
+
+    /// Records the event on this thread's current stream of the event's device.
+    pub fn record(&self) -> Result<()> {
+        let s = crate::stream::current_stream_of(self.device);
+        self.record_on(&s)
+    }
+
+    /// Records the event on `stream`, which must belong to the event's device.
+    #[inline]
+    pub fn record_on<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
+        let dev = stream.device_id();
+        if dev != self.device {
+            return Err(Error::InvalidArgument(format!(
+                "an event of device {} cannot be recorded on a stream of device {dev}",
+                self.device
+            )));
+        }
+        let s = stream.as_raw();
+        if s as usize == crate::stream::LEGACY_DEFAULT_HANDLE
+            || s as usize == crate::stream::PER_THREAD_DEFAULT_HANDLE
+        {
+            make_current(dev)?;
+        }
+        driver::event::record(self.as_raw(), s)?;
+        self.recorded.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Blocks until the event's last record has completed (at once if never recorded).
+    pub fn synchronize(&self) -> Result<()> {
+        if !self.is_recorded() {
+            return Ok(());
+        }
+        driver::event::synchronize(self.as_raw())
+    }
+
+    /// `true` when the event's last record has completed (or it was never recorded),
+    /// `false` while work before it is pending.
+    #[inline]
+    pub fn query(&self) -> Result<bool> {
+        if !self.is_recorded() {
+            return Ok(true);
+        }
+        driver::event::query(self.as_raw())
+    }
+
+    /// CuPy's `Event.done`: the same as [`query`](Event::query).
+    pub fn done(&self) -> Result<bool> {
+        self.query()
+    }
+
+    /// Milliseconds from this event to `end` (both recorded, both with timing, and
+    /// `end` completed); see [`get_elapsed_time`].
+    pub fn elapsed_time(&self, end: &Event) -> Result<f32> {
+        get_elapsed_time(self, end)
+    }
+
+    /// The handle another process opens this event with; the event must be
+    /// interprocess.
+    pub fn ipc_handle(&self) -> Result<IpcEventHandle> {
+        if !self.flags.contains(EventFlags::INTERPROCESS) {
+            return Err(Error::InvalidArgument(
+                "ipc_handle needs an interprocess event: create it with \
+                 Event::new(_, true, true)"
+                    .into(),
+            ));
+        }
+        Ok(IpcEventHandle(driver::event::ipc_get_handle(
+            self.as_raw(),
+        )?))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let c = Cached {
+            device: self.device,
+            flags: self.flags.bits(),
+            handle: self.handle,
+        };
+        let left = if self.flags.contains(EventFlags::INTERPROCESS) {
+            Some(c)
+        } else {
+            CACHE
+                .try_with(|cache| match cache.try_borrow_mut() {
+                    Ok(mut cache) => cache.give(c),
+                    Err(_) => Some(c),
+                })
+                .unwrap_or(Some(c))
+        };
+        if let Some(c) = left {
+            // An error here (a context torn down at exit) leaves nothing to clean up.
+            let _ = driver::event::destroy(c.handle as sys::CUevent);
+        }
+    }
+}
+
+fn check_flags(flags: EventFlags) -> Result<()> {
+    if flags.contains(EventFlags::INTERPROCESS) && !flags.contains(EventFlags::DISABLE_TIMING) {
+        return Err(Error::InvalidArgument(
+            "an interprocess event must have timing disabled: \
+             Event::new(block, disable_timing = true, interprocess = true)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Milliseconds between `start` and `end` (CuPy's `get_elapsed_time`). A clear error
+/// when either event has timing disabled or was never recorded, when they belong to
+/// different devices, and when `end` has not completed yet (synchronize it first).
+pub fn get_elapsed_time(start: &Event, end: &Event) -> Result<f32> {
+    for (which, ev) in [("start", start), ("end", end)] {
+        if ev.flags.contains(EventFlags::DISABLE_TIMING) {
+            return Err(Error::InvalidArgument(format!(
+                "elapsed time: the {which} event was created with timing disabled \
+                 (disable_timing = true)"
+            )));
+        }
+        if !ev.is_recorded() {
+            return Err(Error::InvalidState(format!(
+                "elapsed time: the {which} event was never recorded"
+            )));
+        }
+    }
+    if start.device != end.device {
+        return Err(Error::InvalidArgument(format!(
+            "elapsed time: the start event is of device {} and the end event of device {}",
+            start.device, end.device
+        )));
+    }
+    match driver::event::elapsed_ms(start.as_raw(), end.as_raw()) {
+        Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_NOT_READY) => {
+            Err(Error::InvalidState(format!(
+                "elapsed time: an event has not completed yet; call end.synchronize() \
+                 first ({e})"
+            )))
+        }
+        r => r,
+    }
+}
+
+/// Records a new event (with timing) on this thread's current stream, as CuPy's
+/// `Stream.record()` with no event does.
+pub fn record_now() -> Result<Event> {
+    get_current_stream().record(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interprocess_without_disable_timing_is_refused_before_any_cuda_call() {
+        let e = Event::new(false, false, true).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("interprocess event must have timing disabled"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn event_cache_is_keyed_by_device_and_flags_and_bounded() {
+        let mut c = EventCache { free: Vec::new() };
+        assert!(c
+            .give(Cached {
+                device: 0,
+                flags: 1,
+                handle: 10
+            })
+            .is_none());
+        assert!(c
+            .give(Cached {
+                device: 1,
+                flags: 1,
+                handle: 11
+            })
+            .is_none());
+        assert_eq!(c.take(0, 2), None, "other flags");
+        assert_eq!(c.take(1, 1), Some(11));
+        assert_eq!(c.take(1, 1), None);
+        assert_eq!(c.take(0, 1), Some(10));
+        for i in 0..EVENT_CACHE_CAPACITY {
+            assert!(c
+                .give(Cached {
+                    device: 0,
+                    flags: 0,
+                    handle: 100 + i
+                })
+                .is_none());
+        }
+        let over = c.give(Cached {
+            device: 0,
+            flags: 0,
+            handle: 1,
+        });
+        assert_eq!(over.map(|c| c.handle), Some(1), "full: handed back");
+        // Handles are fake: forget them so the cache's Drop does not destroy them.
+        c.free.clear();
+    }
+
+    #[test]
+    fn ipc_handle_debug_is_hex() {
+        let mut b = [0u8; 64];
+        b[0] = 0xab;
+        let s = format!("{:?}", IpcEventHandle::from_bytes(b));
+        assert!(s.starts_with("IpcEventHandle(ab00"), "{s}");
+    }
+}
