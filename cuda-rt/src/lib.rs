@@ -22,6 +22,7 @@ pub(crate) mod driver;
 pub mod env;
 pub mod error;
 pub mod memory;
+pub mod pinned;
 pub mod stream;
 #[doc(hidden)]
 pub mod testing;
@@ -29,4 +30,8 @@ pub mod testing;
 pub use cuda_sys;
 pub use device::{availability, device_count, get_device_id, is_available, Device};
 pub use error::{Error, Result};
+pub use pinned::{
+    alloc_pinned_memory, get_default_pinned_memory_pool, set_pinned_memory_allocator, PinnedMemory,
+    PinnedMemoryPointer, PinnedMemoryPool,
+};
 pub use stream::{get_current_stream, AsStream, Stream, StreamRef};

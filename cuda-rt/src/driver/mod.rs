@@ -11,6 +11,7 @@
 
 pub mod context;
 pub mod device;
+pub mod host;
 
 use std::ffi::{c_char, CStr};
 use std::sync::OnceLock;
