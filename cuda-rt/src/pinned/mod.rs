@@ -41,6 +41,8 @@ use std::sync::{OnceLock, PoisonError, RwLock};
 
 pub use memory::{alloc_pinned_memory, PinnedFlags, PinnedMemory, PinnedMemoryPointer, PinnedPod};
 pub use pool::PinnedMemoryPool;
+/// Pool blocks are multiples of this many bytes: the most a request wastes is one less.
+pub const ALLOCATION_UNIT_BYTES: usize = pool::ALLOCATION_UNIT;
 pub use register::{register, register_with_flags, RegisterFlags, RegisteredMemory};
 pub use staging::{
     copy_device_to_host, copy_host_to_device, parallel_memcpy, set_staging_threads,

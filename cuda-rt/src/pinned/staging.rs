@@ -171,22 +171,20 @@ impl Workers {
 
     /// Starts the worker threads on first use.
     fn ensure_started(&'static self) {
-        let target = {
-            let q = self.lock();
-            if q.target != 0 {
-                return;
-            }
-            default_threads()
-        };
-        self.resize(target);
+        self.resize(None);
     }
 
-    /// Sets the number of workers, spawning or retiring threads; returns how many run.
-    fn resize(&'static self, n: usize) -> usize {
+    /// Sets the number of workers (`None`: the default, only if never set), spawning
+    /// or retiring threads; returns how many run.
+    fn resize(&'static self, n: Option<usize>) -> usize {
         let to_spawn = {
             let mut q = self.lock();
-            q.target = n;
-            let s = n.saturating_sub(q.live);
+            match n {
+                Some(n) => q.target = n,
+                None if q.target != 0 => return q.target,
+                None => q.target = default_threads(),
+            }
+            let s = q.target.saturating_sub(q.live);
             q.live += s;
             s
         };
@@ -205,7 +203,7 @@ impl Workers {
         if failed != 0 {
             q.target = q.live;
         }
-        q.live
+        q.target
     }
 
     fn threads(&self) -> usize {
@@ -273,14 +271,15 @@ impl Workers {
 }
 
 /// Sets the number of staging worker threads (1 to [`MAX_STAGING_THREADS`]); threads
-/// are spawned or retired now. Returns how many run (fewer if spawning failed).
+/// are spawned now, or retire as soon as they are idle. Returns the new number
+/// (fewer than `n` if spawning failed).
 pub fn set_staging_threads(n: usize) -> Result<usize> {
     if n == 0 || n > MAX_STAGING_THREADS {
         return Err(Error::InvalidArgument(format!(
             "staging threads must be between 1 and {MAX_STAGING_THREADS}, got {n}"
         )));
     }
-    Ok(workers().resize(n))
+    Ok(workers().resize(Some(n)))
 }
 
 /// The number of staging worker threads (the default, `min(8, available
