@@ -11,12 +11,12 @@
 //!   typed views, and asynchronous copies to and from the device that keep the memory
 //!   from being reused or freed until they have finished.
 //! - [`PinnedMemoryPool`] caches pinned memory; it wastes at most 511 bytes per
-//!   request (see [`pool`](self::pool)'s doc), where CuPy rounds to a power of two.
+//!   request (see [`pool`]'s doc), where CuPy rounds to a power of two.
 //! - [`register`] page-locks a `&mut [u8]` the program already has, until the guard
 //!   drops.
 //! - [`copy_host_to_device`] / [`copy_device_to_host`] copy ordinary memory through
 //!   pooled pinned staging buffers with several chunks in flight and the host side
-//!   spread over persistent worker threads (see [`staging`](self::staging)).
+//!   spread over persistent worker threads (see [`staging`]).
 //!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
