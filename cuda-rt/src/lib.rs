@@ -24,6 +24,7 @@ pub mod error;
 pub mod event;
 pub mod libs;
 pub mod memory;
+pub mod pinned;
 pub mod profiler;
 pub mod stream;
 #[doc(hidden)]
@@ -40,6 +41,10 @@ pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get
 pub use memory::{
     alloc, get_allocator, malloc_async, malloc_managed, set_allocator, using_allocator, Allocator,
     MemoryPointer,
+};
+pub use pinned::{
+    alloc_pinned_memory, get_default_pinned_memory_pool, set_pinned_memory_allocator, PinnedMemory,
+    PinnedMemoryPointer, PinnedMemoryPool,
 };
 pub use stream::{
     current_stream_of, get_current_stream, AsStream, ExternalStream, Stream, StreamRef, StreamScope,

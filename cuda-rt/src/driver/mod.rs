@@ -14,6 +14,7 @@ pub mod device;
 pub mod event;
 #[rustfmt::skip]
 pub mod lib_status;
+pub mod host;
 pub mod libs;
 pub mod memory;
 pub mod profiler;

@@ -1,0 +1,305 @@
+//! Pinned memory figures, each paired with the raw driver in the same run (256 MiB):
+//! pinned H2D/D2H vs raw cuMemcpyHtoD/DtoH from cuMemHostAlloc memory; pageable
+//! H2D/D2H through cuda-rt vs raw pageable copies and vs the ceiling
+//! min(pinned DMA, host multi-threaded pageable<->pinned memcpy with as many
+//! threads); pinned pool malloc+free vs raw cuMemHostAlloc+cuMemFreeHost of 1 MiB.
+//! One JSON object per line, then a table. Without a GPU: a skip line, exit 0.
+
+use std::time::Instant;
+
+use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::pinned::{self, PinnedMemoryPointer, PinnedMemoryPool};
+use cuda_rt::Stream;
+
+const SIZE: usize = 256 << 20;
+const REPS: usize = 9;
+
+struct Row {
+    name: String,
+    size: usize,
+    value: f64,
+    unit: &'static str,
+    raw: f64,
+    raw_name: &'static str,
+    ratio: f64,
+}
+
+fn rate(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e9
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median seconds of `reps` runs of `f` after one warm-up.
+fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn ok(rc: sys::CUresult, what: &str) {
+    assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
+}
+
+fn emit(rows: &mut Vec<Row>, r: Row) {
+    println!(
+        "{{\"name\": \"{}\", \"size\": {}, \"value\": {:.3}, \"unit\": \"{}\", \"raw\": {:.3}, \"raw_name\": \"{}\", \"ratio\": {:.3}}}",
+        r.name, r.size, r.value, r.unit, r.raw, r.raw_name, r.ratio
+    );
+    rows.push(r);
+}
+
+/// Host memcpy with `threads` scoped threads, each a contiguous part: the host side
+/// of the ceiling (measured independently of cuda-rt's worker pool).
+fn threaded_memcpy(dst: &mut [u8], src: &[u8], threads: usize) {
+    let part = src.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(part).zip(src.chunks(part)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
+fn main() {
+    if let Err(why) = cuda_rt::availability() {
+        println!(
+            "{{\"skipped\": \"no GPU: {}\"}}",
+            why.replace('"', "'").replace('\n', " ")
+        );
+        return;
+    }
+    cuda_rt::device::set_device_id(0).unwrap();
+    let api = sys::api().unwrap();
+    let stream = Stream::new().unwrap();
+    let mut rows = Vec::new();
+
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: valid out pointer; a context is current.
+    ok(
+        unsafe { api.cuMemAlloc_v2().unwrap()(&mut dptr, SIZE) },
+        "cuMemAlloc",
+    );
+
+    // Raw pinned buffer.
+    let mut raw_pinned: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    ok(
+        unsafe { api.cuMemHostAlloc().unwrap()(&mut raw_pinned, SIZE, 1) },
+        "cuMemHostAlloc",
+    );
+    // SAFETY: SIZE bytes just allocated.
+    unsafe { std::ptr::write_bytes(raw_pinned.cast::<u8>(), 1, SIZE) };
+    let htod = api.cuMemcpyHtoD_v2().unwrap();
+    let dtoh = api.cuMemcpyDtoH_v2().unwrap();
+
+    // --- pinned H2D / D2H ---
+    let mut p: PinnedMemoryPointer = pinned::get_default_pinned_memory_pool()
+        .malloc(SIZE)
+        .unwrap();
+    p.as_mut_slice().unwrap().fill(2);
+    let ours = time(REPS, || {
+        p.copy_to_device_async(dptr, &stream).unwrap();
+        p.synchronize().unwrap();
+    });
+    // SAFETY: raw_pinned holds SIZE bytes; dptr SIZE bytes.
+    let raw = time(REPS, || ok(unsafe { htod(dptr, raw_pinned, SIZE) }, "htod"));
+    let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
+    emit(
+        &mut rows,
+        Row {
+            name: "h2d_pinned".into(),
+            size: SIZE,
+            value: v,
+            unit: "GB/s",
+            raw: r,
+            raw_name: "cuMemcpyHtoD(cuMemHostAlloc)",
+            ratio: r / v,
+        },
+    );
+    let ours = time(REPS, || {
+        p.copy_from_device_async(dptr, &stream).unwrap();
+        p.synchronize().unwrap();
+    });
+    // SAFETY: as above.
+    let raw = time(REPS, || ok(unsafe { dtoh(raw_pinned, dptr, SIZE) }, "dtoh"));
+    let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
+    let pinned_d2h = r;
+    emit(
+        &mut rows,
+        Row {
+            name: "d2h_pinned".into(),
+            size: SIZE,
+            value: v,
+            unit: "GB/s",
+            raw: r,
+            raw_name: "cuMemcpyDtoH(cuMemHostAlloc)",
+            ratio: r / v,
+        },
+    );
+    let pinned_h2d = rows[0].raw;
+    drop(p);
+
+    // --- pageable ---
+    // Start the staging workers, so the ceiling uses as many threads.
+    pinned::parallel_memcpy(&mut [0u8], &[1u8]).unwrap();
+    let threads = pinned::staging_threads();
+    let mut host = vec![3u8; SIZE];
+    // SAFETY: raw_pinned holds SIZE bytes, only used here on this thread.
+    let pin_slice = unsafe { std::slice::from_raw_parts_mut(raw_pinned.cast::<u8>(), SIZE) };
+    let memcpy_in = rate(
+        SIZE,
+        time(REPS, || threaded_memcpy(pin_slice, &host, threads)),
+    );
+    let memcpy_out = rate(
+        SIZE,
+        time(REPS, || threaded_memcpy(&mut host, pin_slice, threads)),
+    );
+
+    let ours = time(REPS, || {
+        pinned::copy_host_to_device(dptr, &host, &stream).unwrap()
+    });
+    // SAFETY: host holds SIZE bytes.
+    let raw = time(REPS, || {
+        ok(unsafe { htod(dptr, host.as_ptr().cast(), SIZE) }, "htod")
+    });
+    let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
+    let ceiling_h2d = pinned_h2d.min(memcpy_in);
+    emit(
+        &mut rows,
+        Row {
+            name: "h2d_pageable".into(),
+            size: SIZE,
+            value: v,
+            unit: "GB/s",
+            raw: r,
+            raw_name: "cuMemcpyHtoD(pageable)",
+            ratio: r / v,
+        },
+    );
+    emit(
+        &mut rows,
+        Row {
+            name: format!("h2d_pageable_vs_ceiling_{threads}t"),
+            size: SIZE,
+            value: v,
+            unit: "GB/s",
+            raw: ceiling_h2d,
+            raw_name: "min(pinned DMA, threaded memcpy)",
+            ratio: ceiling_h2d / v,
+        },
+    );
+    let ours = time(REPS, || {
+        pinned::copy_device_to_host(&mut host, dptr, &stream).unwrap()
+    });
+    // SAFETY: host holds SIZE bytes.
+    let raw = time(REPS, || {
+        ok(
+            unsafe { dtoh(host.as_mut_ptr().cast(), dptr, SIZE) },
+            "dtoh",
+        )
+    });
+    let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
+    let ceiling_d2h = pinned_d2h.min(memcpy_out);
+    emit(
+        &mut rows,
+        Row {
+            name: "d2h_pageable".into(),
+            size: SIZE,
+            value: v,
+            unit: "GB/s",
+            raw: r,
+            raw_name: "cuMemcpyDtoH(pageable)",
+            ratio: r / v,
+        },
+    );
+    emit(
+        &mut rows,
+        Row {
+            name: format!("d2h_pageable_vs_ceiling_{threads}t"),
+            size: SIZE,
+            value: v,
+            unit: "GB/s",
+            raw: ceiling_d2h,
+            raw_name: "min(pinned DMA, threaded memcpy)",
+            ratio: ceiling_d2h / v,
+        },
+    );
+    eprintln!(
+        "threaded memcpy pageable->pinned {memcpy_in:.1} GB/s, pinned->pageable \
+         {memcpy_out:.1} GB/s, {threads} threads"
+    );
+
+    // --- pool malloc+free pair vs raw ---
+    let pool = PinnedMemoryPool::new();
+    drop(pool.malloc(1 << 20).unwrap());
+    const PAIRS: usize = 200_000;
+    let ours = median(
+        (0..REPS)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..PAIRS {
+                    let b = pool.malloc(std::hint::black_box(1 << 20)).unwrap();
+                    drop(std::hint::black_box(b));
+                }
+                t.elapsed().as_secs_f64() / PAIRS as f64 * 1e9
+            })
+            .collect(),
+    );
+    let alloc = api.cuMemHostAlloc().unwrap();
+    let free = api.cuMemFreeHost().unwrap();
+    let raw = median(
+        (0..REPS)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..10 {
+                    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+                    // SAFETY: valid out pointer; freed right after.
+                    ok(unsafe { alloc(&mut p, 1 << 20, 1) }, "alloc");
+                    // SAFETY: allocated above.
+                    ok(unsafe { free(p) }, "free");
+                }
+                t.elapsed().as_secs_f64() / 10.0 * 1e9
+            })
+            .collect(),
+    );
+    emit(
+        &mut rows,
+        Row {
+            name: "pinned_pool_malloc_free_pair".into(),
+            size: 1 << 20,
+            value: ours,
+            unit: "ns",
+            raw,
+            raw_name: "cuMemHostAlloc+cuMemFreeHost",
+            ratio: ours / raw,
+        },
+    );
+
+    // SAFETY: allocated above, freed once.
+    unsafe {
+        api.cuMemFreeHost().unwrap()(raw_pinned);
+        api.cuMemFree_v2().unwrap()(dptr);
+    }
+
+    println!();
+    println!(
+        "{:<34} {:>12} {:>6} {:>12}  {:<34} {:>7}",
+        "name", "value", "unit", "raw", "raw_name", "ratio"
+    );
+    for r in &rows {
+        println!(
+            "{:<34} {:>12.3} {:>6} {:>12.3}  {:<34} {:>7.3}",
+            r.name, r.value, r.unit, r.raw, r.raw_name, r.ratio
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! Checked driver calls about host memory (`cuMemHost*`, host<->device copies) and the
+//! few event calls the pinned module needs, plus the byte views and raw host copies
+//! over pinned memory. Addresses are integers (`u64`/`usize`): the safe types that own
+//! the memory keep it valid, as each function's contract says.
+
+use std::ffi::c_void;
+
+use super::{drv, sys};
+use crate::error::{Error, Result};
+
+/// `cuMemHostAlloc(size, flags)`: page-locked host memory; the address as an integer.
+/// A context must be current.
+pub fn alloc(size: usize, flags: u32) -> Result<u64> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `p` is a valid out pointer; a context is current (caller).
+    drv!(cuMemHostAlloc(&mut p, size, flags))?;
+    if p.is_null() {
+        return Err(Error::InvalidState(format!(
+            "cuMemHostAlloc({size}) succeeded but returned a null pointer"
+        )));
+    }
+    Ok(p as u64)
+}
+
+/// `cuMemFreeHost`: `addr` must come from [`alloc`] and be freed once, with no copy
+/// still using it.
+pub fn free(addr: u64) -> Result<()> {
+    // SAFETY: the caller passes an address from cuMemHostAlloc, freed once.
+    drv!(cuMemFreeHost(addr as usize as *mut c_void))
+}
+
+/// `cuMemHostGetDevicePointer`: the device address of mapped pinned memory.
+pub fn device_pointer(addr: u64) -> Result<u64> {
+    let mut d: sys::CUdeviceptr = 0;
+    // SAFETY: `d` is a valid out pointer; an unmapped address is an error code.
+    drv!(cuMemHostGetDevicePointer_v2(
+        &mut d,
+        addr as usize as *mut c_void,
+        0
+    ))?;
+    Ok(d)
+}
+
+/// `cuMemHostRegister(bytes, flags)`: page-locks memory the caller borrows mutably for
+/// as long as it stays registered (the caller unregisters before the borrow ends).
+pub fn register(bytes: &mut [u8], flags: u32) -> Result<()> {
+    // SAFETY: `bytes` is valid for its length; the caller unregisters it before the
+    // borrow ends.
+    drv!(cuMemHostRegister_v2(
+        bytes.as_mut_ptr().cast(),
+        bytes.len(),
+        flags
+    ))
+}
+
+/// `cuMemHostUnregister`: `addr` is the start of a range given to [`register`].
+pub fn unregister(addr: u64) -> Result<()> {
+    // SAFETY: the driver checks that the address was registered.
+    drv!(cuMemHostUnregister(addr as usize as *mut c_void))
+}
+
+/// `cuMemcpyHtoDAsync(dst, src, len, stream)`. The caller keeps `src..src+len` valid
+/// and unwritten until the copy has completed on `stream`; `dst` is device memory of
+/// at least `len` bytes (the driver refuses a bad address).
+pub fn htod_async(dst: u64, src: u64, len: usize, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller keeps the source valid until the copy completes (contract).
+    drv!(cuMemcpyHtoDAsync_v2(
+        dst,
+        src as usize as *const c_void,
+        len,
+        stream
+    ))
+}
+
+/// `cuMemcpyDtoHAsync(dst, src, len, stream)`. The caller keeps `dst..dst+len` valid
+/// and unread until the copy has completed on `stream`.
+pub fn dtoh_async(dst: u64, src: u64, len: usize, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller keeps the destination valid and unaliased until the copy
+    // completes (contract).
+    drv!(cuMemcpyDtoHAsync_v2(
+        dst as usize as *mut c_void,
+        src,
+        len,
+        stream
+    ))
+}
+
+/// Copies `src` to device address `dst` on `stream` and waits for the copy.
+pub fn htod_sync(dst: u64, src: &[u8], stream: sys::CUstream) -> Result<()> {
+    htod_async(dst, src.as_ptr() as u64, src.len(), stream)?;
+    stream_synchronize(stream)
+}
+
+/// Copies device address `src` into `dst` on `stream` and waits for the copy.
+pub fn dtoh_sync(dst: &mut [u8], src: u64, stream: sys::CUstream) -> Result<()> {
+    dtoh_async(dst.as_mut_ptr() as u64, src, dst.len(), stream)?;
+    stream_synchronize(stream)
+}
+
+/// `cuStreamSynchronize`.
+pub fn stream_synchronize(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: a stream handle (or 0/2); the driver rejects invalid ones.
+    drv!(cuStreamSynchronize(stream))
+}
+
+/// `cuStreamWaitEvent(stream, event, 0)`.
+pub fn stream_wait_event(stream: sys::CUstream, event: usize) -> Result<()> {
+    // SAFETY: handles owned by the caller.
+    drv!(cuStreamWaitEvent(stream, event as sys::CUevent, 0))
+}
+
+/// `cuEventCreate(CU_EVENT_DISABLE_TIMING)` in the current context; the handle as an
+/// integer.
+pub fn event_create() -> Result<usize> {
+    let mut e: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: `e` is a valid out pointer.
+    drv!(cuEventCreate(
+        &mut e,
+        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING.0
+    ))?;
+    Ok(e as usize)
+}
+
+/// `cuEventRecord(event, stream)`.
+pub fn event_record(event: usize, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: an event from `event_create`, alive (caller).
+    drv!(cuEventRecord(event as sys::CUevent, stream))
+}
+
+/// `cuEventQuery`: `Ok(true)` when the work before the record has completed,
+/// `Ok(false)` while it is pending.
+pub fn event_query(event: usize) -> Result<bool> {
+    let f = super::api()?.cuEventQuery()?;
+    // SAFETY: an event from `event_create`, alive (caller).
+    let rc = unsafe { f(event as sys::CUevent) };
+    if rc == sys::CUresult::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    super::check(rc, "cuEventQuery").map(|()| true)
+}
+
+/// `cuEventSynchronize`.
+pub fn event_synchronize(event: usize) -> Result<()> {
+    // SAFETY: an event from `event_create`, alive (caller).
+    drv!(cuEventSynchronize(event as sys::CUevent))
+}
+
+/// `cuEventDestroy`.
+pub fn event_destroy(event: usize) -> Result<()> {
+    // SAFETY: an event from `event_create`, destroyed once (caller).
+    drv!(cuEventDestroy_v2(event as sys::CUevent))
+}
+
+/// A shared byte view of `len` bytes at `addr`, borrowed from `owner`.
+///
+/// Contract (the pinned types keep it): `addr..addr+len` lies inside memory that
+/// `owner` keeps alive and that nothing writes (no `&mut` view, no copy in flight)
+/// while the view lives.
+#[inline]
+pub fn bytes<O: ?Sized>(_owner: &O, addr: u64, len: usize) -> &[u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: by the contract above, the range is live, readable memory owned by
+    // `owner`, not written while the returned borrow of `owner` lives.
+    unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) }
+}
+
+/// A mutable byte view of `len` bytes at `addr`, borrowed from `owner`.
+///
+/// Contract: as [`bytes`], and no other view of the range exists while it lives.
+#[inline]
+pub fn bytes_mut<O: ?Sized>(_owner: &mut O, addr: u64, len: usize) -> &mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: by the contract above, the range is live, writable and unaliased for
+    // the returned borrow of `owner`.
+    unsafe { std::slice::from_raw_parts_mut(addr as usize as *mut u8, len) }
+}
+
+/// `bytes` viewed as `T`s: `None` unless the start is aligned for `T` and the length
+/// a multiple of its size. `T: PinnedPod` has no invalid bit patterns.
+#[inline]
+pub fn typed<T: crate::pinned::PinnedPod>(b: &[u8]) -> Option<&[T]> {
+    // SAFETY: `T` is a plain-data type (sealed trait: integers and floats), every bit
+    // pattern is a valid `T`.
+    let (head, mid, tail) = unsafe { b.align_to::<T>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+/// Mutable version of [`typed`].
+#[inline]
+pub fn typed_mut<T: crate::pinned::PinnedPod>(b: &mut [u8]) -> Option<&mut [T]> {
+    // SAFETY: as in `typed`; any value written through `T` is valid bytes.
+    let (head, mid, tail) = unsafe { b.align_to_mut::<T>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+/// Copies `len` bytes from `src` to `dst` (host addresses), for the staging workers.
+///
+/// Contract: both ranges are valid for `len` bytes, do not overlap, and nothing else
+/// reads `dst` or writes either range during the copy (the staging engine waits for
+/// every such copy before the borrows it came from end).
+#[inline]
+pub fn copy_raw(dst: usize, src: usize, len: usize) {
+    if len == 0 {
+        return;
+    }
+    // SAFETY: by the contract above.
+    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) }
+}

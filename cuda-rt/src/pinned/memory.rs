@@ -1,0 +1,484 @@
+//! Pinned (page-locked) host memory: [`PinnedMemory`] owns one `cuMemHostAlloc`
+//! allocation; [`PinnedMemoryPointer`] is a handle to a range of pinned memory (from
+//! [`PinnedMemory`] or a pool) with offset arithmetic, byte and typed views, and
+//! asynchronous copies that protect the memory until they have finished.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::fence::{Fence, Pending};
+use super::pool::PinnedCore;
+use crate::driver::{context, host};
+use crate::error::{Error, Result};
+use crate::memory::arena::Block;
+use crate::stream::AsStream;
+
+bitflags::bitflags! {
+    /// `cuMemHostAlloc` flags. The default is [`PORTABLE`](Self::PORTABLE) alone.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct PinnedFlags: u32 {
+        /// Pinned for every CUDA context, not only the current one (the default).
+        const PORTABLE = cuda_sys::driver::CU_MEMHOSTALLOC_PORTABLE;
+        /// Mapped into the device's address space
+        /// ([`PinnedMemory::device_ptr`] gives the device address).
+        const DEVICEMAP = cuda_sys::driver::CU_MEMHOSTALLOC_DEVICEMAP;
+        /// Write-combined: faster for the device to read and for the host to write,
+        /// very slow for the host to read.
+        const WRITECOMBINED = cuda_sys::driver::CU_MEMHOSTALLOC_WRITECOMBINED;
+    }
+}
+
+impl Default for PinnedFlags {
+    fn default() -> Self {
+        PinnedFlags::PORTABLE
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Plain-data element types for the typed views of pinned memory: every bit pattern
+/// is a valid value (integers and floats). Sealed; to be unified with the memory
+/// module's `Pod` trait.
+pub trait PinnedPod: sealed::Sealed + Copy + Send + Sync + 'static {}
+
+macro_rules! pinned_pod {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl PinnedPod for $t {}
+    )*};
+}
+pinned_pod!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64);
+
+/// One `cuMemHostAlloc` allocation, freed with `cuMemFreeHost` on drop (CuPy's
+/// `PinnedMemory`). Use it through a [`PinnedMemoryPointer`]
+/// (`PinnedMemoryPointer::from(mem)`), which also carries the in-flight protection.
+#[derive(Debug)]
+pub struct PinnedMemory {
+    addr: u64,
+    size: usize,
+    flags: PinnedFlags,
+}
+
+impl PinnedMemory {
+    /// `size` bytes of portable pinned memory in the current device's context.
+    /// `size == 0` allocates nothing (address 0).
+    pub fn new(size: usize) -> Result<PinnedMemory> {
+        Self::with_flags(size, PinnedFlags::PORTABLE)
+    }
+
+    /// `size` bytes allocated with `flags`.
+    pub fn with_flags(size: usize, flags: PinnedFlags) -> Result<PinnedMemory> {
+        if size == 0 {
+            return Ok(PinnedMemory {
+                addr: 0,
+                size: 0,
+                flags,
+            });
+        }
+        context::make_current(crate::device::get_device_id())?;
+        let addr = host::alloc(size, flags.bits())?;
+        Ok(PinnedMemory { addr, size, flags })
+    }
+
+    /// The host address (0 for size 0).
+    pub fn ptr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The flags it was allocated with.
+    pub fn flags(&self) -> PinnedFlags {
+        self.flags
+    }
+
+    /// The device address of mapped memory ([`PinnedFlags::DEVICEMAP`]); an error
+    /// otherwise.
+    pub fn device_ptr(&self) -> Result<u64> {
+        if !self.flags.contains(PinnedFlags::DEVICEMAP) {
+            return Err(Error::InvalidArgument(
+                "device_ptr: the pinned memory was not allocated with PinnedFlags::DEVICEMAP"
+                    .into(),
+            ));
+        }
+        context::make_current(crate::device::get_device_id())?;
+        host::device_pointer(self.addr)
+    }
+}
+
+impl Drop for PinnedMemory {
+    fn drop(&mut self) {
+        if self.addr != 0 {
+            let _ = host::free(self.addr);
+        }
+    }
+}
+
+/// Who gives the memory back when the last handle goes.
+enum Kind {
+    /// Held for its drop (`cuMemFreeHost`).
+    Direct(#[allow(dead_code)] PinnedMemory),
+    Pooled {
+        core: Arc<PinnedCore>,
+        block: Option<Block>,
+    },
+}
+
+/// The shared owner of a range of pinned memory: the allocation and the fence of
+/// the last asynchronous copy that uses it.
+struct Owner {
+    addr: u64,
+    size: usize,
+    inflight: Mutex<Option<Fence>>,
+    kind: Kind,
+}
+
+impl Owner {
+    fn inflight(&self) -> MutexGuard<'_, Option<Fence>> {
+        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for the copy in flight, if any (only for one that writes the memory
+    /// unless `all`).
+    fn wait(&self, all: bool) -> Result<()> {
+        let mut g = self.inflight();
+        if let Some(f) = g.as_ref() {
+            if all || f.writes() {
+                f.synchronize()?;
+                *g = None;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let fence = self
+            .inflight
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match &mut self.kind {
+            Kind::Direct(_) => {
+                // The allocation is freed right after this (field drop): the copy
+                // must be over first.
+                if let Some(f) = fence {
+                    f.wait();
+                }
+            }
+            Kind::Pooled { core, block } => {
+                if let Some(b) = block.take() {
+                    core.free(b, fence);
+                }
+            }
+        }
+    }
+}
+
+/// A handle to a range of pinned memory (CuPy's `PinnedMemoryPointer`): the memory
+/// stays alive while any handle to it does (clones and offsets share it).
+///
+/// Views and copies are safe against every misuse that compiles:
+/// - [`as_slice`](Self::as_slice) waits for a device-to-host copy in flight into the
+///   memory; [`as_mut_slice`](Self::as_mut_slice) and
+///   [`copy_from_device_async`](Self::copy_from_device_async) (which write) need the
+///   only handle to the allocation (`&mut self` and no clone or offset alive) and
+///   wait for any copy in flight;
+/// - the memory is not freed, or handed out again by a pool, before the copies
+///   recorded on it have finished, whatever happens to the handles.
+pub struct PinnedMemoryPointer {
+    owner: Option<Arc<Owner>>,
+    offset: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for PinnedMemoryPointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedMemoryPointer")
+            .field("ptr", &format_args!("{:#x}", self.ptr()))
+            .field("len", &self.len)
+            .field("mem_size", &self.mem_size())
+            .finish()
+    }
+}
+
+impl Clone for PinnedMemoryPointer {
+    /// Another handle to the same range (shares the allocation).
+    fn clone(&self) -> Self {
+        PinnedMemoryPointer {
+            owner: self.owner.clone(),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+}
+
+impl From<PinnedMemory> for PinnedMemoryPointer {
+    /// A handle to the whole allocation.
+    fn from(mem: PinnedMemory) -> Self {
+        if mem.size == 0 {
+            return PinnedMemoryPointer::empty();
+        }
+        let (addr, size) = (mem.addr, mem.size);
+        PinnedMemoryPointer::with_owner(Owner {
+            addr,
+            size,
+            inflight: Mutex::new(None),
+            kind: Kind::Direct(mem),
+        })
+    }
+}
+
+impl PinnedMemoryPointer {
+    fn with_owner(owner: Owner) -> Self {
+        let len = owner.size;
+        PinnedMemoryPointer {
+            owner: Some(Arc::new(owner)),
+            offset: 0,
+            len,
+        }
+    }
+
+    /// A handle to no memory (address 0, length 0).
+    pub fn empty() -> Self {
+        PinnedMemoryPointer {
+            owner: None,
+            offset: 0,
+            len: 0,
+        }
+    }
+
+    /// A pool block as a handle (the block's rounded size is the allocation size;
+    /// the handle's length is also the rounded size, as in CuPy).
+    pub(crate) fn pooled(core: Arc<PinnedCore>, block: Block) -> Self {
+        if block.is_null() {
+            core.free(block, None);
+            return PinnedMemoryPointer::empty();
+        }
+        let (addr, size) = (block.addr(), block.size());
+        PinnedMemoryPointer::with_owner(Owner {
+            addr,
+            size,
+            inflight: Mutex::new(None),
+            kind: Kind::Pooled {
+                core,
+                block: Some(block),
+            },
+        })
+    }
+
+    /// The host address of the start of the range (0 for an empty handle).
+    #[inline]
+    pub fn ptr(&self) -> u64 {
+        self.owner
+            .as_ref()
+            .map_or(0, |o| o.addr + self.offset as u64)
+    }
+
+    /// Length of the range in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Offset of the range from the start of its allocation.
+    #[inline]
+    pub fn offset_in_mem(&self) -> usize {
+        self.offset
+    }
+
+    /// Size of the whole allocation (or pool block) the range lies in.
+    #[inline]
+    pub fn mem_size(&self) -> usize {
+        self.owner.as_ref().map_or(0, |o| o.size)
+    }
+
+    /// A handle `n` bytes further on, to the rest of the range (CuPy's `ptr + n`);
+    /// it keeps the allocation alive. `n` past the end is an error.
+    pub fn offset(&self, n: usize) -> Result<PinnedMemoryPointer> {
+        if n > self.len {
+            return Err(Error::InvalidArgument(format!(
+                "pinned pointer offset {n} is past the end of its {}-byte range",
+                self.len
+            )));
+        }
+        self.slice(n, self.len - n)
+    }
+
+    /// A handle to `len` bytes at `start` within this range.
+    pub fn slice(&self, start: usize, len: usize) -> Result<PinnedMemoryPointer> {
+        match start.checked_add(len) {
+            Some(end) if end <= self.len => Ok(PinnedMemoryPointer {
+                owner: self.owner.clone(),
+                offset: self.offset + start,
+                len,
+            }),
+            _ => Err(Error::InvalidArgument(format!(
+                "pinned range {start}..{start}+{len} is outside its {}-byte range",
+                self.len
+            ))),
+        }
+    }
+
+    /// Whether no other handle (clone or offset) shares the allocation.
+    pub fn is_unique(&self) -> bool {
+        match &self.owner {
+            Some(o) => Arc::strong_count(o) == 1,
+            None => true,
+        }
+    }
+
+    fn unique_owner(&mut self, what: &str) -> Result<Option<&Owner>> {
+        match &self.owner {
+            Some(o) if Arc::strong_count(o) != 1 => Err(Error::InvalidState(format!(
+                "{what} needs the only handle to this pinned memory, but {} other handles \
+                 (clones or offsets) share it",
+                Arc::strong_count(o) - 1
+            ))),
+            o => Ok(o.as_deref()),
+        }
+    }
+
+    /// The bytes of the range. Waits first for a device-to-host copy in flight into
+    /// the memory.
+    pub fn as_slice(&self) -> Result<&[u8]> {
+        match &self.owner {
+            None => Ok(&[]),
+            Some(o) => {
+                o.wait(false)?;
+                Ok(host::bytes(self, o.addr + self.offset as u64, self.len))
+            }
+        }
+    }
+
+    /// The bytes of the range, writable. Needs the only handle to the allocation
+    /// (see the type's doc); waits first for any copy in flight on the memory.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        let (addr, len) = match self.unique_owner("as_mut_slice")? {
+            None => return Ok(&mut []),
+            Some(o) => {
+                o.wait(true)?;
+                (o.addr + self.offset as u64, self.len)
+            }
+        };
+        Ok(host::bytes_mut(self, addr, len))
+    }
+
+    /// The range as `T`s; an error when it is not aligned for `T` or its length is
+    /// not a multiple of `T`'s size.
+    pub fn as_slice_of<T: PinnedPod>(&self) -> Result<&[T]> {
+        let b = self.as_slice()?;
+        host::typed(b).ok_or_else(|| misaligned::<T>(b.as_ptr() as u64, b.len()))
+    }
+
+    /// The range as mutable `T`s (as [`as_mut_slice`](Self::as_mut_slice)).
+    pub fn as_mut_slice_of<T: PinnedPod>(&mut self) -> Result<&mut [T]> {
+        let b = self.as_mut_slice()?;
+        let (p, n) = (b.as_ptr() as u64, b.len());
+        host::typed_mut(b).ok_or_else(|| misaligned::<T>(p, n))
+    }
+
+    /// Copies the range to device address `dst` on `stream`, asynchronously, and
+    /// records an event after the copy: until it completes the memory is neither
+    /// written through a view of this crate nor freed nor handed out again by a pool.
+    /// `dst` must be device memory of at least [`len`](Self::len) bytes that stays
+    /// allocated until the copy is done.
+    pub fn copy_to_device_async(&self, dst: u64, stream: &impl AsStream) -> Result<()> {
+        let Some(o) = &self.owner else {
+            return Ok(());
+        };
+        if self.len == 0 {
+            return Ok(());
+        }
+        let src = o.addr + self.offset as u64;
+        Self::enqueue(o, stream, false, |s| {
+            host::htod_async(dst, src, self.len, s)
+        })
+    }
+
+    /// Copies [`len`](Self::len) bytes from device address `src` into the range on
+    /// `stream`, asynchronously, recording an event after the copy: views wait for
+    /// it, and the memory is neither freed nor handed out again before it completes.
+    /// Needs the only handle to the allocation (`&mut self`, no clone or offset).
+    pub fn copy_from_device_async(&mut self, src: u64, stream: &impl AsStream) -> Result<()> {
+        let len = self.len;
+        let offset = self.offset as u64;
+        let Some(o) = self.unique_owner("copy_from_device_async")? else {
+            return Ok(());
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let dst = o.addr + offset;
+        Self::enqueue(o, stream, true, |s| host::dtoh_async(dst, src, len, s))
+    }
+
+    /// Issues `copy` on `stream` after any earlier copy in flight on the memory (on
+    /// another stream, the stream waits for it), then records the new fence.
+    fn enqueue(
+        o: &Owner,
+        stream: &impl AsStream,
+        writes: bool,
+        copy: impl FnOnce(crate::driver::sys::CUstream) -> Result<()>,
+    ) -> Result<()> {
+        let device = stream.device_id();
+        context::make_current(device)?;
+        let s = stream.as_raw();
+        let mut g = o.inflight();
+        let earlier_writes = match g.as_ref() {
+            Some(f) if !f.is_done() => {
+                host::stream_wait_event(s, f.event())?;
+                f.writes()
+            }
+            _ => false,
+        };
+        copy(s)?;
+        let mut f = Fence::record(s, device, writes)?;
+        if earlier_writes {
+            f.set_writes();
+        }
+        *g = Some(f);
+        Ok(())
+    }
+
+    /// Waits until every copy recorded on the memory has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.owner {
+            Some(o) => o.wait(true),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cold]
+fn misaligned<T>(addr: u64, len: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "pinned range at {addr:#x} of {len} bytes cannot be viewed as {} (size {}, \
+         alignment {})",
+        std::any::type_name::<T>(),
+        std::mem::size_of::<T>(),
+        std::mem::align_of::<T>()
+    ))
+}
+
+/// Allocates `size` bytes of pinned memory from the current pinned allocator: the
+/// default [`PinnedMemoryPool`](super::PinnedMemoryPool) unless
+/// [`set_pinned_memory_allocator`](super::set_pinned_memory_allocator) chose another
+/// pool or none (then each call is one `cuMemHostAlloc`).
+pub fn alloc_pinned_memory(size: usize) -> Result<PinnedMemoryPointer> {
+    super::with_current_allocator(|pool| match pool {
+        Some(p) => p.malloc(size),
+        None => PinnedMemory::new(size).map(PinnedMemoryPointer::from),
+    })
+}

@@ -1,0 +1,108 @@
+//! Pinned (page-locked) host memory, its pool, registration of existing memory, and
+//! copies between pageable memory and the device at pinned speed (CuPy's
+//! `cupy.cuda.pinned_memory`, and more).
+//!
+//! - [`alloc_pinned_memory`] allocates through the current pinned allocator: the
+//!   default [`PinnedMemoryPool`] unless [`set_pinned_memory_allocator`] chose
+//!   another pool or none.
+//! - [`PinnedMemory`] owns one `cuMemHostAlloc` allocation (portable by default;
+//!   mapped and write-combined on request, [`PinnedFlags`]).
+//! - [`PinnedMemoryPointer`] is a handle to a range of it, with offsets, byte and
+//!   typed views, and asynchronous copies to and from the device that keep the memory
+//!   from being reused or freed until they have finished.
+//! - [`PinnedMemoryPool`] caches pinned memory; it wastes at most 511 bytes per
+//!   request (see [`pool`]'s doc), where CuPy rounds to a power of two.
+//! - [`register`] page-locks a `&mut [u8]` the program already has, until the guard
+//!   drops.
+//! - [`copy_host_to_device`] / [`copy_device_to_host`] copy ordinary memory through
+//!   pooled pinned staging buffers with several chunks in flight and the host side
+//!   spread over persistent worker threads (see [`staging`]).
+//!
+//! ```no_run
+//! # fn main() -> cuda_rt::Result<()> {
+//! use cuda_rt::pinned;
+//! let mut buf = pinned::alloc_pinned_memory(1 << 20)?;
+//! buf.as_mut_slice_of::<f32>()?.fill(1.0);
+//! # let dev_ptr = 0u64;
+//! buf.copy_to_device_async(dev_ptr, &cuda_rt::get_current_stream())?;
+//! drop(buf); // the memory goes back to the pool only once the copy has finished
+//! # Ok(()) }
+//! ```
+
+mod fence;
+mod memory;
+pub mod pool;
+mod register;
+pub mod staging;
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, PoisonError, RwLock};
+
+pub use memory::{alloc_pinned_memory, PinnedFlags, PinnedMemory, PinnedMemoryPointer, PinnedPod};
+pub use pool::PinnedMemoryPool;
+/// Pool blocks are multiples of this many bytes: the most a request wastes is one less.
+pub const ALLOCATION_UNIT_BYTES: usize = pool::ALLOCATION_UNIT;
+pub use register::{register, register_with_flags, RegisterFlags, RegisteredMemory};
+pub use staging::{
+    copy_device_to_host, copy_host_to_device, parallel_memcpy, set_staging_threads,
+    staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD, STAGING_BUFFERS,
+};
+
+/// The process-wide default pinned memory pool (created on first use).
+pub fn get_default_pinned_memory_pool() -> PinnedMemoryPool {
+    static DEFAULT: OnceLock<PinnedMemoryPool> = OnceLock::new();
+    DEFAULT.get_or_init(PinnedMemoryPool::new).clone()
+}
+
+/// The allocator [`alloc_pinned_memory`] uses: `None` before any call to
+/// [`set_pinned_memory_allocator`] (meaning the default pool).
+static ALLOCATOR: RwLock<Option<Option<PinnedMemoryPool>>> = RwLock::new(None);
+/// Bumped by each [`set_pinned_memory_allocator`]; threads cache the allocator of the
+/// generation they last saw, so an allocation takes no lock.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static CACHED: RefCell<(u64, Option<PinnedMemoryPool>)> = const { RefCell::new((0, None)) };
+}
+
+/// Sets the allocator of [`alloc_pinned_memory`] for every thread (CuPy's
+/// `set_pinned_memory_allocator`): `Some(pool)` allocates from `pool`, `None`
+/// allocates each time with `cuMemHostAlloc` (no pooling).
+pub fn set_pinned_memory_allocator(allocator: Option<PinnedMemoryPool>) {
+    let mut a = ALLOCATOR.write().unwrap_or_else(PoisonError::into_inner);
+    *a = Some(allocator);
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The pool [`alloc_pinned_memory`] allocates from now (`None`: no pooling).
+pub fn get_pinned_memory_allocator() -> Option<PinnedMemoryPool> {
+    with_current_allocator(|p| p.cloned())
+}
+
+fn read_allocator() -> Option<PinnedMemoryPool> {
+    let a = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
+    match &*a {
+        None => Some(get_default_pinned_memory_pool()),
+        Some(p) => p.clone(),
+    }
+}
+
+/// Runs `f` with the current allocator, from this thread's cache when no
+/// [`set_pinned_memory_allocator`] happened since it was filled.
+pub(crate) fn with_current_allocator<R>(f: impl Fn(Option<&PinnedMemoryPool>) -> R) -> R {
+    let generation = GENERATION.load(Ordering::Acquire);
+    let r = CACHED.try_with(|c| {
+        let mut c = c.try_borrow_mut().ok()?;
+        if c.0 != generation {
+            *c = (generation, read_allocator());
+        }
+        // No clone of the pool (a shared atomic count): `f` runs on the cached one.
+        Some(f(c.1.as_ref()))
+    });
+    match r {
+        Ok(Some(r)) => r,
+        // Thread exiting, or `f` re-entered: read the shared setting.
+        _ => f(read_allocator().as_ref()),
+    }
+}

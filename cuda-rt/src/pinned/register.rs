@@ -1,0 +1,126 @@
+//! Page-locking memory the program already has (`cuMemHostRegister`), undone when the
+//! guard is dropped (`cuMemHostUnregister`). The guard borrows the memory mutably, so
+//! nothing else can touch or free it while it is registered.
+
+use crate::driver::{context, host};
+use crate::error::Result;
+use crate::stream::AsStream;
+
+bitflags::bitflags! {
+    /// `cuMemHostRegister` flags. The default is [`PORTABLE`](Self::PORTABLE).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct RegisterFlags: u32 {
+        /// Pinned for every CUDA context (the default).
+        const PORTABLE = cuda_sys::driver::CU_MEMHOSTREGISTER_PORTABLE;
+        /// Mapped into the device's address space
+        /// ([`RegisteredMemory::device_ptr`]).
+        const DEVICEMAP = cuda_sys::driver::CU_MEMHOSTREGISTER_DEVICEMAP;
+    }
+}
+
+impl Default for RegisterFlags {
+    fn default() -> Self {
+        RegisterFlags::PORTABLE
+    }
+}
+
+/// Host memory registered with CUDA (page-locked) for as long as this guard lives;
+/// it borrows the memory. Copies from and to it run at pinned speed.
+#[derive(Debug)]
+pub struct RegisteredMemory<'a> {
+    bytes: &'a mut [u8],
+    flags: RegisterFlags,
+}
+
+/// Page-locks `bytes` (portable) until the returned guard is dropped. An empty slice
+/// registers nothing.
+pub fn register(bytes: &mut [u8]) -> Result<RegisteredMemory<'_>> {
+    register_with_flags(bytes, RegisterFlags::PORTABLE)
+}
+
+/// Page-locks `bytes` with `flags` until the returned guard is dropped.
+pub fn register_with_flags(bytes: &mut [u8], flags: RegisterFlags) -> Result<RegisteredMemory<'_>> {
+    if !bytes.is_empty() {
+        context::make_current(crate::device::get_device_id())?;
+        host::register(bytes, flags.bits())?;
+    }
+    Ok(RegisteredMemory { bytes, flags })
+}
+
+impl RegisteredMemory<'_> {
+    /// The host address.
+    pub fn ptr(&self) -> u64 {
+        self.bytes.as_ptr() as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The flags it was registered with.
+    pub fn flags(&self) -> RegisterFlags {
+        self.flags
+    }
+
+    /// The registered bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.bytes
+    }
+
+    /// The registered bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.bytes
+    }
+
+    /// The device address of mapped memory ([`RegisterFlags::DEVICEMAP`]).
+    pub fn device_ptr(&self) -> Result<u64> {
+        context::make_current(crate::device::get_device_id())?;
+        host::device_pointer(self.ptr())
+    }
+
+    /// Copies the bytes to device address `dst` (at least [`len`](Self::len) bytes)
+    /// on `stream` and waits for the copy.
+    pub fn copy_to_device(&self, dst: u64, stream: &impl AsStream) -> Result<()> {
+        if self.bytes.is_empty() {
+            return Ok(());
+        }
+        context::make_current(stream.device_id())?;
+        host::htod_sync(dst, self.bytes, stream.as_raw())
+    }
+
+    /// Copies [`len`](Self::len) bytes from device address `src` into the memory on
+    /// `stream` and waits for the copy.
+    pub fn copy_from_device(&mut self, src: u64, stream: &impl AsStream) -> Result<()> {
+        if self.bytes.is_empty() {
+            return Ok(());
+        }
+        context::make_current(stream.device_id())?;
+        host::dtoh_sync(self.bytes, src, stream.as_raw())
+    }
+
+    /// Unregisters now, returning the driver's error if there is one (drop ignores it).
+    pub fn unregister(self) -> Result<()> {
+        let r = self.unregister_inner();
+        std::mem::forget(self);
+        r
+    }
+
+    fn unregister_inner(&self) -> Result<()> {
+        if self.bytes.is_empty() {
+            return Ok(());
+        }
+        host::unregister(self.ptr())
+    }
+}
+
+impl Drop for RegisteredMemory<'_> {
+    fn drop(&mut self) {
+        let _ = self.unregister_inner();
+    }
+}

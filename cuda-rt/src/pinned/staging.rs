@@ -1,0 +1,548 @@
+//! Copies between pageable (ordinary) host memory and the device at pinned speed.
+//!
+//! A copy of at least [`PAGEABLE_THRESHOLD`] bytes goes through pinned staging
+//! buffers from the default [`PinnedMemoryPool`](super::PinnedMemoryPool), in chunks
+//! of up to [`CHUNK_SIZE`] bytes, [`STAGING_BUFFERS`] chunks in flight: while the DMA
+//! engine moves one chunk, the host copies others between the pageable memory and
+//! their staging buffers. The host-side copies are split over a small pool of
+//! persistent worker threads (created once, on first use; never one per copy), by
+//! default `min(8, available_parallelism)`, see [`set_staging_threads`]. Smaller
+//! copies use the driver directly (`cuMemcpyHtoDAsync`/`DtoHAsync` on the stream,
+//! then a stream synchronize).
+//!
+//! Both directions are synchronous: they return once the bytes are at their
+//! destination. They run on the given stream, so they follow the work queued on it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use super::fence::{give_event, take_event};
+use super::PinnedMemoryPointer;
+use crate::driver::{context, host, sys};
+use crate::error::{Error, Result};
+use crate::stream::AsStream;
+
+/// Copies of fewer bytes than this use the driver's own copy; larger ones are staged.
+pub const PAGEABLE_THRESHOLD: usize = 1 << 20;
+/// Largest chunk staged at once.
+pub const CHUNK_SIZE: usize = 8 << 20;
+/// Chunks in flight (staging buffers per copy).
+pub const STAGING_BUFFERS: usize = 4;
+/// Smallest chunk of a staged copy.
+const MIN_CHUNK: usize = 256 << 10;
+/// Smallest piece of host copy given to one worker.
+const MIN_PIECE: usize = 64 << 10;
+/// Pieces start on multiples of this (pages).
+const PIECE_ALIGN: usize = 4096;
+/// Most worker threads [`set_staging_threads`] accepts.
+pub const MAX_STAGING_THREADS: usize = 64;
+
+// ---------------------------------------------------------------------------------
+// Planning (pure arithmetic, tested on the CPU)
+
+/// The chunk size for a staged copy of `len` bytes: [`CHUNK_SIZE`] for large copies;
+/// for smaller ones about `len / STAGING_BUFFERS` (page-rounded, at least 256 KiB) so
+/// that several chunks still overlap.
+pub(crate) fn chunk_size_for(len: usize) -> usize {
+    let per = len.div_ceil(STAGING_BUFFERS).next_multiple_of(PIECE_ALIGN);
+    per.clamp(MIN_CHUNK, CHUNK_SIZE)
+}
+
+/// Splits `len` bytes into at most `threads` pieces of at least 64 KiB, starting on
+/// page multiples: the piece size.
+pub(crate) fn piece_size_for(len: usize, threads: usize) -> usize {
+    len.div_ceil(threads.max(1))
+        .next_multiple_of(PIECE_ALIGN)
+        .max(MIN_PIECE)
+}
+
+/// `(start, len)` of each chunk of a `len`-byte copy in chunks of `chunk`.
+pub(crate) fn chunks(len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    let chunk = chunk.max(1);
+    (0..len.div_ceil(chunk)).map(move |i| {
+        let start = i * chunk;
+        (start, chunk.min(len - start))
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// The worker pool
+
+/// One host copy for a worker: raw addresses, kept valid by the caller until the
+/// latch says the piece is done.
+struct Job {
+    dst: usize,
+    src: usize,
+    len: usize,
+    slot: usize,
+    latch: Arc<Latch>,
+}
+
+/// Counts the pieces still to copy, per staging slot.
+struct Latch {
+    remaining: Mutex<[usize; STAGING_BUFFERS]>,
+    cv: Condvar,
+}
+
+impl Latch {
+    fn new() -> Self {
+        Latch {
+            remaining: Mutex::new([0; STAGING_BUFFERS]),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, [usize; STAGING_BUFFERS]> {
+        self.remaining
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn done(&self, slot: usize) {
+        let mut r = self.lock();
+        r[slot] -= 1;
+        if r[slot] == 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits until `slot`'s pieces are all copied.
+    fn wait(&self, slot: usize) {
+        let mut r = self.lock();
+        while r[slot] != 0 {
+            r = self.cv.wait(r).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Waits until every piece is copied.
+    fn wait_all(&self) {
+        let mut r = self.lock();
+        while r.iter().any(|&n| n != 0) {
+            r = self.cv.wait(r).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Threads wanted.
+    target: usize,
+    /// Threads running.
+    live: usize,
+}
+
+struct Workers {
+    queue: Mutex<Queue>,
+    cv: Condvar,
+    /// Jobs queued, readable without the lock (workers spin on it briefly).
+    queued: AtomicUsize,
+}
+
+static WORKERS: OnceLock<Workers> = OnceLock::new();
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 8)
+}
+
+fn workers() -> &'static Workers {
+    WORKERS.get_or_init(|| {
+        let w = Workers {
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::with_capacity(256),
+                target: 0,
+                live: 0,
+            }),
+            cv: Condvar::new(),
+            queued: AtomicUsize::new(0),
+        };
+        // Threads start on the first copy (`ensure_started`), not here: `w` is not
+        // 'static yet.
+        w
+    })
+}
+
+impl Workers {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts the worker threads on first use.
+    fn ensure_started(&'static self) {
+        self.resize(None);
+    }
+
+    /// Sets the number of workers (`None`: the default, only if never set), spawning
+    /// or retiring threads; returns how many run.
+    fn resize(&'static self, n: Option<usize>) -> usize {
+        let to_spawn = {
+            let mut q = self.lock();
+            match n {
+                Some(n) => q.target = n,
+                None if q.target != 0 => return q.target,
+                None => q.target = default_threads(),
+            }
+            let s = q.target.saturating_sub(q.live);
+            q.live += s;
+            s
+        };
+        self.cv.notify_all();
+        let mut failed = 0;
+        for i in 0..to_spawn {
+            let spawned = std::thread::Builder::new()
+                .name(format!("cuda-rt-staging-{i}"))
+                .spawn(move || self.run());
+            if spawned.is_err() {
+                failed += 1;
+            }
+        }
+        let mut q = self.lock();
+        q.live -= failed;
+        if failed != 0 {
+            q.target = q.live;
+        }
+        q.target
+    }
+
+    fn threads(&self) -> usize {
+        self.lock().target
+    }
+
+    fn run(&self) {
+        loop {
+            // Spin a little before sleeping: during a copy the next pieces come
+            // within microseconds, sooner than a futex wake.
+            for _ in 0..2000 {
+                if self.queued.load(Ordering::Acquire) != 0 {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            let job = {
+                let mut q = self.lock();
+                loop {
+                    if q.live > q.target {
+                        q.live -= 1;
+                        return;
+                    }
+                    if let Some(j) = q.jobs.pop_front() {
+                        self.queued.fetch_sub(1, Ordering::AcqRel);
+                        break j;
+                    }
+                    q = self.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            host::copy_raw(job.dst, job.src, job.len);
+            job.latch.done(job.slot);
+        }
+    }
+
+    /// Queues the copy of `len` bytes from `src` to `dst` in pieces under `slot`.
+    /// With no worker running (spawning failed), copies on the calling thread.
+    fn submit(&self, latch: &Arc<Latch>, slot: usize, dst: usize, src: usize, len: usize) {
+        let mut q = self.lock();
+        if q.live == 0 {
+            drop(q);
+            host::copy_raw(dst, src, len);
+            return;
+        }
+        let piece = piece_size_for(len, q.target);
+        let n = len.div_ceil(piece);
+        latch.lock()[slot] += n;
+        for (start, l) in chunks(len, piece) {
+            q.jobs.push_back(Job {
+                dst: dst + start,
+                src: src + start,
+                len: l,
+                slot,
+                latch: latch.clone(),
+            });
+        }
+        self.queued.fetch_add(n, Ordering::AcqRel);
+        drop(q);
+        if n == 1 {
+            self.cv.notify_one();
+        } else {
+            self.cv.notify_all();
+        }
+    }
+}
+
+/// Sets the number of staging worker threads (1 to [`MAX_STAGING_THREADS`]); threads
+/// are spawned now, or retire as soon as they are idle. Returns the new number
+/// (fewer than `n` if spawning failed).
+pub fn set_staging_threads(n: usize) -> Result<usize> {
+    if n == 0 || n > MAX_STAGING_THREADS {
+        return Err(Error::InvalidArgument(format!(
+            "staging threads must be between 1 and {MAX_STAGING_THREADS}, got {n}"
+        )));
+    }
+    Ok(workers().resize(Some(n)))
+}
+
+/// The number of staging worker threads (the default, `min(8, available
+/// parallelism)`, until set; 0 before first use).
+pub fn staging_threads() -> usize {
+    match WORKERS.get() {
+        Some(w) => w.threads(),
+        None => 0,
+    }
+}
+
+/// Waits for every queued piece of a copy when the copy ends, early return or not:
+/// the pieces point into borrowed memory.
+struct Drain<'a> {
+    latch: &'a Latch,
+    stream: Option<sys::CUstream>,
+}
+
+impl Drop for Drain<'_> {
+    fn drop(&mut self) {
+        self.latch.wait_all();
+        if let Some(s) = self.stream {
+            // On an error path: the DMAs issued must be over before the staging
+            // buffers go back to the pool.
+            let _ = host::stream_synchronize(s);
+        }
+    }
+}
+
+/// Copies `src` into `dst` (the same length) with the staging worker threads.
+pub fn parallel_memcpy(dst: &mut [u8], src: &[u8]) -> Result<()> {
+    if dst.len() != src.len() {
+        return Err(Error::InvalidArgument(format!(
+            "parallel_memcpy: destination has {} bytes, source {}",
+            dst.len(),
+            src.len()
+        )));
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    let w = workers();
+    w.ensure_started();
+    let latch = Arc::new(Latch::new());
+    let _drain = Drain {
+        latch: &latch,
+        stream: None,
+    };
+    w.submit(
+        &latch,
+        0,
+        dst.as_mut_ptr() as usize,
+        src.as_ptr() as usize,
+        src.len(),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// The staged copies
+
+/// Events, one per staging slot, given back to the cache at the end.
+struct SlotEvents {
+    device: i32,
+    events: [usize; STAGING_BUFFERS],
+    n: usize,
+}
+
+impl SlotEvents {
+    fn new(device: i32, n: usize) -> Result<Self> {
+        let mut s = SlotEvents {
+            device,
+            events: [0; STAGING_BUFFERS],
+            n: 0,
+        };
+        while s.n < n {
+            s.events[s.n] = take_event(device)?;
+            s.n += 1;
+        }
+        Ok(s)
+    }
+}
+
+impl Drop for SlotEvents {
+    fn drop(&mut self) {
+        for &e in &self.events[..self.n] {
+            give_event(self.device, e);
+        }
+    }
+}
+
+/// Staging buffers from the default pinned pool.
+fn staging_buffers(n: usize, chunk: usize) -> Result<Vec<PinnedMemoryPointer>> {
+    let pool = super::get_default_pinned_memory_pool();
+    (0..n).map(|_| pool.malloc(chunk)).collect()
+}
+
+/// Copies `src` to device address `dst` (at least `src.len()` bytes of device
+/// memory) on `stream`; returns when the bytes are on the device. Staged through
+/// pinned buffers at and above [`PAGEABLE_THRESHOLD`] bytes (see the module doc).
+pub fn copy_host_to_device(dst: u64, src: &[u8], stream: &impl AsStream) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    context::make_current(stream.device_id())?;
+    let s = stream.as_raw();
+    if src.len() < PAGEABLE_THRESHOLD {
+        return host::htod_sync(dst, src, s);
+    }
+    let chunk = chunk_size_for(src.len());
+    let n_chunks = src.len().div_ceil(chunk);
+    let k = n_chunks.min(STAGING_BUFFERS);
+    let bufs = staging_buffers(k, chunk)?;
+    let events = SlotEvents::new(stream.device_id(), k)?;
+    let w = workers();
+    w.ensure_started();
+    let latch = Arc::new(Latch::new());
+    let mut drain = Drain {
+        latch: &latch,
+        stream: Some(s),
+    };
+    let base = src.as_ptr() as usize;
+    let plan: Vec<(usize, usize)> = chunks(src.len(), chunk).collect();
+    // Fill every buffer first; then, as chunk j's host copy ends, send it and refill
+    // the buffer of chunk j - 1 (whose DMA is done or nearly) with chunk j - 1 + k.
+    for (j, &(start, len)) in plan.iter().enumerate().take(k) {
+        w.submit(&latch, j, bufs[j].ptr() as usize, base + start, len);
+    }
+    for (j, &(start, len)) in plan.iter().enumerate() {
+        let slot = j % k;
+        latch.wait(slot);
+        host::htod_async(dst + start as u64, bufs[slot].ptr(), len, s)?;
+        host::event_record(events.events[slot], s)?;
+        if j >= 1 {
+            if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
+                let prev = (j - 1) % k;
+                host::event_synchronize(events.events[prev])?;
+                w.submit(
+                    &latch,
+                    prev,
+                    bufs[prev].ptr() as usize,
+                    base + next_start,
+                    next_len,
+                );
+            }
+        }
+    }
+    host::stream_synchronize(s)?;
+    drain.stream = None;
+    Ok(())
+}
+
+/// Copies `dst.len()` bytes from device address `src` into `dst` on `stream`;
+/// returns when the bytes are in `dst`. Staged through pinned buffers at and above
+/// [`PAGEABLE_THRESHOLD`] bytes (see the module doc).
+pub fn copy_device_to_host(dst: &mut [u8], src: u64, stream: &impl AsStream) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    context::make_current(stream.device_id())?;
+    let s = stream.as_raw();
+    if dst.len() < PAGEABLE_THRESHOLD {
+        return host::dtoh_sync(dst, src, s);
+    }
+    let chunk = chunk_size_for(dst.len());
+    let n_chunks = dst.len().div_ceil(chunk);
+    let k = n_chunks.min(STAGING_BUFFERS);
+    let bufs = staging_buffers(k, chunk)?;
+    let events = SlotEvents::new(stream.device_id(), k)?;
+    let w = workers();
+    w.ensure_started();
+    let latch = Arc::new(Latch::new());
+    let mut drain = Drain {
+        latch: &latch,
+        stream: Some(s),
+    };
+    let base = dst.as_mut_ptr() as usize;
+    let plan: Vec<(usize, usize)> = chunks(dst.len(), chunk).collect();
+    // Start k DMAs; as chunk j lands, hand it to the workers, and once chunk j - 1
+    // has left its buffer, start the DMA of chunk j - 1 + k into it.
+    for (j, &(start, len)) in plan.iter().enumerate().take(k) {
+        host::dtoh_async(bufs[j].ptr(), src + start as u64, len, s)?;
+        host::event_record(events.events[j], s)?;
+    }
+    for (j, &(start, len)) in plan.iter().enumerate() {
+        let slot = j % k;
+        host::event_synchronize(events.events[slot])?;
+        w.submit(&latch, slot, base + start, bufs[slot].ptr() as usize, len);
+        if j >= 1 {
+            if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
+                let prev = (j - 1) % k;
+                latch.wait(prev);
+                host::dtoh_async(bufs[prev].ptr(), src + next_start as u64, next_len, s)?;
+                host::event_record(events.events[prev], s)?;
+            }
+        }
+    }
+    latch.wait_all();
+    drain.stream = None;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_range_exactly_once() {
+        for &(len, chunk) in &[
+            (1usize, 8usize),
+            (8, 8),
+            (9, 8),
+            (CHUNK_SIZE - 1, CHUNK_SIZE),
+            (CHUNK_SIZE + 1, CHUNK_SIZE),
+            ((256 << 20) + 3, CHUNK_SIZE),
+        ] {
+            let v: Vec<_> = chunks(len, chunk).collect();
+            let mut next = 0;
+            for &(s, l) in &v {
+                assert_eq!(s, next);
+                assert!(l >= 1 && l <= chunk);
+                next = s + l;
+            }
+            assert_eq!(next, len, "len {len} chunk {chunk}");
+            assert_eq!(v.len(), len.div_ceil(chunk));
+        }
+        assert_eq!(chunks(0, 8).count(), 0);
+    }
+
+    #[test]
+    fn chunk_size_is_capped_and_keeps_several_chunks_in_flight() {
+        assert_eq!(chunk_size_for(256 << 20), CHUNK_SIZE);
+        assert_eq!(chunk_size_for(PAGEABLE_THRESHOLD), MIN_CHUNK);
+        let c = chunk_size_for(4 << 20);
+        assert_eq!(c, 1 << 20);
+        assert_eq!((4usize << 20).div_ceil(c), STAGING_BUFFERS);
+        let c = chunk_size_for((10 << 20) + 3);
+        assert_eq!(c % PIECE_ALIGN, 0);
+        assert!((c..=CHUNK_SIZE).contains(&c));
+    }
+
+    #[test]
+    fn pieces_are_page_aligned_and_at_least_64_kib() {
+        assert_eq!(piece_size_for(CHUNK_SIZE, 8), 1 << 20);
+        assert_eq!(piece_size_for(100, 8), MIN_PIECE);
+        assert_eq!(piece_size_for(CHUNK_SIZE + 1, 8) % PIECE_ALIGN, 0);
+        assert!((CHUNK_SIZE + 1).div_ceil(piece_size_for(CHUNK_SIZE + 1, 8)) <= 8);
+        assert_eq!(piece_size_for(1 << 20, 0), 1 << 20);
+    }
+
+    #[test]
+    fn parallel_memcpy_is_byte_exact_at_odd_sizes() {
+        for &n in &[1usize, 4095, 65537, (3 << 20) + 5] {
+            let src: Vec<u8> = (0..n).map(|i| (i * 31 + 7) as u8).collect();
+            let mut dst = vec![0u8; n];
+            parallel_memcpy(&mut dst, &src).unwrap();
+            assert!(dst == src, "size {n}");
+        }
+    }
+
+    #[test]
+    fn parallel_memcpy_refuses_different_lengths() {
+        let mut d = [0u8; 3];
+        assert!(parallel_memcpy(&mut d, &[1, 2]).is_err());
+    }
+}

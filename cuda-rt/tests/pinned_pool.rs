@@ -1,0 +1,129 @@
+//! The pinned memory pool on the GPU: reuse, the waste bound, in-flight protection,
+//! the allocator setting. (The algorithm itself is tested on the CPU in the crate.)
+
+mod common;
+
+use common::{pattern, DevBuf, Gate};
+use cuda_rt::pinned::{self, PinnedMemoryPool, ALLOCATION_UNIT_BYTES};
+use cuda_rt::{gpu_test, AsStream, Stream};
+
+gpu_test!(free_then_malloc_same_size_reuses_pointer, {
+    let pool = PinnedMemoryPool::new();
+    let p = pool.malloc(1 << 20).unwrap();
+    let addr = p.ptr();
+    pool.free(p);
+    assert_eq!(pool.n_free_blocks(), 1);
+    let q = pool.malloc(1 << 20).unwrap();
+    assert_eq!(q.ptr(), addr);
+    assert_eq!(pool.stats().backend_allocs, 1);
+    assert_eq!(pool.used_bytes(), 1 << 20);
+});
+
+gpu_test!(pool_wastes_at_most_511_bytes_per_request, {
+    let pool = PinnedMemoryPool::new();
+    for &n in &[1usize, 1000, (1 << 20) + 1, (64 << 20) + 3] {
+        let before = pool.total_bytes();
+        let p = pool.malloc(n).unwrap();
+        assert!(p.len() >= n && p.len() - n < ALLOCATION_UNIT_BYTES, "{n}");
+        let grown = (pool.total_bytes() - before) as usize;
+        assert!(grown < n + ALLOCATION_UNIT_BYTES, "{n}: grew {grown}");
+        drop(p);
+    }
+    // A smaller request splits a cached block; the rest stays free for others.
+    pool.free_all_blocks();
+    drop(pool.malloc(16 << 20).unwrap());
+    let total = pool.total_bytes();
+    let a = pool.malloc(5 << 20).unwrap();
+    let b = pool.malloc(5 << 20).unwrap();
+    assert_eq!(pool.total_bytes(), total, "served from the cached block");
+    drop((a, b));
+});
+
+gpu_test!(free_all_blocks_gives_memory_back_to_the_driver, {
+    let pool = PinnedMemoryPool::new();
+    drop(pool.malloc(1 << 20).unwrap());
+    assert_eq!(pool.total_bytes(), 1 << 20);
+    pool.free_all_blocks();
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(pool.n_free_blocks(), 0);
+    assert_eq!(pool.stats().backend_frees, 1);
+});
+
+gpu_test!(
+    buffer_freed_during_its_async_copy_is_not_handed_out_until_the_copy_ends,
+    {
+        let n = 1 << 20;
+        let pool = PinnedMemoryPool::new();
+        let dev = DevBuf::new(n);
+        let stream = Stream::new().unwrap();
+        let data = pattern(n, 5);
+        let mut p = pool.malloc(n).unwrap();
+        p.as_mut_slice().unwrap().copy_from_slice(&data);
+        let addr = p.ptr();
+
+        let mut gate = Gate::close(stream.as_raw());
+        p.copy_to_device_async(dev.ptr, &stream).unwrap();
+        drop(p); // the copy is held behind the gate: still pending
+        assert_eq!(pool.n_deferred_blocks(), 1);
+        assert_eq!(pool.n_free_blocks(), 0);
+
+        let mut q = pool.malloc(n).unwrap();
+        assert_ne!(q.ptr(), addr, "a buffer still being copied was handed out");
+        // Scribbling over the new buffer cannot reach the pending copy.
+        q.as_mut_slice().unwrap().fill(0xEE);
+
+        gate.open();
+        stream.synchronize().unwrap();
+        assert!(dev.read(0, n) == data, "the copy read the data as it was");
+        drop(q);
+        // The next malloc takes the finished block back.
+        let r = pool.malloc(n).unwrap();
+        assert_eq!(pool.n_deferred_blocks(), 0);
+        assert_eq!(pool.stats().backend_allocs, 2);
+        drop(r);
+        drop(gate);
+    }
+);
+
+gpu_test!(free_all_blocks_waits_for_copies_in_flight, {
+    let n = 1 << 20;
+    let pool = PinnedMemoryPool::new();
+    let dev = DevBuf::new(n);
+    let stream = Stream::new().unwrap();
+    let data = pattern(n, 6);
+    let mut p = pool.malloc(n).unwrap();
+    p.as_mut_slice().unwrap().copy_from_slice(&data);
+    let gate = Gate::close(stream.as_raw());
+    p.copy_to_device_async(dev.ptr, &stream).unwrap();
+    drop(p);
+    let tx = gate.opener();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let _ = tx.send(());
+    });
+    pool.free_all_blocks(); // waits for the copy, then cuMemFreeHost
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(pool.n_deferred_blocks(), 0);
+    t.join().unwrap();
+    stream.synchronize().unwrap();
+    assert!(dev.read(0, n) == data);
+    drop(gate);
+});
+
+gpu_test!(
+    set_pinned_memory_allocator_switches_between_pools_and_none,
+    {
+        let pool = PinnedMemoryPool::new();
+        pinned::set_pinned_memory_allocator(Some(pool.clone()));
+        let p = pinned::alloc_pinned_memory(4096).unwrap();
+        assert_eq!(pool.used_bytes(), 4096);
+        drop(p);
+        pinned::set_pinned_memory_allocator(None);
+        let q = pinned::alloc_pinned_memory(4096).unwrap();
+        assert_eq!(pool.used_bytes(), 0, "no pooling");
+        assert_eq!(q.len(), 4096);
+        drop(q);
+        assert!(pinned::get_pinned_memory_allocator().is_none());
+        pinned::set_pinned_memory_allocator(Some(pinned::get_default_pinned_memory_pool()));
+    }
+);
