@@ -14,12 +14,12 @@ OUTDIR=${OUT:-/tmp}
 passed=0; failed=0; failed_bins=()
 run() {
   if [ "${SANITIZE:-0}" = 1 ]; then
-    compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 "$@"
+    timeout "${TEST_TIMEOUT:-600}" compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 "$@"
   else
-    "$@"
+    timeout "${TEST_TIMEOUT:-300}" "$@"
   fi
 }
-for bin in "$HERE"/tests/*; do
+for bin in "$HERE"/tests/*${ONLY:-}*; do
   name=$(basename "$bin")
   log="$OUTDIR/test-$name.log"
   run "$bin" --test-threads="${TEST_THREADS:-4}" >"$log" 2>&1
@@ -45,7 +45,7 @@ if [ "${BENCH:-0}" = 1 ]; then
   for b in "$HERE"/benches/*; do
     [ -e "$b" ] || continue
     echo "== bench $(basename "$b")"
-    "$b" --bench 2>&1 | tee "$OUTDIR/bench-$(basename "$b").log" | tail -60
+    timeout "${BENCH_TIMEOUT:-180}" "$b" --bench 2>&1 | tee "$OUTDIR/bench-$(basename "$b").log" | tail -60
   done
 fi
 [ ${#failed_bins[@]} -gt 0 ] && echo "failing: ${failed_bins[*]}"
