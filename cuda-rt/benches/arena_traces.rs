@@ -78,11 +78,11 @@ fn time_ns(n: u64, mut f: impl FnMut()) -> f64 {
 fn pair_cached(rows: &mut Vec<Row>, size: usize) {
     let n = if quick() { 200_000 } else { 2_000_000 };
     let pool = Pool::new(FakeBackend::new());
-    pool.free(pool.malloc(size, 1).unwrap());
+    pool.free(pool.malloc(size, 1).unwrap()).unwrap();
     let ns = time_ns(n, || {
         let b = pool.malloc(black_box(size), 1).unwrap();
         black_box(b.addr());
-        pool.free(b);
+        pool.free(b).unwrap();
     });
     let fake = FakeBackend::new();
     let raw_fake = time_ns(n, || {
@@ -155,13 +155,13 @@ fn run_threads(threads: usize, per_thread: u64, size: usize, shared: bool) -> f6
             let barrier = barrier.clone();
             std::thread::spawn(move || {
                 let key = 100 + t as u64;
-                pool.free(pool.malloc(size, key).unwrap());
+                pool.free(pool.malloc(size, key).unwrap()).unwrap();
                 barrier.wait();
                 let start = Instant::now();
                 for _ in 0..per_thread {
                     let b = pool.malloc(black_box(size), key).unwrap();
                     black_box(b.addr());
-                    pool.free(b);
+                    pool.free(b).unwrap();
                 }
                 (start, Instant::now())
             })
@@ -246,7 +246,7 @@ fn run_trace(ops: &[Op], release_on_miss: bool) -> (f64, u64, String) {
         for op in ops {
             match *op {
                 Op::Alloc(s) => live.push(pool.malloc(s, 7).unwrap()),
-                Op::Free(i) => pool.free(live.swap_remove(i)),
+                Op::Free(i) => pool.free(live.swap_remove(i)).unwrap(),
             }
         }
         let ns = t.elapsed().as_nanos() as f64 / ops.len() as f64;
@@ -258,7 +258,7 @@ fn run_trace(ops: &[Op], release_on_miss: bool) -> (f64, u64, String) {
             s.cache_hits, s.cache_misses, s.backend_allocs, s.backend_frees
         );
         for b in live.drain(..) {
-            pool.free(b);
+            pool.free(b).unwrap();
         }
         pool.check().unwrap();
     }

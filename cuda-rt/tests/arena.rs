@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use cuda_rt::memory::arena::{
-    format_bytes, limit_from_fraction, parse_limit, round_size, Block, FakeBackend, HostBackend,
-    MallocError, OutOfMemory, Pool, PoolStats, ALLOCATION_UNIT,
+    format_bytes, limit_from_fraction, parse_limit, round_size, Backend, Block, FakeBackend,
+    FreeError, HostBackend, MallocError, OutOfMemory, Pool, PoolStats, ALLOCATION_UNIT,
 };
 
 const KIB: usize = 1024;
@@ -21,6 +21,11 @@ fn assert_consistent(pool: &Pool<Arc<FakeBackend>>, backend: &FakeBackend) -> Po
     let s = pool.stats();
     assert_eq!(s.used_bytes + s.free_bytes, s.total_bytes, "{s:?}");
     assert_eq!(s.total_bytes, backend.counters().live_bytes, "{s:?}");
+    assert_eq!(
+        backend.counters().bad_frees,
+        0,
+        "the pool freed what it did not own"
+    );
     pool.check().unwrap();
     s
 }
@@ -45,8 +50,8 @@ fn sizes_round_up_to_512_bytes() {
     assert_eq!((a.size(), b.size()), (512, 1024));
     assert_eq!(pool.used_bytes(), 1536);
     assert_eq!(backend.counters().live_bytes, 1536);
-    pool.free(a);
-    pool.free(b);
+    pool.free(a).unwrap();
+    pool.free(b).unwrap();
     assert_consistent(&pool, &backend);
 }
 
@@ -63,7 +68,7 @@ fn malloc_zero_returns_an_unpooled_null_block() {
     let b = pool.malloc(0, 3).unwrap();
     assert!(b.is_null());
     assert_eq!((b.addr(), b.size()), (0, 0));
-    pool.free(b);
+    pool.free(b).unwrap();
     assert_eq!(pool.stats(), PoolStats::default());
     assert_eq!(backend.counters().allocs, 0);
 }
@@ -73,7 +78,7 @@ fn larger_free_chunk_is_split_and_caller_gets_the_lower_part() {
     let (backend, pool) = fake_pool();
     let big = pool.malloc(4 * KIB, 0).unwrap();
     let base = big.addr();
-    pool.free(big);
+    pool.free(big).unwrap();
     let small = pool.malloc(KIB, 0).unwrap();
     assert_eq!(small.addr(), base);
     assert_eq!(pool.free_chunks(0), vec![(base + 1024, 3072)]);
@@ -83,7 +88,7 @@ fn larger_free_chunk_is_split_and_caller_gets_the_lower_part() {
         (s.used_bytes, s.free_bytes, s.n_free_blocks),
         (1024, 3072, 1)
     );
-    pool.free(small);
+    pool.free(small).unwrap();
 }
 
 #[test]
@@ -96,7 +101,7 @@ fn best_fit_takes_the_smallest_large_enough_chunk_then_the_lowest_address() {
     let (b_addr, c_addr) = (b.addr(), c.addr());
     assert!(b_addr < c_addr);
     for x in [c, a, d, b] {
-        pool.free(x);
+        pool.free(x).unwrap();
     }
     let got = pool.malloc(1536, 0).unwrap();
     assert_eq!(
@@ -106,8 +111,8 @@ fn best_fit_takes_the_smallest_large_enough_chunk_then_the_lowest_address() {
     );
     let next = pool.malloc(1536, 0).unwrap();
     assert_eq!(next.addr(), c_addr);
-    pool.free(got);
-    pool.free(next);
+    pool.free(got).unwrap();
+    pool.free(next).unwrap();
     assert_consistent(&pool, &backend);
 }
 
@@ -125,14 +130,14 @@ fn free_merges_neighbours_of_the_same_allocation_in_any_order() {
         let (backend, pool) = fake_pool();
         let whole = pool.malloc(4 * KIB, 0).unwrap();
         let base = whole.addr();
-        pool.free(whole);
+        pool.free(whole).unwrap();
         let mut parts: Vec<Option<Block>> = [KIB, KIB, 2 * KIB]
             .iter()
             .map(|&s| Some(pool.malloc(s, 0).unwrap()))
             .collect();
         assert_eq!(pool.n_free_blocks(), 0);
         for &i in &order {
-            pool.free(parts[i].take().unwrap());
+            pool.free(parts[i].take().unwrap()).unwrap();
             assert_consistent(&pool, &backend);
         }
         assert_eq!(pool.free_chunks(0), vec![(base, 4096)], "order {order:?}");
@@ -145,8 +150,8 @@ fn chunks_of_different_allocations_never_merge() {
     let (backend, pool) = fake_pool();
     let a = pool.malloc(KIB, 0).unwrap();
     let b = pool.malloc(KIB, 0).unwrap();
-    pool.free(a);
-    pool.free(b);
+    pool.free(a).unwrap();
+    pool.free(b).unwrap();
     // The fake backend hands out adjacent ranges, yet they stay two chunks.
     assert_eq!(pool.n_free_blocks(), 2);
     assert_consistent(&pool, &backend);
@@ -158,10 +163,10 @@ fn free_then_malloc_same_size_reuses_the_pointer() {
     for size in [256, 1 << 20, 64 << 20] {
         let a = pool.malloc(size, 5).unwrap();
         let addr = a.addr();
-        pool.free(a);
+        pool.free(a).unwrap();
         let b = pool.malloc(size, 5).unwrap();
         assert_eq!(b.addr(), addr);
-        pool.free(b);
+        pool.free(b).unwrap();
     }
     let s = assert_consistent(&pool, &backend);
     assert_eq!((s.cache_hits, s.cache_misses, s.backend_allocs), (3, 3, 3));
@@ -173,7 +178,7 @@ fn a_chunk_goes_back_to_its_own_arena_and_other_arenas_do_not_see_it() {
     let a = pool.malloc(8 * KIB, 1).unwrap();
     assert_eq!(a.stream_key(), 1);
     let addr = a.addr();
-    pool.free(a);
+    pool.free(a).unwrap();
     assert_eq!(pool.free_chunks(1), vec![(addr, 8192)]);
     assert!(pool.free_chunks(2).is_empty());
     let b = pool.malloc(8 * KIB, 2).unwrap();
@@ -181,8 +186,8 @@ fn a_chunk_goes_back_to_its_own_arena_and_other_arenas_do_not_see_it() {
     assert_eq!(backend.counters().allocs, 2);
     let c = pool.malloc(8 * KIB, 1).unwrap();
     assert_eq!(c.addr(), addr);
-    pool.free(b);
-    pool.free(c);
+    pool.free(b).unwrap();
+    pool.free(c).unwrap();
     let s = assert_consistent(&pool, &backend);
     assert_eq!(s.n_arenas, 2);
 }
@@ -192,9 +197,9 @@ fn free_all_blocks_releases_whole_chunks_and_keeps_split_pieces() {
     let (backend, pool) = fake_pool();
     let split_me = pool.malloc(4 * KIB, 0).unwrap();
     let base = split_me.addr();
-    pool.free(split_me);
+    pool.free(split_me).unwrap();
     let live = pool.malloc(KIB, 0).unwrap();
-    pool.free(pool.malloc(8 * KIB, 0).unwrap());
+    pool.free(pool.malloc(8 * KIB, 0).unwrap()).unwrap();
     assert_eq!(pool.total_bytes(), 12 * 1024);
     pool.free_all_blocks(None);
     let s = assert_consistent(&pool, &backend);
@@ -204,7 +209,7 @@ fn free_all_blocks_releases_whole_chunks_and_keeps_split_pieces() {
         (4096, 1024, 1)
     );
     assert_eq!(s.backend_frees, 1);
-    pool.free(live);
+    pool.free(live).unwrap();
     pool.free_all_blocks(None);
     assert_eq!(assert_consistent(&pool, &backend).total_bytes, 0);
 }
@@ -212,8 +217,8 @@ fn free_all_blocks_releases_whole_chunks_and_keeps_split_pieces() {
 #[test]
 fn free_all_blocks_with_a_key_touches_only_that_arena() {
     let (backend, pool) = fake_pool();
-    pool.free(pool.malloc(KIB, 1).unwrap());
-    pool.free(pool.malloc(KIB, 2).unwrap());
+    pool.free(pool.malloc(KIB, 1).unwrap()).unwrap();
+    pool.free(pool.malloc(KIB, 2).unwrap()).unwrap();
     pool.free_all_blocks(Some(1));
     assert!(pool.free_chunks(1).is_empty());
     assert_eq!(pool.free_chunks(2).len(), 1);
@@ -227,21 +232,21 @@ fn over_the_limit_the_cache_is_released_and_the_malloc_succeeds() {
     let (backend, pool) = fake_pool();
     pool.set_limit(8 * KIB as u64);
     assert_eq!(pool.limit(), 8192);
-    pool.free(pool.malloc(4 * KIB, 0).unwrap());
+    pool.free(pool.malloc(4 * KIB, 0).unwrap()).unwrap();
     let b = pool.malloc(8 * KIB, 1).unwrap();
     let s = assert_consistent(&pool, &backend);
     assert_eq!(
         (s.oom_retries, s.backend_frees, s.total_bytes),
         (1, 1, 8192)
     );
-    pool.free(b);
+    pool.free(b).unwrap();
 }
 
 #[test]
 fn over_the_limit_with_nothing_releasable_fails_with_the_numbers() {
     let (backend, pool) = fake_pool();
     pool.set_limit(8 * KIB as u64);
-    pool.free(pool.malloc(8 * KIB, 0).unwrap());
+    pool.free(pool.malloc(8 * KIB, 0).unwrap()).unwrap();
     let live = pool.malloc(KIB, 0).unwrap(); // split: 7 KiB cached, not releasable
     let e = oom(pool.malloc(8000, 0));
     assert_eq!(
@@ -261,15 +266,15 @@ fn over_the_limit_with_nothing_releasable_fails_with_the_numbers() {
     assert_eq!((s.oom_retries, s.cache_misses), (1, 2));
     // Raising the limit makes the same request succeed.
     pool.set_limit(0);
-    pool.free(pool.malloc(8000, 0).unwrap());
-    pool.free(live);
+    pool.free(pool.malloc(8000, 0).unwrap()).unwrap();
+    pool.free(live).unwrap();
 }
 
 #[test]
 fn backend_out_of_memory_releases_the_cache_and_retries_once() {
     let (backend, pool) = fake_pool();
     backend.set_capacity(8 * KIB as u64);
-    pool.free(pool.malloc(8 * KIB, 1).unwrap());
+    pool.free(pool.malloc(8 * KIB, 1).unwrap()).unwrap();
     // Arena 2 cannot use arena 1's chunk; the backend is full until the release.
     let b = pool.malloc(4 * KIB, 2).unwrap();
     let s = assert_consistent(&pool, &backend);
@@ -284,7 +289,7 @@ fn backend_out_of_memory_releases_the_cache_and_retries_once() {
     assert_eq!((e.in_use, e.cached, e.limit), (4096, 0, None));
     assert_eq!(backend.counters().oom_refusals, 3);
     assert_eq!(pool.stats().oom_retries, 2);
-    pool.free(b);
+    pool.free(b).unwrap();
     assert_consistent(&pool, &backend);
 }
 
@@ -298,7 +303,7 @@ fn other_backend_failures_are_returned_without_retry() {
     }
     assert_eq!(pool.stats().oom_retries, 0);
     backend.set_fail_other(false);
-    pool.free(pool.malloc(KIB, 0).unwrap());
+    pool.free(pool.malloc(KIB, 0).unwrap()).unwrap();
     assert_consistent(&pool, &backend);
 }
 
@@ -307,8 +312,8 @@ fn peaks_follow_maxima_and_reset_to_current_values() {
     let (backend, pool) = fake_pool();
     let a = pool.malloc(4 * KIB, 0).unwrap();
     let b = pool.malloc(8 * KIB, 0).unwrap();
-    pool.free(a);
-    pool.free(b);
+    pool.free(a).unwrap();
+    pool.free(b).unwrap();
     let s = assert_consistent(&pool, &backend);
     assert_eq!((s.peak_used_bytes, s.peak_total_bytes), (12288, 12288));
     pool.reset_peaks();
@@ -325,11 +330,11 @@ fn peaks_follow_maxima_and_reset_to_current_values() {
 fn hits_misses_and_backend_calls_are_counted() {
     let (backend, pool) = fake_pool();
     let a = pool.malloc(KIB, 0).unwrap(); // miss
-    pool.free(a);
+    pool.free(a).unwrap();
     let b = pool.malloc(KIB, 0).unwrap(); // hit
     let c = pool.malloc(512, 0).unwrap(); // miss
-    pool.free(b);
-    pool.free(c);
+    pool.free(b).unwrap();
+    pool.free(c).unwrap();
     pool.free_all_blocks(None);
     let s = assert_consistent(&pool, &backend);
     assert_eq!(
@@ -350,13 +355,13 @@ fn hits_misses_and_backend_calls_are_counted() {
 fn release_on_miss_gives_back_smaller_whole_chunks_before_growing() {
     let (backend, pool) = fake_pool();
     pool.set_release_on_miss(true);
-    pool.free(pool.malloc(KIB, 0).unwrap());
-    pool.free(pool.malloc(4 * KIB, 0).unwrap()); // miss; 1 KiB chunk released first
+    pool.free(pool.malloc(KIB, 0).unwrap()).unwrap();
+    pool.free(pool.malloc(4 * KIB, 0).unwrap()).unwrap(); // miss; 1 KiB chunk released first
     assert_eq!(pool.free_chunks(0).len(), 1);
     let s = assert_consistent(&pool, &backend);
     assert_eq!((s.total_bytes, s.backend_frees), (4096, 1));
     pool.set_release_on_miss(false);
-    pool.free(pool.malloc(8 * KIB, 0).unwrap()); // CuPy policy: keeps the 4 KiB chunk
+    pool.free(pool.malloc(8 * KIB, 0).unwrap()).unwrap(); // CuPy policy: keeps the 4 KiB chunk
     assert_eq!(pool.free_chunks(0).len(), 2);
 }
 
@@ -367,8 +372,8 @@ fn dropping_the_pool_returns_all_free_memory_to_the_backend() {
         let pool = Pool::new(backend.clone());
         let a = pool.malloc(3 * KIB, 0).unwrap();
         let b = pool.malloc(KIB, 1).unwrap();
-        pool.free(a);
-        pool.free(b);
+        pool.free(a).unwrap();
+        pool.free(b).unwrap();
         assert_eq!(backend.counters().live_bytes, 4096);
     }
     assert_eq!(backend.counters().live_bytes, 0);
@@ -380,9 +385,9 @@ fn blocks_still_handed_out_at_drop_are_leaked_not_freed() {
     {
         let pool = Pool::new(backend.clone());
         let whole = pool.malloc(4 * KIB, 0).unwrap();
-        pool.free(whole);
+        pool.free(whole).unwrap();
         let kept = pool.malloc(KIB, 0).unwrap();
-        pool.free(pool.malloc(2 * KIB, 1).unwrap());
+        pool.free(pool.malloc(2 * KIB, 1).unwrap()).unwrap();
         let _leaked_without_free = kept; // a Block dropped without free leaks its chunk
     }
     // The 2 KiB allocation went back; the one with a live piece stays with the
@@ -391,12 +396,69 @@ fn blocks_still_handed_out_at_drop_are_leaked_not_freed() {
 }
 
 #[test]
-#[should_panic(expected = "another pool")]
-fn freeing_a_block_of_another_pool_panics() {
-    let (_, one) = fake_pool();
-    let (_, two) = fake_pool();
+fn freeing_a_block_of_another_pool_is_an_error_that_hands_the_block_back() {
+    let (backend_one, one) = fake_pool();
+    let (backend_two, two) = fake_pool();
+    let kept = two.malloc(2 * KIB, 0).unwrap();
+    let before = two.stats();
     let b = one.malloc(KIB, 0).unwrap();
-    two.free(b);
+    let addr = b.addr();
+    let err = two.free(b).unwrap_err();
+    assert!(matches!(err, FreeError::OtherPool(_)), "{err:?}");
+    assert_eq!(err.block().addr(), addr);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("another pool") && msg.contains(&format!("{addr:#x}")),
+        "{msg}"
+    );
+    // Neither pool changed; the block still frees in its own pool, and both keep working.
+    assert_eq!(two.stats(), before);
+    assert_eq!(one.used_bytes(), 1024);
+    one.free(err.into_block()).unwrap();
+    assert_eq!(one.free_chunks(0), vec![(addr, 1024)]);
+    let again = one.malloc(KIB, 0).unwrap();
+    assert_eq!(again.addr(), addr);
+    one.free(again).unwrap();
+    two.free(kept).unwrap();
+    two.free(two.malloc(KIB, 0).unwrap()).unwrap();
+    assert_consistent(&one, &backend_one);
+    assert_consistent(&two, &backend_two);
+    // The null block belongs to no pool: any pool takes it back as a no-op.
+    two.free(one.malloc(0, 0).unwrap()).unwrap();
+}
+
+#[test]
+fn host_backend_reports_a_free_it_did_not_hand_out_and_stays_usable() {
+    let backend = HostBackend::new();
+    let a = backend.alloc(1024).unwrap();
+    assert_eq!(a % 512, 0);
+    backend.free(a + 512, 1024); // unknown address
+    backend.free(a, 512); // wrong size
+    let c = backend.counters();
+    assert_eq!(
+        (c.bad_frees, c.live_allocations, c.live_bytes),
+        (2, 1, 1024)
+    );
+    backend.free(a, 1024);
+    backend.free(a, 1024); // double free
+    let c = backend.counters();
+    assert_eq!((c.bad_frees, c.live_allocations, c.frees), (3, 0, 1));
+    assert!(backend.alloc(0).is_err());
+    let b = backend.alloc(512).unwrap();
+    backend.free(b, 512);
+    assert_eq!(backend.counters().bad_frees, 3);
+}
+
+#[test]
+fn checked_fake_backend_reports_a_free_it_did_not_hand_out() {
+    let backend = FakeBackend::checked();
+    let a = backend.alloc(1024).unwrap();
+    backend.free(a, 512);
+    backend.free(a + 1024, 1024);
+    assert_eq!(backend.counters().bad_frees, 2);
+    backend.free(a, 1024);
+    let c = backend.counters();
+    assert_eq!((c.bad_frees, c.live_bytes, c.frees), (2, 0, 1));
 }
 
 #[test]
@@ -409,7 +471,7 @@ fn host_backend_blocks_are_real_writable_memory() {
         std::ptr::write_bytes(a.addr() as usize as *mut u8, 0xAB, a.size());
         assert_eq!(*((a.addr() as usize + 2047) as *const u8), 0xAB);
     }
-    pool.free(a);
+    pool.free(a).unwrap();
 }
 
 #[test]
@@ -534,7 +596,7 @@ fn random_walk(
             verify(&b, pattern);
             live_map.lock().unwrap().remove(&b.addr());
             live_bytes -= b.size() as u64;
-            pool.free(b);
+            pool.free(b).unwrap();
         } else if r < 94 {
             let key = if rng.below(2) == 0 {
                 None
@@ -578,7 +640,7 @@ fn random_walk(
     for (b, pattern) in live {
         verify(&b, pattern);
         live_map.lock().unwrap().remove(&b.addr());
-        pool.free(b);
+        pool.free(b).unwrap();
     }
 }
 
@@ -615,7 +677,7 @@ fn run_random(seed: u64, threads: usize, steps: usize) {
     assert_eq!(pool.stats().n_free_blocks, 0);
     drop(pool);
     let c = backend.counters();
-    assert_eq!((c.live_bytes, c.live_allocations), (0, 0));
+    assert_eq!((c.live_bytes, c.live_allocations, c.bad_frees), (0, 0, 0));
     assert_eq!(c.allocs, c.frees);
 }
 
@@ -646,11 +708,12 @@ fn dropping_the_pool_with_everything_free_returns_all_memory() {
             if rng.below(3) < 2 {
                 live.push(pool.malloc(rng.size(14), rng.below(3)).unwrap());
             } else if !live.is_empty() {
-                pool.free(live.swap_remove(rng.below(live.len() as u64) as usize));
+                pool.free(live.swap_remove(rng.below(live.len() as u64) as usize))
+                    .unwrap();
             }
         }
         for b in live {
-            pool.free(b);
+            pool.free(b).unwrap();
         }
         assert!(backend.counters().live_bytes > 0);
     }

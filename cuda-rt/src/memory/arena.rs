@@ -40,12 +40,18 @@
 //!   `O(1)` plus the treap updates.
 //!
 //! # Concurrency
-//! - No global lock on the hit path: malloc and free lock only their arena. Arenas are
-//!   [`Arc`]s in a registry behind an [`RwLock`], never removed while the pool lives;
-//!   each thread keeps a 4-entry cache of `(pool id, key) -> arena` (pool ids are
-//!   never reused), so the registry is read only on the first use of a key by a
+//! - No global lock on the hit path: malloc and free lock only their arena. Arenas
+//!   live in an append-only table owned by the pool (segments of 64 (inline), 128,
+//!   256... slots, each a [`OnceLock`](std::sync::OnceLock)), never removed while the
+//!   pool lives, so an arena's `u32` index leads to it through one lock-free load
+//!   (two past the 64th arena). Each thread keeps a 4-entry cache of
+//!   `(pool id, key) -> index` (pool ids are never reused), so the key map behind an
+//!   [`RwLock`](std::sync::RwLock) is read only on the first use of a key by a
 //!   thread, and written only when a key is seen for the first time.
-//! - A [`Block`] carries its arena, so free needs no lookup.
+//! - A [`Block`] carries its pool's id and its arena's index, so free needs no
+//!   lookup, and a block given to the wrong pool is recognised and refused.
+//! - No `unsafe` anywhere in the module: blocks and caches hold integers, not
+//!   pointers.
 //! - Counters (used, peak used, hits, misses, ...) are plain integers under each
 //!   arena's lock, in a 128-byte-aligned arena: no shared cache line between threads
 //!   on different keys. [`Pool::stats`] sums them arena by arena.
@@ -73,28 +79,34 @@
 //! synchronizes the device, a cost a malloc should not hide.
 //!
 //! # Ownership and drop
-//! A [`Block`] is a plain token (no reference count: an `Arc` per block would put a
-//! shared atomic on every hit): give it back with [`Pool::free`]. The front keeps the
-//! pool alive while its memory pointers live (its pointer type holds an `Arc` of the
-//! pool). Dropping the pool gives the backend every free whole allocation; an
-//! allocation that still has chunks handed out (a leaked or forgotten `Block`) is
-//! leaked on purpose, never freed under a user.
+//! A [`Block`] is a plain token of integers (no reference count: an `Arc` per block
+//! would put a shared atomic on every hit): give it back with [`Pool::free`]. A block
+//! of another pool is refused with a [`FreeError`] that hands it back; a block cannot
+//! be copied, so it cannot be freed twice. The front keeps the pool alive while its
+//! memory pointers live (its pointer type holds an `Arc` of the pool). Dropping the
+//! pool gives the backend every free whole allocation; an allocation that still has
+//! chunks handed out (a leaked or forgotten `Block`) is leaked on purpose, never
+//! freed under a user.
+
+// The pool algorithm is pure Rust: no `unsafe` here or in the submodules.
+#![forbid(unsafe_code)]
 
 mod backend;
 mod bins;
 mod limit;
+mod table;
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use backend::{Backend, BackendCounters, BackendError, FakeBackend, HostBackend};
 pub use limit::{format_bytes, limit_from_fraction, parse_limit};
 
-use bins::{Bins, NIL};
+use bins::{Bins, SlabFull, NIL};
+use table::Table;
 
 /// Every size is rounded up to a multiple of this many bytes (CuPy's 512).
 pub const ALLOCATION_UNIT: usize = 512;
@@ -157,6 +169,11 @@ pub enum MallocError {
     OutOfMemory(OutOfMemory),
     /// The backend failed for another reason (not retried).
     Backend(Box<dyn StdError + Send + Sync + 'static>),
+    /// The pool's bookkeeping is full: `u32` indices name arenas and the chunks of
+    /// one arena, so a pool tracks at most about 4.29 billion stream keys and as many
+    /// chunks per arena (hundreds of GiB of records before that). Not retried; the
+    /// string says which limit.
+    TooMany(&'static str),
 }
 
 impl fmt::Display for MallocError {
@@ -164,6 +181,7 @@ impl fmt::Display for MallocError {
         match self {
             MallocError::OutOfMemory(e) => e.fmt(f),
             MallocError::Backend(e) => write!(f, "the pool's backend failed: {e}"),
+            MallocError::TooMany(what) => write!(f, "the pool cannot track more {what}"),
         }
     }
 }
@@ -173,9 +191,63 @@ impl StdError for MallocError {
         match self {
             MallocError::OutOfMemory(e) => Some(e),
             MallocError::Backend(e) => Some(&**e),
+            MallocError::TooMany(_) => None,
         }
     }
 }
+
+const TOO_MANY_ARENAS: &str = "stream keys (arenas): 4,294,967,232 is the most";
+const TOO_MANY_CHUNKS: &str = "chunks in one arena: 4,294,967,294 is the most";
+
+/// Why [`Pool::free`] refused a block. The block is handed back unchanged
+/// ([`into_block`](FreeError::into_block)), so memory from another pool can still be
+/// given to its own pool.
+#[derive(Debug)]
+pub enum FreeError {
+    /// The block came from another pool.
+    OtherPool(Block),
+    /// The block names no chunk handed out by this pool (a block that was already
+    /// freed, or one not made by this pool). Blocks cannot be copied, so safe code
+    /// only gets here through a bug in the pool.
+    NotLive(Block),
+}
+
+impl FreeError {
+    /// The refused block.
+    pub fn block(&self) -> &Block {
+        match self {
+            FreeError::OtherPool(b) | FreeError::NotLive(b) => b,
+        }
+    }
+
+    /// The refused block, to give to its own pool.
+    pub fn into_block(self) -> Block {
+        match self {
+            FreeError::OtherPool(b) | FreeError::NotLive(b) => b,
+        }
+    }
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.block();
+        write!(
+            f,
+            "cannot free the block at {:#x} ({} bytes, stream key {}): ",
+            b.addr, b.size, b.key
+        )?;
+        match self {
+            FreeError::OtherPool(_) => {
+                f.write_str("it belongs to another pool; free it with the pool it came from")
+            }
+            FreeError::NotLive(_) => {
+                f.write_str("it is not a live block of this pool (already freed?)")
+            }
+        }
+    }
+}
+
+impl StdError for FreeError {}
 
 /// Statistics of a [`Pool`]: CuPy's four numbers and more. Under concurrent use each
 /// arena's figures are exact and the sums are of per-arena snapshots.
@@ -220,34 +292,26 @@ pub struct PoolStats {
 #[derive(Debug)]
 struct Arena {
     key: u64,
+    /// Its index in the pool's table.
+    index: u32,
     bins: Mutex<Bins>,
-}
-
-#[derive(Debug, Default)]
-struct Registry {
-    list: Vec<Arc<Arena>>,
-    by_key: HashMap<u64, usize>,
 }
 
 /// Memory handed out by a [`Pool`]: a token to give back with [`Pool::free`]. Not
 /// `Clone` (a chunk is freed once); dropping it without `free` leaks the chunk (see
-/// the module doc).
+/// the module doc). Plain integers, so `Send + Sync`.
 #[must_use = "a Block must be given back with Pool::free, or its chunk stays in use"]
 pub struct Block {
     addr: u64,
     size: u64,
     key: u64,
+    /// Id of the pool it came from (0 for the null block).
     pool: u64,
+    /// Index of the chunk record in its arena's slab.
     chunk: u32,
-    arena: *const Arena,
+    /// Index of its arena in the pool's table.
+    arena: u32,
 }
-
-// SAFETY: `arena` is only dereferenced by `Pool::free` of the pool whose id is `pool`
-// (checked first); that pool is alive (borrowed) and never drops an arena while alive.
-// The arena itself is `Sync` (a `Mutex`).
-unsafe impl Send for Block {}
-// SAFETY: `&Block` only exposes plain integers.
-unsafe impl Sync for Block {}
 
 impl Block {
     /// The null block of `malloc(0)`.
@@ -258,7 +322,7 @@ impl Block {
             key,
             pool: 0,
             chunk: NIL,
-            arena: std::ptr::null(),
+            arena: u32::MAX,
         }
     }
 
@@ -303,28 +367,30 @@ const CACHE_SLOTS: usize = 4;
 
 #[derive(Clone, Copy)]
 struct CacheEntry {
+    /// 0: empty (pool ids start at 1).
     pool: u64,
     key: u64,
-    arena: *const Arena,
+    /// Index of the arena in the pool's table.
+    arena: u32,
 }
 
 const EMPTY_ENTRY: CacheEntry = CacheEntry {
     pool: 0,
     key: 0,
-    arena: std::ptr::null(),
+    arena: 0,
 };
 
 thread_local! {
-    /// Last arenas this thread used: `(pool id, key) -> arena`. Entries of dropped
-    /// pools are never matched again (ids are unique).
+    /// Last arenas this thread used: `(pool id, key) -> arena index`. Entries of
+    /// dropped pools are never matched again (ids are unique).
     static ARENA_CACHE: [Cell<CacheEntry>; CACHE_SLOTS] =
         const { [const { Cell::new(EMPTY_ENTRY) }; CACHE_SLOTS] };
     static ARENA_CACHE_NEXT: Cell<usize> = const { Cell::new(0) };
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic under an arena lock can only come from a bug in this module or the slab
-    // passing u32::MAX chunks; the state is still memory-safe to use.
+    // A panic under an arena lock can only come from a bug in this module; the state
+    // is still memory-safe to use.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -333,7 +399,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Pool<B: Backend> {
     id: u64,
     backend: B,
-    registry: RwLock<Registry>,
+    arenas: Table<Arena>,
     /// Reserved bytes including in-flight growths (what the limit is checked against).
     reserved: AtomicU64,
     peak_reserved: AtomicU64,
@@ -359,7 +425,7 @@ impl<B: Backend> Pool<B> {
         Pool {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             backend,
-            registry: RwLock::new(Registry::default()),
+            arenas: Table::default(),
             reserved: AtomicU64::new(0),
             peak_reserved: AtomicU64::new(0),
             limit: AtomicU64::new(0),
@@ -392,16 +458,20 @@ impl<B: Backend> Pool<B> {
             )));
         };
         let rounded = rounded as u64;
-        let arena = self.arena(stream);
+        let arena = self.arena(stream)?;
         let release = {
             let mut bins = lock(&arena.bins);
-            if let Some((chunk, addr)) = bins.malloc_cached(rounded) {
-                return Ok(self.block(arena, chunk, addr, rounded));
+            match bins.malloc_cached(rounded) {
+                Ok(Some((chunk, addr))) => return Ok(self.block(arena, chunk, addr, rounded)),
+                Ok(None) => {}
+                Err(SlabFull) => return Err(MallocError::TooMany(TOO_MANY_CHUNKS)),
             }
             bins.counters.misses += 1;
             self.release_on_miss.load(Ordering::Relaxed) && {
+                // Cached bytes over an eighth of reserved (reserved >= used under the
+                // lock; written without `* 8` so it cannot overflow).
                 let k = &bins.counters;
-                (k.reserved - k.used) * 8 > k.reserved
+                k.reserved - k.used > k.reserved / 8
             }
         };
         self.grow(arena, size, rounded, release)
@@ -415,53 +485,49 @@ impl<B: Backend> Pool<B> {
             key: arena.key,
             pool: self.id,
             chunk,
-            arena,
+            arena: arena.index,
         }
     }
 
     /// Gives `block` back to the arena it came from (merging with free neighbours).
-    /// The null block is ignored.
+    /// The null block is ignored (`Ok`).
     ///
-    /// # Panics
-    /// If `block` came from another pool.
+    /// # Errors
+    /// [`FreeError::OtherPool`] if `block` came from another pool, and
+    /// [`FreeError::NotLive`] if it names no chunk this pool handed out; either way
+    /// the pool is unchanged and the error hands the block back.
     #[inline]
-    pub fn free(&self, block: Block) {
+    pub fn free(&self, block: Block) -> Result<(), FreeError> {
         if block.size == 0 {
-            return;
+            return Ok(());
         }
-        assert_eq!(
-            block.pool, self.id,
-            "Pool::free: the block belongs to another pool"
-        );
-        // SAFETY: the block came from this pool (checked above), which is alive for
-        // the duration of `&self` and never drops an arena before its own drop.
-        let arena = unsafe { &*block.arena };
-        let res = lock(&arena.bins).free(block.chunk, block.addr, block.size);
-        assert!(
-            res.is_ok(),
-            "Pool::free: {block:?} is not a live block of this pool"
-        );
+        if block.pool != self.id {
+            return Err(FreeError::OtherPool(block));
+        }
+        let Some(arena) = self.arenas.get(block.arena) else {
+            return Err(FreeError::NotLive(block));
+        };
+        match lock(&arena.bins).free(block.chunk, block.addr, block.size) {
+            Ok(()) => Ok(()),
+            Err(bins::NotLive) => Err(FreeError::NotLive(block)),
+        }
     }
 
     /// Gives the backend every cached chunk that is a whole backend allocation (split
     /// pieces stay): in every arena with `None`, else only in `stream`'s arena.
     pub fn free_all_blocks(&self, stream: Option<u64>) {
-        let arenas: Vec<Arc<Arena>> = {
-            let reg = self.registry.read().unwrap_or_else(PoisonError::into_inner);
-            match stream {
-                None => reg.list.clone(),
-                Some(k) => reg
-                    .by_key
-                    .get(&k)
-                    .map(|&i| reg.list[i].clone())
-                    .into_iter()
-                    .collect(),
-            }
-        };
         let mut out = Vec::new();
-        for arena in arenas {
+        let mut release = |arena: &Arena| {
             lock(&arena.bins).release_whole(&mut out);
             self.give_back(&mut out);
+        };
+        match stream {
+            None => self.arenas.iter().for_each(release),
+            Some(k) => {
+                if let Some(arena) = self.arenas.find(k).and_then(|i| self.arenas.get(i)) {
+                    release(arena);
+                }
+            }
         }
     }
 
@@ -493,23 +559,22 @@ impl<B: Backend> Pool<B> {
     /// Statistics, summed over arenas.
     pub fn stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
-        let mut peak_used = 0;
-        {
-            let reg = self.registry.read().unwrap_or_else(PoisonError::into_inner);
-            for arena in &reg.list {
-                let k = lock(&arena.bins).counters;
-                s.used_bytes += k.used;
-                s.total_bytes += k.reserved;
-                s.n_free_blocks += k.n_free;
-                s.mallocs += k.mallocs;
-                s.frees += k.frees;
-                s.cache_hits += k.hits;
-                s.cache_misses += k.misses;
-                peak_used += k.peak_used;
-            }
-            s.n_arenas = reg.list.len() as u64;
+        let mut peak_used = 0u64;
+        // Sums of snapshots taken at different times: saturating, as they could only
+        // overflow near 2^64 bytes.
+        for arena in self.arenas.iter() {
+            let k = lock(&arena.bins).counters;
+            s.used_bytes = s.used_bytes.saturating_add(k.used);
+            s.total_bytes = s.total_bytes.saturating_add(k.reserved);
+            s.n_free_blocks += k.n_free;
+            s.mallocs += k.mallocs;
+            s.frees += k.frees;
+            s.cache_hits += k.hits;
+            s.cache_misses += k.misses;
+            peak_used = peak_used.saturating_add(k.peak_used);
+            s.n_arenas += 1;
         }
-        s.free_bytes = s.total_bytes - s.used_bytes;
+        s.free_bytes = s.total_bytes.saturating_sub(s.used_bytes);
         s.peak_total_bytes = self
             .peak_reserved
             .load(Ordering::Relaxed)
@@ -544,14 +609,11 @@ impl<B: Backend> Pool<B> {
 
     /// Resets both peaks to the current values.
     pub fn reset_peaks(&self) {
-        let mut total = 0;
-        {
-            let reg = self.registry.read().unwrap_or_else(PoisonError::into_inner);
-            for arena in &reg.list {
-                let mut bins = lock(&arena.bins);
-                bins.counters.peak_used = bins.counters.used;
-                total += bins.counters.reserved;
-            }
+        let mut total = 0u64;
+        for arena in self.arenas.iter() {
+            let mut bins = lock(&arena.bins);
+            bins.counters.peak_used = bins.counters.used;
+            total = total.saturating_add(bins.counters.reserved);
         }
         self.peak_reserved.store(total, Ordering::Relaxed);
     }
@@ -559,10 +621,7 @@ impl<B: Backend> Pool<B> {
     /// The free chunks of `stream`'s arena as `(addr, size)`, sorted by address
     /// (empty if the key was never used). For tests and debugging.
     pub fn free_chunks(&self, stream: u64) -> Vec<(u64, u64)> {
-        let arena = {
-            let reg = self.registry.read().unwrap_or_else(PoisonError::into_inner);
-            reg.by_key.get(&stream).map(|&i| reg.list[i].clone())
-        };
+        let arena = self.arenas.find(stream).and_then(|i| self.arenas.get(i));
         let mut v = arena
             .map(|a| lock(&a.bins).free_chunks())
             .unwrap_or_default();
@@ -573,8 +632,7 @@ impl<B: Backend> Pool<B> {
     /// Checks every internal invariant of every arena (links, merge state, best-fit
     /// index, counters: used + cached chunks == reserved). `O(chunks)`; for tests.
     pub fn check(&self) -> Result<(), String> {
-        let reg = self.registry.read().unwrap_or_else(PoisonError::into_inner);
-        for arena in &reg.list {
+        for arena in self.arenas.iter() {
             lock(&arena.bins)
                 .check()
                 .map_err(|e| format!("arena of stream key {}: {e}", arena.key))?;
@@ -586,62 +644,45 @@ impl<B: Backend> Pool<B> {
 
     /// The arena of `key`, created on first use.
     #[inline]
-    fn arena(&self, key: u64) -> &Arena {
+    fn arena(&self, key: u64) -> Result<&Arena, MallocError> {
         let hit = ARENA_CACHE.with(|slots| {
-            for s in slots {
-                let e = s.get();
-                if e.pool == self.id && e.key == key {
-                    return e.arena;
-                }
-            }
-            std::ptr::null()
+            slots
+                .iter()
+                .map(Cell::get)
+                .find_map(|e| (e.pool == self.id && e.key == key).then_some(e.arena))
         });
-        if !hit.is_null() {
-            // SAFETY: the entry was stored by this pool (same id, ids are unique) and
-            // points into an `Arc<Arena>` held by `self.registry`, which never removes
-            // arenas before the pool drops; `&self` keeps the pool alive.
-            return unsafe { &*hit };
+        // An index cached by this pool (same id; ids are unique) is always in its
+        // table, which never removes an arena; the fallback only re-reads the map.
+        match hit.and_then(|i| self.arenas.get(i)) {
+            Some(arena) => Ok(arena),
+            None => self.arena_slow(key),
         }
-        self.arena_slow(key)
     }
 
     #[cold]
-    fn arena_slow(&self, key: u64) -> &Arena {
-        let found = {
-            let reg = self.registry.read().unwrap_or_else(PoisonError::into_inner);
-            reg.by_key.get(&key).map(|&i| Arc::as_ptr(&reg.list[i]))
-        };
-        let ptr = found.unwrap_or_else(|| {
-            let mut reg = self
-                .registry
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            if let Some(&i) = reg.by_key.get(&key) {
-                return Arc::as_ptr(&reg.list[i]);
-            }
-            let arena = Arc::new(Arena {
+    fn arena_slow(&self, key: u64) -> Result<&Arena, MallocError> {
+        let too_many = || MallocError::TooMany(TOO_MANY_ARENAS);
+        let index = self
+            .arenas
+            .get_or_create(key, |index| Arena {
                 key,
+                index,
                 bins: Mutex::new(Bins::new()),
-            });
-            let ptr = Arc::as_ptr(&arena);
-            let i = reg.list.len();
-            reg.list.push(arena);
-            reg.by_key.insert(key, i);
-            ptr
-        });
+            })
+            .map_err(|_| too_many())?;
+        let arena = self.arenas.get(index).ok_or_else(too_many)?;
         ARENA_CACHE.with(|slots| {
             ARENA_CACHE_NEXT.with(|next| {
-                let n = next.get();
+                let n = next.get() % CACHE_SLOTS;
                 slots[n].set(CacheEntry {
                     pool: self.id,
                     key,
-                    arena: ptr,
+                    arena: index,
                 });
                 next.set((n + 1) % CACHE_SLOTS);
             })
         });
-        // SAFETY: as in `arena`: an arena of this live pool, never dropped before it.
-        unsafe { &*ptr }
+        Ok(arena)
     }
 
     /// A miss: new backend memory for `rounded` bytes, with the growth policy and the
@@ -663,8 +704,14 @@ impl<B: Backend> Pool<B> {
         loop {
             let (backend_refused, limit) = match self.try_grow(rounded) {
                 Ok(addr) => {
-                    let chunk = lock(&arena.bins).add_allocation(addr, rounded);
-                    return Ok(self.block(arena, chunk, addr, rounded));
+                    let added = lock(&arena.bins).add_allocation(addr, rounded);
+                    return match added {
+                        Ok(chunk) => Ok(self.block(arena, chunk, addr, rounded)),
+                        Err(SlabFull) => {
+                            self.give_back(&mut vec![(addr, rounded)]);
+                            Err(MallocError::TooMany(TOO_MANY_CHUNKS))
+                        }
+                    };
                 }
                 Err(Growth::Limit(limit)) => (false, limit),
                 Err(Growth::Backend(BackendError::OutOfMemory)) => (true, self.limit()),
@@ -741,16 +788,75 @@ enum Growth {
 
 impl<B: Backend> Drop for Pool<B> {
     fn drop(&mut self) {
-        let reg = self
-            .registry
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
         let mut out = Vec::new();
-        for arena in &reg.list {
-            lock(&arena.bins).release_whole(&mut out);
+        for arena in self.arenas.iter_mut() {
+            arena
+                .bins
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .release_whole(&mut out);
         }
         for (addr, size) in out {
             self.backend.free(addr, size as usize);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy of `b`'s fields: what only this module can make (a `Block` is not
+    /// `Clone` and its fields are private), to reach the `NotLive` checks.
+    fn forge(b: &Block) -> Block {
+        Block { ..*b }
+    }
+
+    #[test]
+    fn a_forged_double_free_or_unknown_chunk_is_an_error_and_the_pool_keeps_working() {
+        let pool = Pool::new(FakeBackend::checked());
+        let a = pool.malloc(1024, 0).unwrap();
+        let b = pool.malloc(2048, 0).unwrap();
+        let twin = forge(&a);
+        pool.free(a).unwrap();
+        assert!(matches!(pool.free(twin), Err(FreeError::NotLive(_))));
+        for bad in [
+            Block {
+                chunk: 999,
+                ..forge(&b)
+            },
+            Block {
+                chunk: NIL,
+                ..forge(&b)
+            },
+            Block {
+                addr: b.addr + 512,
+                ..forge(&b)
+            },
+            Block {
+                size: 512,
+                ..forge(&b)
+            },
+            Block {
+                arena: 7,
+                ..forge(&b)
+            },
+            Block {
+                arena: u32::MAX,
+                ..forge(&b)
+            },
+        ] {
+            let e = pool.free(bad).unwrap_err();
+            assert!(matches!(e, FreeError::NotLive(_)), "{e}");
+            assert!(e.to_string().contains("not a live block"), "{e}");
+        }
+        pool.check().unwrap();
+        let s = pool.stats();
+        assert_eq!((s.used_bytes, s.frees), (2048, 1));
+        pool.free(b).unwrap();
+        pool.free(pool.malloc(1024, 0).unwrap()).unwrap();
+        pool.check().unwrap();
+        assert_eq!(pool.stats().used_bytes, 0);
+        assert_eq!(pool.backend().counters().bad_frees, 0);
     }
 }

@@ -89,6 +89,10 @@ pub struct BackendCounters {
     pub frees: u64,
     /// Allocations refused as out of memory so far.
     pub oom_refusals: u64,
+    /// Frees that matched no live allocation (unknown address, or a size other than
+    /// the one allocated): ignored and counted here (checked backends only). Always 0
+    /// under a correct pool.
+    pub bad_frees: u64,
 }
 
 /// Shared accounting of the two host backends: live bytes against an optional
@@ -101,6 +105,7 @@ struct Accounting {
     allocs: AtomicU64,
     frees: AtomicU64,
     oom_refusals: AtomicU64,
+    bad_frees: AtomicU64,
     /// 0 means unlimited.
     capacity: AtomicU64,
     fail_other: AtomicBool,
@@ -139,6 +144,10 @@ impl Accounting {
         self.frees.fetch_add(1, Ordering::Relaxed);
     }
 
+    fn bad_free(&self) {
+        self.bad_frees.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> BackendCounters {
         BackendCounters {
             live_bytes: self.live_bytes.load(Ordering::Acquire),
@@ -147,6 +156,7 @@ impl Accounting {
             allocs: self.allocs.load(Ordering::Relaxed),
             frees: self.frees.load(Ordering::Relaxed),
             oom_refusals: self.oom_refusals.load(Ordering::Relaxed),
+            bad_frees: self.bad_frees.load(Ordering::Relaxed),
         }
     }
 }
@@ -155,17 +165,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Real host memory from `std::alloc`, aligned to [`ALLOCATION_UNIT`] bytes: blocks can
-/// be written and read, so tests (and Miri) see any overlap or use after free.
+/// Real host memory, aligned to [`ALLOCATION_UNIT`] bytes: blocks can be written and
+/// read, so tests (and Miri) see any overlap or use after free.
 ///
-/// Every live allocation is recorded; `free` of an address or size it did not hand
-/// out panics (a pool bug), and whatever is still live when the backend is dropped
-/// is deallocated then. Optional capacity (out of memory past it) and failure
+/// Each allocation is a `Vec<u8>` with room for `size + 511` bytes, of which the
+/// first 512-aligned `size` bytes are handed out (uninitialized, as from `malloc`);
+/// the vector stays in the backend's live map until `free`, so no `unsafe` is needed.
+/// A `free` of an address or size it did not hand out changes nothing and is counted
+/// in [`BackendCounters::bad_frees`]; whatever is still live when the backend is
+/// dropped is deallocated then. Optional capacity (out of memory past it) and failure
 /// injection let tests drive the pool's retry paths.
 #[derive(Debug, Default)]
 pub struct HostBackend {
     acct: Accounting,
-    live: Mutex<BTreeMap<u64, usize>>,
+    /// Aligned address -> (size, the vector holding it).
+    live: Mutex<BTreeMap<u64, (usize, Vec<u8>)>>,
 }
 
 impl HostBackend {
@@ -195,63 +209,50 @@ impl HostBackend {
     pub fn counters(&self) -> BackendCounters {
         self.acct.snapshot()
     }
-
-    fn layout(size: usize) -> Option<std::alloc::Layout> {
-        std::alloc::Layout::from_size_align(size, ALLOCATION_UNIT).ok()
-    }
 }
 
 impl Backend for HostBackend {
     fn alloc(&self, size: usize) -> Result<u64, BackendError> {
-        let Some(layout) = Self::layout(size).filter(|_| size > 0) else {
+        const ALIGN: usize = ALLOCATION_UNIT;
+        let Some(room) = size.checked_add(ALIGN - 1).filter(|_| size > 0) else {
             return Err(BackendError::Other(
                 format!("HostBackend cannot allocate {size} bytes").into(),
             ));
         };
         self.acct.reserve(size as u64)?;
-        // SAFETY: `layout` has a non-zero size (checked above).
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
+        let mut buf = Vec::<u8>::new();
+        if buf.try_reserve_exact(room).is_err() {
             self.acct.unreserve(size as u64);
             return Err(BackendError::OutOfMemory);
         }
-        let addr = ptr as u64;
-        lock(&self.live).insert(addr, size);
-        Ok(addr)
+        // The cast exposes the buffer's address, so callers may turn the `u64` back
+        // into a pointer; moving `buf` into the map does not move its heap buffer.
+        let base = buf.as_mut_ptr() as usize;
+        let addr = (base + (ALIGN - 1)) & !(ALIGN - 1);
+        lock(&self.live).insert(addr as u64, (size, buf));
+        Ok(addr as u64)
     }
 
     fn free(&self, addr: u64, size: usize) {
-        let recorded = lock(&self.live).remove(&addr);
-        assert_eq!(
-            recorded,
-            Some(size),
-            "HostBackend::free({addr:#x}, {size}) does not match a live allocation"
-        );
-        if let Some(layout) = Self::layout(size) {
-            // SAFETY: `addr` was returned by `alloc` with this same layout (checked
-            // against the record above) and is freed only once (the record is gone).
-            unsafe { std::alloc::dealloc(addr as usize as *mut u8, layout) };
-        }
-        self.acct.unreserve(size as u64);
-    }
-}
-
-impl Drop for HostBackend {
-    fn drop(&mut self) {
-        let live = std::mem::take(self.live.get_mut().unwrap_or_else(PoisonError::into_inner));
-        for (addr, size) in live {
-            if let Some(layout) = Self::layout(size) {
-                // SAFETY: as in `free`: a live allocation of this layout, freed once.
-                unsafe { std::alloc::dealloc(addr as usize as *mut u8, layout) };
+        let freed = {
+            let mut live = lock(&self.live);
+            match live.get(&addr) {
+                Some(&(recorded, _)) if recorded == size => live.remove(&addr),
+                _ => None,
             }
+        };
+        match freed {
+            Some(_) => self.acct.unreserve(size as u64),
+            None => self.acct.bad_free(),
         }
     }
 }
 
 /// Address ranges without memory: hands out non-overlapping ranges from a counter
 /// (never reused), so traces of many gibibytes run in no memory at all. The fast
-/// mode only counts; [`FakeBackend::checked`] also records every live range and
-/// panics on a free that does not match one.
+/// mode only counts; [`FakeBackend::checked`] also records every live range, and a
+/// free that does not match one changes nothing and is counted in
+/// [`BackendCounters::bad_frees`].
 #[derive(Debug)]
 pub struct FakeBackend {
     acct: Accounting,
@@ -278,7 +279,8 @@ impl FakeBackend {
         }
     }
 
-    /// A fake backend that records live ranges and checks every free against them.
+    /// A fake backend that records live ranges and checks every free against them
+    /// (mismatches are counted in [`BackendCounters::bad_frees`]).
     pub fn checked() -> Self {
         FakeBackend {
             live: Some(Mutex::new(BTreeMap::new())),
@@ -319,12 +321,13 @@ impl Backend for FakeBackend {
 
     fn free(&self, addr: u64, size: usize) {
         if let Some(live) = &self.live {
-            let recorded = lock(live).remove(&addr);
-            assert_eq!(
-                recorded,
-                Some(size),
-                "FakeBackend::free({addr:#x}, {size}) does not match a live allocation"
-            );
+            let mut live = lock(live);
+            if live.get(&addr) != Some(&size) {
+                drop(live);
+                self.acct.bad_free();
+                return;
+            }
+            live.remove(&addr);
         }
         self.acct.unreserve(size as u64);
     }

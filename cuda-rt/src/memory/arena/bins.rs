@@ -74,6 +74,10 @@ impl Chunk {
 #[derive(Debug)]
 pub(super) struct NotLive;
 
+/// The slab has no room for one more chunk record (`u32::MAX - 1` of them).
+#[derive(Debug)]
+pub(super) struct SlabFull;
+
 /// Per-arena counters, kept under the arena's lock (no atomics on the hot path).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ArenaCounters {
@@ -112,19 +116,20 @@ impl Bins {
 
     // ---- slab ----
 
-    fn new_slot(&mut self, chunk: Chunk) -> u32 {
+    /// A slot holding `chunk`, or `None` when the slab already has `NIL` (u32::MAX)
+    /// records and none vacant (indices are `u32`, `NIL` excluded).
+    fn new_slot(&mut self, chunk: Chunk) -> Option<u32> {
         if self.vacant != NIL {
             let i = self.vacant;
             self.vacant = self.chunks[i as usize].next;
             self.chunks[i as usize] = chunk;
-            i
+            Some(i)
         } else {
             let i = u32::try_from(self.chunks.len())
                 .ok()
-                .filter(|&i| i != NIL)
-                .unwrap_or_else(|| panic!("more than {} chunks in one arena", NIL - 1));
+                .filter(|&i| i != NIL)?;
             self.chunks.push(chunk);
-            i
+            Some(i)
         }
     }
 
@@ -308,23 +313,27 @@ impl Bins {
 
     /// Serves `size` (a rounded, positive size) from the free chunks: best fit,
     /// split, the caller gets the lower part. Returns `(chunk, addr)`; counts a hit.
-    /// On `None` nothing changed (the caller counts the miss).
+    /// On `Ok(None)` (no fit) and on `Err` (a split needs a record and the slab is
+    /// full) nothing changed.
     #[inline]
-    pub fn malloc_cached(&mut self, size: u64) -> Option<(u32, u64)> {
+    pub fn malloc_cached(&mut self, size: u64) -> Result<Option<(u32, u64)>, SlabFull> {
         let i = self.find(size);
         if i == NIL {
-            return None;
+            return Ok(None);
         }
-        self.index_remove(i);
         let c = *self.c(i);
         if c.size > size {
-            let j = self.new_slot(Chunk {
-                addr: c.addr + size,
-                size: c.size - size,
-                prev: i,
-                next: c.next,
-                ..Chunk::VACANT
-            });
+            // Take the record of the upper part first: the only step that can fail.
+            let j = self
+                .new_slot(Chunk {
+                    addr: c.addr + size,
+                    size: c.size - size,
+                    prev: i,
+                    next: c.next,
+                    ..Chunk::VACANT
+                })
+                .ok_or(SlabFull)?;
+            self.index_remove(i);
             if c.next != NIL {
                 self.cm(c.next).prev = j;
             }
@@ -332,11 +341,13 @@ impl Bins {
             ci.next = j;
             ci.size = size;
             self.index_insert(j);
+        } else {
+            self.index_remove(i);
         }
         self.cm(i).state = State::Used;
         self.count_malloc(size);
         self.counters.hits += 1;
-        Some((i, c.addr))
+        Ok(Some((i, c.addr)))
     }
 
     #[inline]
@@ -348,16 +359,19 @@ impl Bins {
     }
 
     /// Records a fresh backend allocation of `size` bytes at `addr`, handed out whole.
-    pub fn add_allocation(&mut self, addr: u64, size: u64) -> u32 {
-        let i = self.new_slot(Chunk {
-            addr,
-            size,
-            state: State::Used,
-            ..Chunk::VACANT
-        });
+    /// On `Err` (slab full) nothing changed: the caller gives the memory back.
+    pub fn add_allocation(&mut self, addr: u64, size: u64) -> Result<u32, SlabFull> {
+        let i = self
+            .new_slot(Chunk {
+                addr,
+                size,
+                state: State::Used,
+                ..Chunk::VACANT
+            })
+            .ok_or(SlabFull)?;
         self.counters.reserved += size;
         self.count_malloc(size);
-        i
+        Ok(i)
     }
 
     /// Takes back chunk `i` handed out at `addr` with `size`, merges it with free
