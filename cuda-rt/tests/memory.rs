@@ -151,6 +151,7 @@ cuda_rt::gpu_test!(unowned_memory_finds_its_device_and_keeps_the_owner, {
     let mut back = vec![0u8; 1024];
     whole.copy_to_host(&mut back).unwrap();
     assert_eq!(&back[512..], &[9u8; 512][..]);
+    drop(whole);
     drop(p);
     assert_eq!(
         Arc::strong_count(&owner),

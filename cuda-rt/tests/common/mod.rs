@@ -112,7 +112,7 @@ extern "C" fn gate_fn(p: *mut std::ffi::c_void) {
     // synchronized after the gate opens (Gate::drop waits for that).
     let rx = unsafe { &*(p as *const std::sync::Mutex<std::sync::mpsc::Receiver<()>>) };
     if let Ok(rx) = rx.lock() {
-        let _ = rx.recv_timeout(std::time::Duration::from_secs(30));
+        let _ = rx.recv_timeout(std::time::Duration::from_secs(5));
     }
 }
 
