@@ -104,7 +104,10 @@ impl<B: Backend, P: Pending> Core<B, P> {
                     .push((block, p));
                 self.n_deferred.fetch_add(1, Ordering::AcqRel);
             }
-            _ => self.pool.free(block),
+            // Blocks reach here only from this core's pool, so free cannot refuse them.
+            _ => {
+                let _ = self.pool.free(block);
+            }
         }
     }
 
@@ -134,7 +137,8 @@ impl<B: Backend, P: Pending> Core<B, P> {
             if wait {
                 p.wait();
             }
-            self.pool.free(block);
+            // Deferred blocks came from this pool: free cannot refuse them.
+            let _ = self.pool.free(block);
         }
     }
 
@@ -229,6 +233,9 @@ impl PinnedMemoryPool {
                 limit: o.limit,
                 driver: None,
             })),
+            MallocError::TooMany(what) => {
+                Error::InvalidState(format!("pinned memory pool: too many {what}"))
+            }
             MallocError::Backend(b) => match b.downcast::<Error>() {
                 Ok(e) => *e,
                 Err(other) => Error::InvalidState(format!("pinned memory pool: {other}")),
