@@ -17,16 +17,22 @@
 
 #![warn(missing_docs)]
 
+pub mod compiler;
 pub mod device;
 pub(crate) mod driver;
 pub mod env;
 pub mod error;
+pub mod launch;
 pub mod memory;
+pub mod module;
 pub mod stream;
 #[doc(hidden)]
 pub mod testing;
 
+pub use compiler::{KernelCache, RawKernel, RawModule};
 pub use cuda_sys;
 pub use device::{availability, device_count, get_device_id, is_available, Device};
 pub use error::{Error, Result};
+pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
+pub use module::{Function, FunctionAttributes, Module};
 pub use stream::{get_current_stream, AsStream, Stream, StreamRef};

@@ -11,6 +11,9 @@
 
 pub mod context;
 pub mod device;
+pub mod launch;
+pub mod module;
+pub mod nvrtc;
 
 use std::ffi::{c_char, CStr};
 use std::sync::OnceLock;
