@@ -2,6 +2,8 @@
 //! architecture queries. NVRTC needs no GPU, only `libnvrtc`.
 
 use std::ffi::{c_char, CStr, CString};
+use std::path::Path;
+use std::sync::OnceLock;
 
 use cuda_sys::nvrtc::{self as nv, nvrtcProgram, nvrtcResult};
 
@@ -18,10 +20,51 @@ macro_rules! nvrtc {
     }};
 }
 
-/// NVRTC's entry-point table (opens `libnvrtc` on first use).
+/// NVRTC's entry-point table (opens `libnvrtc` on first use, and preloads its
+/// builtins library, see [`preload_builtins`]).
 #[inline]
 pub fn api() -> Result<&'static nv::Api> {
-    nv::api().map_err(Error::Load)
+    let api = nv::api().map_err(Error::Load)?;
+    static BUILTINS: OnceLock<()> = OnceLock::new();
+    BUILTINS.get_or_init(|| preload_builtins(api.library().path()));
+    Ok(api)
+}
+
+/// NVRTC opens `libnvrtc-builtins.so.X.Y` by its bare name when it compiles, which the
+/// system loader finds only on its search path. When libnvrtc came from elsewhere (a
+/// Python wheel's `nvidia/cu13/lib`, `CUDA_PATH`), the builtins beside it are opened
+/// here first, by full path and for good, so that NVRTC's own lookup finds them
+/// already loaded (the loader matches loaded libraries by soname). Best effort: if
+/// none is found, NVRTC's own error says what is missing.
+fn preload_builtins(nvrtc_path: &str) {
+    let Some(dir) = Path::new(nvrtc_path).parent() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut found: Vec<_> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so"))
+        })
+        .collect();
+    // Most specific name first (`.so.13.0` before `.so`); loading one is enough.
+    found.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    for p in found {
+        let Ok(c) = CString::new(p.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
+        // SAFETY: `c` is a NUL-terminated path; the handle is deliberately never
+        // closed, so the library stays loaded for the life of the process.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        if !h.is_null() {
+            return;
+        }
+    }
 }
 
 /// NVRTC's name of a result code, e.g. `NVRTC_ERROR_COMPILATION`.
