@@ -57,7 +57,10 @@ nvrtc_test!(compile_error_carries_the_log_and_the_source_name, {
     assert_eq!(e.source_name.as_deref(), Some("bad_kernel.cu"));
     assert!(e.log.contains("undefined_thing"), "log: {}", e.log);
     let msg = err.to_string();
-    assert!(msg.contains("bad_kernel.cu") && msg.contains("undefined_thing"), "{msg}");
+    assert!(
+        msg.contains("bad_kernel.cu") && msg.contains("undefined_thing"),
+        "{msg}"
+    );
 });
 
 nvrtc_test!(raw_module_compile_error_uses_the_default_source_name, {
@@ -99,7 +102,11 @@ nvrtc_test!(options_are_passed_through, {
 nvrtc_test!(warnings_are_in_the_log_of_a_successful_compile, {
     let src = "#warning cuda-rt-test-warning\nextern \"C\" __global__ void k() {}";
     let c = Program::new(src).compile(Target::ptx(90)).unwrap();
-    assert!(c.warnings().contains("cuda-rt-test-warning"), "log: {:?}", c.log);
+    assert!(
+        c.warnings().contains("cuda-rt-test-warning"),
+        "log: {:?}",
+        c.log
+    );
 });
 
 nvrtc_test!(name_expressions_give_lowered_names, {
@@ -143,7 +150,8 @@ cuda_rt::gpu_test!(saxpy_compiled_by_nvrtc_matches_host_values, {
     let (dx, dy) = (DevBuf::from_slice(&x), DevBuf::from_slice(&y));
     let a = 2.5f32;
     let cfg = LaunchConfig::for_num_elems(&k, n as u32).unwrap();
-    k.launch(&cfg, &[&a, &dx.ptr, &dy.ptr, &(n as i32)]).unwrap();
+    k.launch(&cfg, &[&a, &dx.ptr, &dy.ptr, &(n as i32)])
+        .unwrap();
     let got: Vec<f32> = dy.read(n);
     for i in 0..n {
         assert_eq!(got[i], a * x[i] + y[i], "element {i}");
@@ -157,8 +165,10 @@ cuda_rt::gpu_test!(template_kernel_runs_through_its_name_expression, {
     let ff = m.get_function("add_one<float>").unwrap();
     let xs = DevBuf::from_slice(&[1i32, 2, 3]);
     let fs = DevBuf::from_slice(&[0.5f32, 1.5]);
-    fi.launch(&LaunchConfig::new(1, 32), &[&xs.ptr, &3i32]).unwrap();
-    ff.launch(&LaunchConfig::new(1, 32), &[&fs.ptr, &2i32]).unwrap();
+    fi.launch(&LaunchConfig::new(1, 32), &[&xs.ptr, &3i32])
+        .unwrap();
+    ff.launch(&LaunchConfig::new(1, 32), &[&fs.ptr, &2i32])
+        .unwrap();
     assert_eq!(xs.read::<i32>(3), [2, 3, 4]);
     assert_eq!(fs.read::<f32>(2), [1.5, 2.5]);
     // The lowered name works as a plain name too.
@@ -174,7 +184,8 @@ cuda_rt::gpu_test!(ptx_output_is_jit_loaded_and_runs, {
     let k = m.get_function("saxpy").unwrap();
     let x = DevBuf::from_slice(&[1.0f32, 2.0]);
     let y = DevBuf::from_slice(&[10.0f32, 20.0]);
-    k.launch(&LaunchConfig::new(1, 2), &[&3.0f32, &x.ptr, &y.ptr, &2i32]).unwrap();
+    k.launch(&LaunchConfig::new(1, 2), &[&3.0f32, &x.ptr, &y.ptr, &2i32])
+        .unwrap();
     assert_eq!(y.read::<f32>(2), [13.0, 26.0]);
 });
 
@@ -183,7 +194,9 @@ cuda_rt::gpu_test!(raw_module_compiles_for_the_device_arch_capped_by_nvrtc, {
     let m = RawModule::from_source(SAXPY, &[], &[]).unwrap();
     let arch = m.arch().unwrap();
     assert!(arch <= common::cc());
-    assert!(cuda_rt::compiler::supported_archs().unwrap().contains(&arch));
+    assert!(cuda_rt::compiler::supported_archs()
+        .unwrap()
+        .contains(&arch));
     let attrs = m.get_function("saxpy").unwrap().attributes().unwrap();
     assert_eq!(attrs.binary_version as u32, arch);
 });

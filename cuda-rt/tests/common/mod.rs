@@ -124,7 +124,13 @@ pub fn read_raw<T: Copy + Default>(src: u64, n: usize) -> Vec<T> {
     let f = sys::api().unwrap().cuMemcpyDtoH_v2().unwrap();
     // SAFETY: `out` has room for `n` values; `src` holds at least that many bytes.
     ok(
-        unsafe { f(out.as_mut_ptr().cast(), src, std::mem::size_of_val(&out[..])) },
+        unsafe {
+            f(
+                out.as_mut_ptr().cast(),
+                src,
+                std::mem::size_of_val(&out[..]),
+            )
+        },
         "cuMemcpyDtoH",
     );
     out
@@ -139,7 +145,10 @@ pub fn sync() {
 
 /// Device 0's compute capability as `10 * major + minor`.
 pub fn cc() -> u32 {
-    let (a, b) = cuda_rt::Device::new(0).unwrap().compute_capability().unwrap();
+    let (a, b) = cuda_rt::Device::new(0)
+        .unwrap()
+        .compute_capability()
+        .unwrap();
     (a * 10 + b) as u32
 }
 
