@@ -200,3 +200,13 @@ cuda_rt::gpu_test!(raw_module_compiles_for_the_device_arch_capped_by_nvrtc, {
     let attrs = m.get_function("saxpy").unwrap().attributes().unwrap();
     assert_eq!(attrs.binary_version as u32, arch);
 });
+
+nvrtc_test!(cluster_special_registers_compile_for_sm_90, {
+    let src = r#"
+extern "C" __global__ void k(unsigned* x) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    x[blockIdx.x] = r;
+}"#;
+    Program::new(src).compile(Target::cubin(90)).unwrap();
+});
