@@ -155,7 +155,7 @@ impl LaunchConfig {
 
     #[inline]
     pub(crate) fn to_raw(
-        &self,
+        self,
         stream: sys::CUstream,
         attrs: &mut [sys::CUlaunchAttribute],
     ) -> sys::CUlaunchConfig {
@@ -510,6 +510,6 @@ mod tests {
         assert_eq!(p.param_size(), 16);
         assert_eq!(p.param_ptr() as usize, &p as *const P as usize);
         assert_eq!(3u8.param_size(), 1);
-        assert_eq!((0u64 as *mut f32).param_size(), 8);
+        assert_eq!(std::ptr::null_mut::<f32>().param_size(), 8);
     }
 }

@@ -176,7 +176,7 @@ impl Module {
         let c = dm::c_name("global variable", name)?;
         make_current(self.inner.device)?;
         match dm::get_global(self.as_raw(), &c) {
-            Ok((p, n)) => Ok((p as u64, n)),
+            Ok((p, n)) => Ok((p, n)),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(
                 Error::InvalidArgument(format!(
                     "cuModuleGetGlobal({name:?}) failed: {}: {}: the module has no __device__ or __constant__ variable of that name",

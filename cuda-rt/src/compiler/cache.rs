@@ -432,8 +432,8 @@ impl KernelCache {
         };
         let key = cache_key(program, target, nvrtc_version()?);
         let path = dir.join(key.file_name());
-        match std::fs::read(&path) {
-            Ok(bytes) => match decode(&bytes, &key) {
+        if let Ok(bytes) = std::fs::read(&path) {
+            match decode(&bytes, &key) {
                 Ok(c) => {
                     self.disk_hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(c);
@@ -441,8 +441,7 @@ impl KernelCache {
                 Err(_) => {
                     self.disk_misses_corrupt.fetch_add(1, Ordering::Relaxed);
                 }
-            },
-            Err(_) => {}
+            }
         }
         let compiled = self.compile_now(program, target)?;
         if write_atomically(&dir, &key, &encode(&key, &compiled)).is_err() {
