@@ -17,19 +17,23 @@
 
 #![warn(missing_docs)]
 
+pub mod compiler;
 pub mod device;
 pub(crate) mod driver;
 pub mod env;
 pub mod error;
 pub mod event;
+pub mod launch;
 pub mod libs;
 pub mod memory;
+pub mod module;
 pub mod pinned;
 pub mod profiler;
 pub mod stream;
 #[doc(hidden)]
 pub mod testing;
 
+pub use compiler::{KernelCache, RawKernel, RawModule};
 pub use cuda_sys;
 pub use device::{
     availability, device_count, get_device_id, is_available, set_device_id, synchronize, Device,
@@ -37,11 +41,13 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
+pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{
     alloc, get_allocator, malloc_async, malloc_managed, set_allocator, using_allocator, Allocator,
     MemoryPointer,
 };
+pub use module::{Function, FunctionAttributes, Module};
 pub use pinned::{
     alloc_pinned_memory, get_default_pinned_memory_pool, set_pinned_memory_allocator, PinnedMemory,
     PinnedMemoryPointer, PinnedMemoryPool,

@@ -12,11 +12,14 @@
 pub mod context;
 pub mod device;
 pub mod event;
+pub mod host;
+pub mod launch;
 #[rustfmt::skip]
 pub mod lib_status;
-pub mod host;
 pub mod libs;
 pub mod memory;
+pub mod module;
+pub mod nvrtc;
 pub mod profiler;
 pub mod stream;
 

@@ -1,0 +1,235 @@
+//! Launch overhead: cuda-rt against the raw driver in the same run.
+//!
+//! One JSON object per line per figure, then a table. Without a GPU: one skip line,
+//! exit 0. Host time per launch of an empty kernel (100k launches on one stream,
+//! synchronised at the end, median of 5 repetitions); also the cost of a second
+//! `RawKernel::new` of the same source, and first use from a warm disk cache.
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use cuda_rt::compiler::{KernelCache, Output, Program, RawKernel, RawModule};
+use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::{AsStream, LaunchConfig, Stream};
+
+const LAUNCHES: usize = 100_000;
+const REPS: usize = 5;
+
+const SRC: &str = r#"
+extern "C" __global__ void empty1(int a) {}
+extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
+"#;
+
+struct Row {
+    name: String,
+    value: f64,
+    unit: &'static str,
+    raw: f64,
+    raw_name: &'static str,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn per_launch_us(stream: &Stream, mut body: impl FnMut()) -> f64 {
+    let mut reps = Vec::new();
+    for _ in 0..REPS {
+        let t = Instant::now();
+        for _ in 0..LAUNCHES {
+            body();
+        }
+        stream.synchronize().expect("synchronize");
+        reps.push(t.elapsed().as_secs_f64() * 1e6 / LAUNCHES as f64);
+    }
+    median(reps)
+}
+
+fn main() {
+    if let Err(reason) = cuda_rt::availability() {
+        println!("{{\"skip\": \"launch bench\", \"reason\": {:?}}}", reason);
+        return;
+    }
+    if let Err(e) = run() {
+        eprintln!("launch bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> cuda_rt::Result<()> {
+    cuda_rt::device::set_device_id(0)?;
+    let stream = Stream::new()?;
+    let module = RawModule::from_source(SRC, &[], &[])?;
+    let e1 = module.get_function("empty1")?;
+    let e6 = module.get_function("empty6")?;
+    let cfg = LaunchConfig::new(1, 32);
+    let launch_raw = sys::api()?.cuLaunchKernel()?;
+    let mut rows = Vec::new();
+
+    // Warm up both paths (first launch fetches parameter sizes, loads lazily).
+    e1.launch_on(&stream, &cfg, &[&1i32])?;
+    e6.launch_on(
+        &stream,
+        &cfg,
+        &[&0u64, &0u64, &0u64, &1i32, &1.0f32, &1.0f64],
+    )?;
+    stream.synchronize()?;
+
+    let mut a = 7i32;
+    let raw1 = per_launch_us(&stream, || {
+        let mut p = [&mut a as *mut i32 as *mut c_void];
+        // SAFETY: empty1 takes one int; `p` points to one; the stream is alive.
+        let rc = unsafe {
+            launch_raw(
+                e1.as_raw(),
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                stream.as_raw(),
+                p.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
+    });
+    let ours1 = per_launch_us(&stream, || {
+        e1.launch_on(&stream, &cfg, &[&a]).expect("launch");
+    });
+    rows.push(Row {
+        name: "launch_empty_1arg".into(),
+        value: ours1,
+        unit: "us",
+        raw: raw1,
+        raw_name: "cuLaunchKernel",
+    });
+
+    let (mut x, mut y, mut z, mut n, mut f, mut d) = (0u64, 0u64, 0u64, 1i32, 1.0f32, 1.0f64);
+    let raw6 = per_launch_us(&stream, || {
+        let mut p = [
+            &mut x as *mut u64 as *mut c_void,
+            &mut y as *mut u64 as *mut c_void,
+            &mut z as *mut u64 as *mut c_void,
+            &mut n as *mut i32 as *mut c_void,
+            &mut f as *mut f32 as *mut c_void,
+            &mut d as *mut f64 as *mut c_void,
+        ];
+        // SAFETY: one pointer per parameter of empty6, each to a value of its type.
+        let rc = unsafe {
+            launch_raw(
+                e6.as_raw(),
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                stream.as_raw(),
+                p.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
+    });
+    let ours6 = per_launch_us(&stream, || {
+        cuda_rt::launch!(e6, &cfg, &stream, (x, y, z, n, f, d)).expect("launch");
+    });
+    rows.push(Row {
+        name: "launch_empty_6args".into(),
+        value: ours6,
+        unit: "us",
+        raw: raw6,
+        raw_name: "cuLaunchKernel",
+    });
+
+    // Second construction of the same RawKernel vs one raw cuModuleGetFunction.
+    let _ = RawKernel::new(SRC, "empty6", &[])?;
+    let iters = 10_000;
+    let t = Instant::now();
+    for _ in 0..iters {
+        let k = RawKernel::new(SRC, "empty6", &[])?;
+        std::hint::black_box(&k);
+    }
+    let second = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let get_fn = sys::api()?.cuModuleGetFunction()?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        let mut h: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: the module is loaded; the name is NUL-terminated.
+        let rc = unsafe { get_fn(&mut h, module.module().as_raw(), c"empty6".as_ptr()) };
+        assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
+    }
+    let raw_get = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    rows.push(Row {
+        name: "raw_kernel_second_new".into(),
+        value: second,
+        unit: "us",
+        raw: raw_get,
+        raw_name: "cuModuleGetFunction",
+    });
+
+    // First use in a "new process" (a new cache) with a warm disk cache vs a raw
+    // cuModuleLoadData of the same cubin.
+    let dir = std::env::temp_dir().join(format!("cuda-rt-bench-{}", std::process::id()));
+    let program = Program::new(SRC);
+    let warm = KernelCache::new(Some(dir.clone()));
+    let compiled = warm.compile(&program, cuda_rt::compiler::Target::for_device(0)?)?;
+    let mut firsts = Vec::new();
+    let mut raws = Vec::new();
+    let load = sys::api()?.cuModuleLoadData()?;
+    let unload = sys::api()?.cuModuleUnload()?;
+    for _ in 0..REPS {
+        let fresh = KernelCache::new(Some(dir.clone()));
+        let t = Instant::now();
+        let m = RawModule::from_program(&program, Output::Cubin, &fresh)?;
+        firsts.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(fresh.compile_count(), 0, "warm disk cache must not compile");
+        drop(m);
+        let t = Instant::now();
+        let mut h: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: a complete cubin image.
+        let rc = unsafe { load(&mut h, compiled.image.as_ptr().cast()) };
+        raws.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
+        // SAFETY: loaded above, unloaded once.
+        unsafe { unload(h) };
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    rows.push(Row {
+        name: "raw_module_warm_disk_first_use".into(),
+        value: median(firsts),
+        unit: "ms",
+        raw: median(raws),
+        raw_name: "cuModuleLoadData",
+    });
+
+    for r in &rows {
+        println!(
+            "{{\"name\": \"{}\", \"value\": {:.4}, \"unit\": \"{}\", \"raw\": {:.4}, \"raw_name\": \"{}\", \"ratio\": {:.3}}}",
+            r.name, r.value, r.unit, r.raw, r.raw_name, r.value / r.raw
+        );
+    }
+    println!();
+    println!(
+        "{:<32} {:>12} {:>12} {:>22} {:>7}",
+        "figure", "cuda-rt", "raw", "raw call", "ratio"
+    );
+    for r in &rows {
+        println!(
+            "{:<32} {:>9.4} {:<2} {:>9.4} {:<2} {:>22} {:>7.3}",
+            r.name,
+            r.value,
+            r.unit,
+            r.raw,
+            r.unit,
+            r.raw_name,
+            r.value / r.raw
+        );
+    }
+    Ok(())
+}

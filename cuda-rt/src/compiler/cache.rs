@@ -1,0 +1,668 @@
+//! The kernel cache: compiled modules in memory per device, compiled images on disk.
+//!
+//! - **Memory**: a [`RawModule`] per (device, source, source name, options, name
+//!   expressions, target). A second [`RawModule::from_source`] of the same program
+//!   costs a hash, a string compare and a reference count: no compile, no module load.
+//! - **Disk**: one file per key under [`KernelCache::disk_dir`]: by default
+//!   `$CUDA_RT_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/cuda-rt/kernels`, else
+//!   `~/.cache/cuda-rt/kernels`; `CUDA_RT_KERNEL_CACHE_IN_MEMORY=1` (or
+//!   [`KernelCache::set_disk_dir`]`(None)`) keeps the cache in memory only.
+//!
+//! The key ([`cache_key`]) is a 128-bit FNV-1a hash of the source, source name,
+//! options, name expressions, architecture, output kind and NVRTC version, each
+//! length-prefixed. A file ([`encode`] / [`decode`]) is a header (magic, format
+//! version, key, architecture, output kind, payload length), the payload (image, log,
+//! lowered names) and a 128-bit FNV-1a checksum of everything before it. Files are
+//! written to a temporary name in the same folder and renamed into place, so readers
+//! see a whole file or none, and processes compiling the same kernel at once each
+//! rename a complete, identical file. A file that is truncated, corrupt, for another
+//! key or another format is a miss: the kernel is compiled again and the file
+//! rewritten.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, RwLock};
+
+use super::raw::RawModule;
+use super::{nvrtc_version, Compiled, Output, Program, Target};
+use crate::error::Result;
+
+/// Variable naming the disk cache folder.
+pub const CACHE_DIR_VAR: &str = "CUDA_RT_KERNEL_CACHE_DIR";
+/// Variable that, set to anything but `0` or empty, keeps the cache in memory only.
+pub const IN_MEMORY_VAR: &str = "CUDA_RT_KERNEL_CACHE_IN_MEMORY";
+
+/// FNV-1a, 128 bits: a stable hash (the same in every build and process).
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv128(u128);
+
+impl Fnv128 {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+
+    /// A fresh hash.
+    pub const fn new() -> Fnv128 {
+        Fnv128(Self::OFFSET)
+    }
+
+    /// Hashes `bytes` in.
+    pub fn write(&mut self, bytes: &[u8]) {
+        let mut h = self.0;
+        for &b in bytes {
+            h ^= u128::from(b);
+            h = h.wrapping_mul(Self::PRIME);
+        }
+        self.0 = h;
+    }
+
+    /// Hashes in `bytes` preceded by their length, so fields cannot run together.
+    pub fn field(&mut self, bytes: &[u8]) {
+        self.write(&(bytes.len() as u64).to_le_bytes());
+        self.write(bytes);
+    }
+
+    /// The hash, big-endian.
+    pub const fn finish(&self) -> [u8; 16] {
+        self.0.to_be_bytes()
+    }
+}
+
+impl Default for Fnv128 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The disk cache key of a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheKey(pub [u8; 16]);
+
+impl CacheKey {
+    /// 32 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The cache file's name: `<hex>.kcache`.
+    pub fn file_name(&self) -> String {
+        format!("{}.kcache", self.to_hex())
+    }
+}
+
+/// The key of `program` compiled for `target` by NVRTC `nvrtc_version`. Pure.
+pub fn cache_key(program: &Program<'_>, target: Target, nvrtc_version: (i32, i32)) -> CacheKey {
+    let mut h = Fnv128::new();
+    h.field(b"cuda-rt kernel cache key v1");
+    h.field(program.source.as_bytes());
+    h.field(program.source_name.as_bytes());
+    h.write(&(program.options.len() as u64).to_le_bytes());
+    for o in program.options {
+        h.field(o.as_bytes());
+    }
+    h.write(&(program.name_expressions.len() as u64).to_le_bytes());
+    for e in program.name_expressions {
+        h.field(e.as_bytes());
+    }
+    h.write(&target.arch.to_le_bytes());
+    h.write(&[output_byte(target.output)]);
+    h.write(&nvrtc_version.0.to_le_bytes());
+    h.write(&nvrtc_version.1.to_le_bytes());
+    CacheKey(h.finish())
+}
+
+/// First bytes of every cache file.
+pub const MAGIC: [u8; 8] = *b"CURTKC\r\n";
+/// Version of the file layout.
+pub const FORMAT_VERSION: u32 = 1;
+/// magic 8, version 4, key 16, arch 4, output 1, pad 3, payload length 8.
+const HEADER_LEN: usize = 44;
+const CHECKSUM_LEN: usize = 16;
+
+fn output_byte(o: Output) -> u8 {
+    match o {
+        Output::Cubin => 0,
+        Output::Ptx => 1,
+    }
+}
+
+/// Why a cache file was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeError(pub &'static str);
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unusable kernel cache file: {}", self.0)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// The bytes of a cache file for `compiled` under `key`. Pure.
+pub fn encode(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(compiled.image.len() + compiled.log.len() + 64);
+    put_bytes(&mut payload, &compiled.image);
+    put_bytes(&mut payload, compiled.log.as_bytes());
+    payload.extend_from_slice(&(compiled.lowered_names.len() as u64).to_le_bytes());
+    for (e, l) in &compiled.lowered_names {
+        put_bytes(&mut payload, e.as_bytes());
+        put_bytes(&mut payload, l.as_bytes());
+    }
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + CHECKSUM_LEN);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&key.0);
+    out.extend_from_slice(&compiled.arch.to_le_bytes());
+    out.extend_from_slice(&[output_byte(compiled.output), 0, 0, 0]);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    let mut h = Fnv128::new();
+    h.write(&out);
+    out.extend_from_slice(&h.finish());
+    out
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Reads a cache file's bytes back, checking magic, version, key, length and checksum.
+/// Never panics, whatever the bytes. Pure.
+pub fn decode(bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
+    if bytes.len() < HEADER_LEN + CHECKSUM_LEN {
+        return Err(DecodeError("shorter than its header (truncated)"));
+    }
+    if bytes[..8] != MAGIC {
+        return Err(DecodeError("bad magic"));
+    }
+    let mut r = Reader {
+        b: &bytes[8..HEADER_LEN],
+    };
+    if r.u32()? != FORMAT_VERSION {
+        return Err(DecodeError("another format version"));
+    }
+    if r.take(16)? != key.0 {
+        return Err(DecodeError("written for another key"));
+    }
+    let arch = r.u32()?;
+    let output = match r.take(4)?[0] {
+        0 => Output::Cubin,
+        1 => Output::Ptx,
+        _ => return Err(DecodeError("unknown output kind")),
+    };
+    let payload_len = r.u64()?;
+    let body_end = bytes.len() - CHECKSUM_LEN;
+    if payload_len != (body_end - HEADER_LEN) as u64 {
+        return Err(DecodeError("length does not match (truncated or extended)"));
+    }
+    let mut h = Fnv128::new();
+    h.write(&bytes[..body_end]);
+    if h.finish()[..] != bytes[body_end..] {
+        return Err(DecodeError("checksum mismatch (corrupt)"));
+    }
+    let mut r = Reader {
+        b: &bytes[HEADER_LEN..body_end],
+    };
+    let image = r.bytes()?.to_vec();
+    let log = r.string()?;
+    let n = r.u64()?;
+    let mut lowered_names = Vec::new();
+    for _ in 0..n {
+        lowered_names.push((r.string()?, r.string()?));
+    }
+    if !r.b.is_empty() {
+        return Err(DecodeError("trailing bytes in the payload"));
+    }
+    Ok(Compiled {
+        image,
+        output,
+        arch,
+        log,
+        lowered_names,
+    })
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.b.len() < n {
+            return Err(DecodeError("a field runs past the end"));
+        }
+        let (head, tail) = self.b.split_at(n);
+        self.b = tail;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = usize::try_from(self.u64()?).map_err(|_| DecodeError("field too long"))?;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError("text is not UTF-8"))
+    }
+}
+
+/// The disk folder the environment asks for, given a variable lookup: `None` when
+/// [`IN_MEMORY_VAR`] is set or no folder can be found. Pure.
+pub fn disk_dir_from_env(var: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let set = |name: &str| var(name).filter(|v| !v.is_empty());
+    if set(IN_MEMORY_VAR).is_some_and(|v| v != "0") {
+        return None;
+    }
+    if let Some(d) = set(CACHE_DIR_VAR) {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(x) = set("XDG_CACHE_HOME") {
+        return Some(Path::new(&x).join("cuda-rt").join("kernels"));
+    }
+    set("HOME").map(|h| Path::new(&h).join(".cache").join("cuda-rt").join("kernels"))
+}
+
+/// The memory cache's lookup key, owned.
+struct MemKey {
+    device: i32,
+    target: Target,
+    source: Box<str>,
+    source_name: Box<str>,
+    options: Box<[Box<str>]>,
+    name_expressions: Box<[Box<str>]>,
+}
+
+impl MemKey {
+    fn new(device: i32, program: &Program<'_>, target: Target) -> MemKey {
+        let own = |v: &[&str]| v.iter().map(|s| Box::<str>::from(*s)).collect();
+        MemKey {
+            device,
+            target,
+            source: program.source.into(),
+            source_name: program.source_name.into(),
+            options: own(program.options),
+            name_expressions: own(program.name_expressions),
+        }
+    }
+
+    fn matches(&self, device: i32, program: &Program<'_>, target: Target) -> bool {
+        let same = |a: &[Box<str>], b: &[&str]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| &**x == *y)
+        };
+        self.device == device
+            && self.target == target
+            && *self.source == *program.source
+            && *self.source_name == *program.source_name
+            && same(&self.options, program.options)
+            && same(&self.name_expressions, program.name_expressions)
+    }
+}
+
+fn mem_hash(device: i32, program: &Program<'_>, target: Target) -> u64 {
+    let mut h = DefaultHasher::new();
+    device.hash(&mut h);
+    target.hash(&mut h);
+    program.hash(&mut h);
+    h.finish()
+}
+
+/// The kernel cache: compiled modules in memory per device, compiled images on disk
+/// (see the [module docs](self)). [`KernelCache::global`] is the one `RawModule` and
+/// `RawKernel` use; tests and tools make their own.
+pub struct KernelCache {
+    disk: RwLock<Option<PathBuf>>,
+    modules: Mutex<HashMap<u64, Vec<(MemKey, RawModule)>>>,
+    compiles: AtomicU64,
+    disk_hits: AtomicU64,
+    disk_misses_corrupt: AtomicU64,
+    disk_write_failures: AtomicU64,
+    memory_hits: AtomicU64,
+}
+
+impl fmt::Debug for KernelCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelCache")
+            .field("disk_dir", &self.disk_dir())
+            .field("compiles", &self.compile_count())
+            .field("disk_hits", &self.disk_hit_count())
+            .field("memory_hits", &self.memory_hit_count())
+            .finish()
+    }
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl KernelCache {
+    /// A cache with its disk part in `disk_dir` (`None`: memory only).
+    pub fn new(disk_dir: Option<PathBuf>) -> KernelCache {
+        KernelCache {
+            disk: RwLock::new(disk_dir),
+            modules: Mutex::new(HashMap::new()),
+            compiles: AtomicU64::new(0),
+            disk_hits: AtomicU64::new(0),
+            disk_misses_corrupt: AtomicU64::new(0),
+            disk_write_failures: AtomicU64::new(0),
+            memory_hits: AtomicU64::new(0),
+        }
+    }
+
+    /// A cache configured from the environment (see [`disk_dir_from_env`]).
+    pub fn from_env() -> KernelCache {
+        Self::new(disk_dir_from_env(|k| std::env::var(k).ok()))
+    }
+
+    /// The process-wide cache, configured from the environment on first use.
+    pub fn global() -> &'static KernelCache {
+        static G: OnceLock<KernelCache> = OnceLock::new();
+        G.get_or_init(KernelCache::from_env)
+    }
+
+    /// The disk folder, `None` when the cache is in memory only.
+    pub fn disk_dir(&self) -> Option<PathBuf> {
+        self.disk
+            .read()
+            .map(|d| d.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Moves the disk part to `dir`, or turns it off with `None` (memory only).
+    pub fn set_disk_dir(&self, dir: Option<PathBuf>) {
+        match self.disk.write() {
+            Ok(mut d) => *d = dir,
+            Err(p) => *p.into_inner() = dir,
+        }
+    }
+
+    /// How many times this cache ran NVRTC's compiler.
+    pub fn compile_count(&self) -> u64 {
+        self.compiles.load(Ordering::Relaxed)
+    }
+
+    /// How many compiles the disk part answered.
+    pub fn disk_hit_count(&self) -> u64 {
+        self.disk_hits.load(Ordering::Relaxed)
+    }
+
+    /// How many disk files were found unusable (truncated, corrupt...) and rewritten.
+    pub fn corrupt_file_count(&self) -> u64 {
+        self.disk_misses_corrupt.load(Ordering::Relaxed)
+    }
+
+    /// How many disk writes failed (the cache then works from memory).
+    pub fn disk_write_failure_count(&self) -> u64 {
+        self.disk_write_failures.load(Ordering::Relaxed)
+    }
+
+    /// How many modules the memory part answered.
+    pub fn memory_hit_count(&self) -> u64 {
+        self.memory_hits.load(Ordering::Relaxed)
+    }
+
+    /// Drops the modules held in memory (modules in use stay loaded until dropped).
+    pub fn clear_memory(&self) {
+        if let Ok(mut m) = self.modules.lock() {
+            m.clear();
+        }
+    }
+
+    /// The path of `key`'s file, if there is a disk part.
+    pub fn file_path(&self, key: &CacheKey) -> Option<PathBuf> {
+        self.disk_dir().map(|d| d.join(key.file_name()))
+    }
+
+    /// Compiles `program` for `target` through the disk cache (no GPU needed): a valid
+    /// file is read back; otherwise NVRTC compiles and the file is (re)written
+    /// atomically. Failures to write are counted, not returned.
+    pub fn compile(&self, program: &Program<'_>, target: Target) -> Result<Compiled> {
+        let Some(dir) = self.disk_dir() else {
+            return self.compile_now(program, target);
+        };
+        let key = cache_key(program, target, nvrtc_version()?);
+        let path = dir.join(key.file_name());
+        if let Ok(bytes) = std::fs::read(&path) {
+            match decode(&bytes, &key) {
+                Ok(c) => {
+                    self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(c);
+                }
+                Err(_) => {
+                    self.disk_misses_corrupt.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let compiled = self.compile_now(program, target)?;
+        if write_atomically(&dir, &key, &encode(&key, &compiled)).is_err() {
+            self.disk_write_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(compiled)
+    }
+
+    fn compile_now(&self, program: &Program<'_>, target: Target) -> Result<Compiled> {
+        self.compiles.fetch_add(1, Ordering::Relaxed);
+        program.compile(target)
+    }
+
+    /// The module of `program` for `target` on `device`: from memory, else compiled
+    /// (through the disk cache) and loaded, then kept in memory.
+    pub(crate) fn module(
+        &self,
+        device: i32,
+        program: &Program<'_>,
+        target: Target,
+    ) -> Result<RawModule> {
+        let h = mem_hash(device, program, target);
+        if let Some(m) = self.lookup(h, device, program, target) {
+            self.memory_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(m);
+        }
+        let compiled = self.compile(program, target)?;
+        let module = RawModule::load(device, compiled)?;
+        let mut map = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let bucket = map.entry(h).or_default();
+        if let Some((_, m)) = bucket
+            .iter()
+            .find(|(k, _)| k.matches(device, program, target))
+        {
+            return Ok(m.clone());
+        }
+        bucket.push((MemKey::new(device, program, target), module.clone()));
+        Ok(module)
+    }
+
+    fn lookup(
+        &self,
+        h: u64,
+        device: i32,
+        program: &Program<'_>,
+        target: Target,
+    ) -> Option<RawModule> {
+        let map = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&h)?
+            .iter()
+            .find(|(k, _)| k.matches(device, program, target))
+            .map(|(_, m)| m.clone())
+    }
+}
+
+/// Writes `bytes` to `dir/<key>.kcache` through a temporary file in the same folder and
+/// a rename, so the file appears whole or not at all.
+pub fn write_atomically(dir: &Path, key: &CacheKey, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        key.to_hex(),
+        std::process::id(),
+        TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+        drop(f);
+        std::fs::rename(&tmp, dir.join(key.file_name()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Compiled {
+        Compiled {
+            image: vec![0x7f, b'E', b'L', b'F', 1, 2, 3],
+            output: Output::Cubin,
+            arch: 90,
+            log: "warning: something".into(),
+            lowered_names: vec![("k<float>".into(), "_Z1kIfEvv".into())],
+        }
+    }
+
+    #[test]
+    fn fnv128_matches_reference_vectors() {
+        assert_eq!(
+            Fnv128::new().finish(),
+            0x6c62272e07bb014262b821756295c58du128.to_be_bytes()
+        );
+        let mut h = Fnv128::new();
+        h.write(b"a");
+        assert_eq!(
+            h.finish(),
+            0xd228cb696f1a8caf78912b704e4a8964u128.to_be_bytes()
+        );
+    }
+
+    #[test]
+    fn cache_key_is_stable_across_builds() {
+        let p = Program::new("extern \"C\" __global__ void k() {}").options(&["-O3"]);
+        let k = cache_key(&p, Target::cubin(90), (13, 0));
+        // A fixed value, computed independently (Python) from the documented layout:
+        // changing it invalidates every user's disk cache.
+        assert_eq!(k.to_hex(), "9beb27f2cc1d8f7a4a72e0170780c523");
+        assert_eq!(k.to_hex().len(), 32);
+        assert_eq!(k.file_name(), format!("{}.kcache", k.to_hex()));
+    }
+
+    #[test]
+    fn cache_key_changes_with_every_input() {
+        let base = Program::new("src")
+            .options(&["-a"])
+            .name_expressions(&["f<int>"]);
+        let k = |p: &Program<'_>, t: Target, v: (i32, i32)| cache_key(p, t, v);
+        let k0 = k(&base, Target::cubin(90), (13, 0));
+        assert_ne!(k0, k(&base.options(&["-b"]), Target::cubin(90), (13, 0)));
+        assert_ne!(
+            k0,
+            k(&base.options(&["-a", ""]), Target::cubin(90), (13, 0))
+        );
+        assert_ne!(
+            k0,
+            k(
+                &Program {
+                    source: "src2",
+                    ..base
+                },
+                Target::cubin(90),
+                (13, 0)
+            )
+        );
+        assert_ne!(
+            k0,
+            k(&base.name_expressions(&[]), Target::cubin(90), (13, 0))
+        );
+        assert_ne!(k0, k(&base.source_name("x.cu"), Target::cubin(90), (13, 0)));
+        assert_ne!(k0, k(&base, Target::cubin(80), (13, 0)));
+        assert_ne!(k0, k(&base, Target::ptx(90), (13, 0)));
+        assert_ne!(k0, k(&base, Target::cubin(90), (12, 9)));
+        // Field boundaries matter: ["ab"] is not ["a", "b"].
+        assert_ne!(
+            k(&base.options(&["ab"]), Target::cubin(90), (13, 0)),
+            k(&base.options(&["a", "b"]), Target::cubin(90), (13, 0))
+        );
+    }
+
+    #[test]
+    fn encode_decode_round_trips() {
+        let key = CacheKey([7; 16]);
+        let c = sample();
+        assert_eq!(decode(&encode(&key, &c), &key), Ok(c));
+    }
+
+    #[test]
+    fn every_truncation_is_a_decode_error() {
+        let key = CacheKey([1; 16]);
+        let bytes = encode(&key, &sample());
+        for n in 0..bytes.len() {
+            assert!(decode(&bytes[..n], &key).is_err(), "truncated at {n}");
+        }
+    }
+
+    #[test]
+    fn every_flipped_byte_is_a_decode_error() {
+        let key = CacheKey([1; 16]);
+        let bytes = encode(&key, &sample());
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x20;
+            assert!(decode(&b, &key).is_err(), "flip at {i}");
+        }
+    }
+
+    #[test]
+    fn a_file_for_another_key_is_a_miss() {
+        let bytes = encode(&CacheKey([1; 16]), &sample());
+        assert_eq!(
+            decode(&bytes, &CacheKey([2; 16])),
+            Err(DecodeError("written for another key"))
+        );
+    }
+
+    #[test]
+    fn disk_dir_follows_the_variables_in_order() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(
+            disk_dir_from_env(env(&[("HOME", "/h")])),
+            Some(PathBuf::from("/h/.cache/cuda-rt/kernels"))
+        );
+        assert_eq!(
+            disk_dir_from_env(env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/x")])),
+            Some(PathBuf::from("/x/cuda-rt/kernels"))
+        );
+        assert_eq!(
+            disk_dir_from_env(env(&[("HOME", "/h"), (CACHE_DIR_VAR, "/c")])),
+            Some(PathBuf::from("/c"))
+        );
+        assert_eq!(
+            disk_dir_from_env(env(&[(CACHE_DIR_VAR, "/c"), (IN_MEMORY_VAR, "1")])),
+            None
+        );
+        assert_eq!(
+            disk_dir_from_env(env(&[(CACHE_DIR_VAR, "/c"), (IN_MEMORY_VAR, "0")])),
+            Some(PathBuf::from("/c"))
+        );
+        assert_eq!(disk_dir_from_env(env(&[])), None);
+    }
+}

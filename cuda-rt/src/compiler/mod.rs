@@ -1,0 +1,273 @@
+//! NVRTC: compile CUDA C++ to cubin or PTX, with a kernel cache in memory and on disk,
+//! and CuPy's [`RawModule`] / [`RawKernel`] on top.
+//!
+//! By default a program is compiled for the current device's architecture, capped at
+//! the newest one the loaded NVRTC supports, to a cubin (`-arch=sm_XY`); PTX
+//! (`-arch=compute_XY`) when asked. An explicit [`Target`] compiles without any GPU,
+//! which is how the tests run on machines with only `libnvrtc`.
+//!
+//! ```no_run
+//! # fn main() -> cuda_rt::Result<()> {
+//! use cuda_rt::compiler::{Program, Target};
+//! let ptx = Program::new(r#"extern "C" __global__ void k(int* p) { *p = 1; }"#)
+//!     .options(&["-std=c++17"])
+//!     .compile(Target::ptx(90))?;
+//! assert!(ptx.image.starts_with(b"//"));
+//! # Ok(()) }
+//! ```
+
+pub mod cache;
+mod raw;
+
+use std::sync::OnceLock;
+
+pub use cache::KernelCache;
+pub use raw::{RawKernel, RawModule};
+
+use crate::driver::context::MAX_DEVICES;
+use crate::driver::nvrtc;
+use crate::error::{Error, Result};
+
+/// The source name used when none is given (it appears in compile logs).
+pub const DEFAULT_SOURCE_NAME: &str = "cuda_rt_kernel.cu";
+
+/// What NVRTC produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Output {
+    /// A cubin for one real architecture (`-arch=sm_XY`); loads without a JIT step.
+    #[default]
+    Cubin,
+    /// PTX for a virtual architecture (`-arch=compute_XY`); the driver JITs it at load.
+    Ptx,
+}
+
+/// The architecture and output kind of a compile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// Compute capability as `10 * major + minor`, e.g. 90 for sm_90.
+    pub arch: u32,
+    /// Cubin or PTX.
+    pub output: Output,
+}
+
+impl Target {
+    /// A cubin for `sm_{arch}`.
+    pub const fn cubin(arch: u32) -> Target {
+        Target {
+            arch,
+            output: Output::Cubin,
+        }
+    }
+
+    /// PTX for `compute_{arch}`.
+    pub const fn ptx(arch: u32) -> Target {
+        Target {
+            arch,
+            output: Output::Ptx,
+        }
+    }
+
+    /// A cubin for device `device`'s architecture, capped at the newest one the loaded
+    /// NVRTC supports.
+    pub fn for_device(device: i32) -> Result<Target> {
+        Ok(Target::cubin(arch_for_device(device)?))
+    }
+
+    /// The `-arch=` option NVRTC gets for this target.
+    pub fn arch_option(&self) -> String {
+        match self.output {
+            Output::Cubin => format!("-arch=sm_{}", self.arch),
+            Output::Ptx => format!("-arch=compute_{}", self.arch),
+        }
+    }
+}
+
+/// The result of a compile: the image, NVRTC's log (warnings) and the lowered names of
+/// the name expressions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compiled {
+    /// The cubin, or the PTX text (NUL-terminated).
+    pub image: Vec<u8>,
+    /// What [`image`](Compiled::image) is.
+    pub output: Output,
+    /// The architecture compiled for (as in [`Target::arch`]).
+    pub arch: u32,
+    /// NVRTC's log of the successful compile: warnings, often empty.
+    pub log: String,
+    /// `(name expression, lowered name)` pairs, in the order given.
+    pub lowered_names: Vec<(String, String)>,
+}
+
+impl Compiled {
+    /// The lowered (mangled) name of `expr`, if it was a name expression.
+    pub fn lowered_name(&self, expr: &str) -> Option<&str> {
+        self.lowered_names
+            .iter()
+            .find(|(e, _)| e == expr)
+            .map(|(_, l)| l.as_str())
+    }
+
+    /// The compile's warnings (the log), empty when there were none.
+    pub fn warnings(&self) -> &str {
+        &self.log
+    }
+}
+
+/// A CUDA C++ program to compile: source, source name, options and name expressions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Program<'a> {
+    /// The CUDA C++ source.
+    pub source: &'a str,
+    /// The name the source is compiled under (shown in logs and errors).
+    pub source_name: &'a str,
+    /// NVRTC options, passed through (an `-arch` option here replaces the target's).
+    pub options: &'a [&'a str],
+    /// Name expressions (e.g. `my_kernel<float>`), lowered after compiling.
+    pub name_expressions: &'a [&'a str],
+}
+
+impl<'a> Program<'a> {
+    /// `source` under [`DEFAULT_SOURCE_NAME`], no options, no name expressions.
+    pub fn new(source: &'a str) -> Program<'a> {
+        Program {
+            source,
+            source_name: DEFAULT_SOURCE_NAME,
+            options: &[],
+            name_expressions: &[],
+        }
+    }
+
+    /// With these NVRTC options.
+    pub fn options(mut self, options: &'a [&'a str]) -> Program<'a> {
+        self.options = options;
+        self
+    }
+
+    /// With these name expressions.
+    pub fn name_expressions(mut self, exprs: &'a [&'a str]) -> Program<'a> {
+        self.name_expressions = exprs;
+        self
+    }
+
+    /// Under this source name.
+    pub fn source_name(mut self, name: &'a str) -> Program<'a> {
+        self.source_name = name;
+        self
+    }
+
+    /// The options NVRTC gets: the user's, plus the target's `-arch` unless the user
+    /// gave one.
+    pub fn effective_options(&self, target: Target) -> Vec<String> {
+        let mut opts: Vec<String> = self.options.iter().map(|s| (*s).to_owned()).collect();
+        let has_arch = self.options.iter().any(|o| {
+            o.starts_with("-arch")
+                || o.starts_with("--gpu-architecture")
+                || o.starts_with("--gpu-name")
+        });
+        if !has_arch {
+            opts.push(target.arch_option());
+        }
+        opts
+    }
+
+    /// Compiles with NVRTC now, bypassing every cache. A failed compile is an
+    /// [`Error::Compile`] carrying the source name and the whole log.
+    pub fn compile(&self, target: Target) -> Result<Compiled> {
+        let mut prog = nvrtc::Program::new(self.source, self.source_name)?;
+        for e in self.name_expressions {
+            prog.add_name_expression(e)?;
+        }
+        let log = prog.compile(&self.effective_options(target))?;
+        let image = match target.output {
+            Output::Cubin => prog.cubin()?,
+            Output::Ptx => prog.ptx()?,
+        };
+        let lowered_names = self
+            .name_expressions
+            .iter()
+            .map(|e| Ok(((*e).to_owned(), prog.lowered_name(e)?)))
+            .collect::<Result<_>>()?;
+        Ok(Compiled {
+            image,
+            output: target.output,
+            arch: target.arch,
+            log,
+            lowered_names,
+        })
+    }
+}
+
+/// The loaded NVRTC's version `(major, minor)`, asked once.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    static V: OnceLock<Result<(i32, i32)>> = OnceLock::new();
+    V.get_or_init(nvrtc::version).clone()
+}
+
+/// The architectures the loaded NVRTC compiles for (e.g. `[75, 80, 86, ..., 120]`),
+/// asked once.
+pub fn supported_archs() -> Result<Vec<u32>> {
+    static V: OnceLock<Result<Vec<u32>>> = OnceLock::new();
+    V.get_or_init(|| {
+        Ok(nvrtc::supported_archs()?
+            .into_iter()
+            .filter_map(|a| u32::try_from(a).ok())
+            .collect())
+    })
+    .clone()
+}
+
+/// The newest architecture in `supported` not newer than `cc` (both as `10 * major +
+/// minor`); `None` when all are newer.
+pub fn cap_arch(cc: u32, supported: &[u32]) -> Option<u32> {
+    supported.iter().copied().filter(|&a| a <= cc).max()
+}
+
+/// Device `device`'s compute capability, capped at the newest the loaded NVRTC
+/// supports; asked once per device.
+pub fn arch_for_device(device: i32) -> Result<u32> {
+    static ARCH: [OnceLock<Result<u32>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+    let slot = usize::try_from(device)
+        .ok()
+        .and_then(|i| ARCH.get(i))
+        .ok_or_else(|| Error::InvalidArgument(format!("device id {device} is out of range")))?;
+    slot.get_or_init(|| {
+        let (major, minor) = crate::Device::new(device)?.compute_capability()?;
+        let cc = u32::try_from(major * 10 + minor)
+            .map_err(|_| Error::InvalidState(format!("compute capability {major}.{minor}")))?;
+        let supported = supported_archs()?;
+        cap_arch(cc, &supported).ok_or_else(|| {
+            Error::NotSupported(format!(
+                "device {device} is sm_{cc} but the loaded NVRTC compiles only for {supported:?}"
+            ))
+        })
+    })
+    .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_arch_picks_newest_supported_not_newer_than_device() {
+        let s = [75, 80, 86, 89, 90, 100, 120];
+        assert_eq!(cap_arch(90, &s), Some(90));
+        assert_eq!(cap_arch(87, &s), Some(86));
+        assert_eq!(cap_arch(130, &s), Some(120));
+        assert_eq!(cap_arch(70, &s), None);
+    }
+
+    #[test]
+    fn user_arch_option_replaces_the_target_one() {
+        let p = Program::new("").options(&["-arch=sm_80", "-lineinfo"]);
+        assert_eq!(
+            p.effective_options(Target::cubin(90)),
+            ["-arch=sm_80", "-lineinfo"]
+        );
+        let p = Program::new("").options(&["-lineinfo"]);
+        assert_eq!(
+            p.effective_options(Target::ptx(90)),
+            ["-lineinfo", "-arch=compute_90"]
+        );
+    }
+}

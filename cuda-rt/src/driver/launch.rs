@@ -1,0 +1,134 @@
+//! Checked kernel launches (`cuLaunchKernel`, `cuLaunchCooperativeKernel`,
+//! `cuLaunchKernelEx`). The caller makes the function's context current first.
+//!
+//! These are on the launch hot path: inlined, one table load (the entry point is
+//! resolved once and cached by cuda-sys) and one branch on the result.
+//!
+//! Like the rest of this crate-private layer, the functions are safe to call but take
+//! raw handles and pointers whose validity the safe layer guarantees (see each
+//! function's "Caller guarantees").
+//!
+//! The `unsafe impl`s that make primitives, pointers and plain-data types kernel
+//! arguments live here too.
+
+use std::ffi::c_void;
+
+use super::{check, sys};
+use crate::error::Result;
+use crate::launch::{KernelArg, PlainData};
+
+/// `cuLaunchKernel`.
+///
+/// Caller guarantees: `f` is a function of a loaded module whose context is current; `stream` a stream
+/// of that context (or 0/2); `params` holds one pointer per kernel parameter, each to
+/// a value of the parameter's size, alive for the call.
+#[inline]
+pub fn launch(
+    f: sys::CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: sys::CUstream,
+    params: *mut *mut c_void,
+) -> Result<()> {
+    let launch = super::api()?.cuLaunchKernel()?;
+    // SAFETY: the caller guarantees valid handles and parameter pointers (see above).
+    let rc = unsafe {
+        launch(
+            f,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared,
+            stream,
+            params,
+            std::ptr::null_mut(),
+        )
+    };
+    check(rc, "cuLaunchKernel")
+}
+
+/// `cuLaunchCooperativeKernel`.
+///
+/// Caller guarantees: as for [`launch`].
+#[inline]
+pub fn launch_cooperative(
+    f: sys::CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: sys::CUstream,
+    params: *mut *mut c_void,
+) -> Result<()> {
+    let launch = super::api()?.cuLaunchCooperativeKernel()?;
+    // SAFETY: the caller guarantees valid handles and parameter pointers (see above).
+    let rc = unsafe {
+        launch(
+            f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params,
+        )
+    };
+    check(rc, "cuLaunchCooperativeKernel")
+}
+
+/// `cuLaunchKernelEx`.
+///
+/// Caller guarantees: as for [`launch`]; `config.attrs` points to `config.numAttrs` initialised entries.
+#[inline]
+pub fn launch_ex(
+    config: &sys::CUlaunchConfig,
+    f: sys::CUfunction,
+    params: *mut *mut c_void,
+) -> Result<()> {
+    let launch = super::api()?.cuLaunchKernelEx()?;
+    // SAFETY: the caller guarantees valid handles and parameter pointers (see above).
+    let rc = unsafe { launch(config, f, params, std::ptr::null_mut()) };
+    check(rc, "cuLaunchKernelEx")
+}
+
+// SAFETY: `&self` points to `size_of::<T>()` bytes of plain data.
+unsafe impl<T: PlainData> KernelArg for T {
+    #[inline(always)]
+    fn param_ptr(&self) -> *mut c_void {
+        self as *const T as *mut c_void
+    }
+    #[inline(always)]
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
+}
+
+macro_rules! plain {
+    ($($t:ty),*) => { $(
+        // SAFETY: a primitive: its bytes are its C layout.
+        unsafe impl PlainData for $t {}
+    )* };
+}
+plain!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64, bool);
+// SAFETY: a pointer is passed by value as its address (a device or managed pointer).
+unsafe impl<T> PlainData for *const T {}
+// SAFETY: as above.
+unsafe impl<T> PlainData for *mut T {}
+// SAFETY: an array of plain data is plain data (for use inside structs).
+unsafe impl<T: PlainData, const N: usize> PlainData for [T; N] {}
+
+#[cfg(test)]
+mod tests {
+    use crate::launch::{Dim3, LaunchAttribute};
+
+    use super::sys;
+
+    #[test]
+    fn cluster_attribute_sets_id_and_dims() {
+        let a = LaunchAttribute::ClusterDim(Dim3::new(2, 1, 1)).to_raw();
+        assert_eq!(
+            a.id,
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        );
+        // SAFETY: the cluster variant was written.
+        let d = unsafe { a.value.clusterDim };
+        assert_eq!((d.x, d.y, d.z), (2, 1, 1));
+    }
+}

@@ -1,0 +1,515 @@
+//! Kernel launches: grid and block shapes, dynamic shared memory, typed arguments
+//! without heap allocation, cooperative launches and launch attributes (clusters).
+//!
+//! Arguments are anything that implements [`KernelArg`]: every primitive scalar, raw
+//! pointers, `u64` device pointers, and your own `#[repr(C)]` plain-data structs once
+//! they implement [`PlainData`]. A launch takes them as `&[&dyn KernelArg]` (an array
+//! on the caller's stack) or through the [`launch!`](crate::launch!) macro:
+//!
+//! ```no_run
+//! # fn main() -> cuda_rt::Result<()> {
+//! use cuda_rt::compiler::RawKernel;
+//! use cuda_rt::launch::LaunchConfig;
+//! let k = RawKernel::new(
+//!     r#"extern "C" __global__ void scale(float* x, float a, int n) {
+//!            int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= a; }"#,
+//!     "scale",
+//!     &[],
+//! )?;
+//! let (x, a, n) = (0u64 /* a device pointer */, 2.0f32, 1000i32);
+//! let cfg = LaunchConfig::for_num_elems(&k, n as u32)?;
+//! k.launch(&cfg, &[&x, &a, &n])?; // on the current stream
+//! cuda_rt::launch!(k, &cfg, (x, a, n))?; // the same
+//! # Ok(()) }
+//! ```
+//!
+//! When the driver can tell a kernel's parameters (`cuFuncGetParamInfo`, CUDA 12.4+), a
+//! launch with the wrong number of arguments or a wrong size is an
+//! [`Error::InvalidArgument`] before anything is launched. The sizes are fetched once
+//! per [`Function`]; later launches compare a few integers.
+
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
+
+use crate::driver::{context::make_current, launch as dl, sys};
+use crate::error::{Error, Result};
+use crate::module::Function;
+use crate::stream::{current_stream_of, AsStream};
+
+/// Most arguments a typed launch takes (the raw form has no limit).
+pub const MAX_KERNEL_ARGS: usize = 64;
+
+/// Grid or block dimensions. `From` a `u32`, a 1-, 2- or 3-tuple or array of `u32`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Dim3 {
+    /// x (fastest varying).
+    pub x: u32,
+    /// y.
+    pub y: u32,
+    /// z.
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// `(x, y, z)`.
+    pub const fn new(x: u32, y: u32, z: u32) -> Dim3 {
+        Dim3 { x, y, z }
+    }
+
+    /// x * y * z.
+    pub const fn count(&self) -> u64 {
+        self.x as u64 * self.y as u64 * self.z as u64
+    }
+
+    #[inline]
+    fn to_array(self) -> [u32; 3] {
+        [self.x, self.y, self.z]
+    }
+}
+
+impl From<u32> for Dim3 {
+    fn from(x: u32) -> Dim3 {
+        Dim3::new(x, 1, 1)
+    }
+}
+impl From<(u32,)> for Dim3 {
+    fn from((x,): (u32,)) -> Dim3 {
+        Dim3::new(x, 1, 1)
+    }
+}
+impl From<(u32, u32)> for Dim3 {
+    fn from((x, y): (u32, u32)) -> Dim3 {
+        Dim3::new(x, y, 1)
+    }
+}
+impl From<(u32, u32, u32)> for Dim3 {
+    fn from((x, y, z): (u32, u32, u32)) -> Dim3 {
+        Dim3::new(x, y, z)
+    }
+}
+impl From<[u32; 1]> for Dim3 {
+    fn from([x]: [u32; 1]) -> Dim3 {
+        Dim3::new(x, 1, 1)
+    }
+}
+impl From<[u32; 2]> for Dim3 {
+    fn from([x, y]: [u32; 2]) -> Dim3 {
+        Dim3::new(x, y, 1)
+    }
+}
+impl From<[u32; 3]> for Dim3 {
+    fn from([x, y, z]: [u32; 3]) -> Dim3 {
+        Dim3::new(x, y, z)
+    }
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LaunchConfig {
+    /// Blocks in the grid.
+    pub grid: Dim3,
+    /// Threads per block.
+    pub block: Dim3,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// `grid` blocks of `block` threads, no dynamic shared memory.
+    pub fn new(grid: impl Into<Dim3>, block: impl Into<Dim3>) -> LaunchConfig {
+        LaunchConfig {
+            grid: grid.into(),
+            block: block.into(),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// The same with `bytes` of dynamic shared memory per block.
+    pub fn with_shared_mem(mut self, bytes: u32) -> LaunchConfig {
+        self.shared_mem_bytes = bytes;
+        self
+    }
+
+    /// One thread per element for `n` elements in blocks of `block` threads: grid
+    /// `ceil(n / block)` (at least 1). Pure arithmetic.
+    pub fn for_num_elems_with_block(n: u32, block: u32) -> LaunchConfig {
+        let block = block.max(1);
+        LaunchConfig::new(n.div_ceil(block).max(1), block)
+    }
+
+    /// One thread per element for `n` elements, with the block size that maximises
+    /// `f`'s occupancy (`cuOccupancyMaxPotentialBlockSize`).
+    pub fn for_num_elems(f: &Function, n: u32) -> Result<LaunchConfig> {
+        let (_, block) = f.suggested_block_size(0, 0)?;
+        Ok(Self::for_num_elems_with_block(n, block))
+    }
+
+    /// For a grid-stride loop over `n` elements: the occupancy-maximising block size
+    /// and a grid no larger than what fills the device (nor than `n` needs).
+    pub fn for_num_elems_grid_stride(f: &Function, n: u32) -> Result<LaunchConfig> {
+        let (min_grid, block) = f.suggested_block_size(0, 0)?;
+        let mut cfg = Self::for_num_elems_with_block(n, block);
+        cfg.grid.x = cfg.grid.x.min(min_grid.max(1));
+        Ok(cfg)
+    }
+
+    #[inline]
+    pub(crate) fn to_raw(
+        self,
+        stream: sys::CUstream,
+        attrs: &mut [sys::CUlaunchAttribute],
+    ) -> sys::CUlaunchConfig {
+        sys::CUlaunchConfig {
+            gridDimX: self.grid.x,
+            gridDimY: self.grid.y,
+            gridDimZ: self.grid.z,
+            blockDimX: self.block.x,
+            blockDimY: self.block.y,
+            blockDimZ: self.block.z,
+            sharedMemBytes: self.shared_mem_bytes,
+            hStream: stream,
+            attrs: if attrs.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                attrs.as_mut_ptr()
+            },
+            numAttrs: attrs.len() as u32,
+        }
+    }
+}
+
+/// A value that can be passed to a kernel by value.
+///
+/// # Safety
+/// [`param_ptr`](KernelArg::param_ptr) points to [`param_size`](KernelArg::param_size)
+/// readable bytes laid out as the kernel's C++ parameter type expects, valid as long
+/// as `self` is borrowed.
+pub unsafe trait KernelArg {
+    /// Pointer to the bytes of the value (what `cuLaunchKernel`'s `kernelParams` holds).
+    fn param_ptr(&self) -> *mut c_void;
+    /// Size of the value in bytes.
+    fn param_size(&self) -> usize;
+}
+
+/// Plain data: a `Copy` type whose bytes are its C layout (`#[repr(C)]` structs of
+/// plain data, primitive scalars, pointers). Implementing it makes the type a
+/// [`KernelArg`].
+///
+/// ```
+/// #[derive(Clone, Copy)]
+/// #[repr(C)]
+/// struct Params { n: i32, alpha: f32 }
+/// // SAFETY: repr(C), fields are plain data.
+/// unsafe impl cuda_rt::launch::PlainData for Params {}
+/// ```
+///
+/// # Safety
+/// The type must be `#[repr(C)]` (or a primitive) and match the kernel's parameter
+/// type in size, alignment and layout; it must hold no references or host pointers
+/// the kernel would dereference.
+pub unsafe trait PlainData: Copy {}
+
+// The impls for primitives, pointers and arrays, and the blanket `KernelArg` impl for
+// plain data, live in the driver layer (crate::driver::launch) with the crate's other
+// `unsafe`.
+
+/// A launch attribute for [`Function::launch_ex`] (`cuLaunchKernelEx`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchAttribute {
+    /// Thread block cluster dimensions (sm_90+); the grid must be a multiple.
+    ClusterDim(Dim3),
+    /// A cooperative launch (grid-wide sync allowed).
+    Cooperative(bool),
+    /// The launch's priority (as a stream priority).
+    Priority(i32),
+}
+
+impl LaunchAttribute {
+    pub(crate) fn to_raw(self) -> sys::CUlaunchAttribute {
+        use sys::CUlaunchAttributeID as Id;
+        let mut a = sys::CUlaunchAttribute::default();
+        match self {
+            LaunchAttribute::ClusterDim(d) => {
+                a.id = Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                a.value.clusterDim.x = d.x;
+                a.value.clusterDim.y = d.y;
+                a.value.clusterDim.z = d.z;
+            }
+            LaunchAttribute::Cooperative(on) => {
+                a.id = Id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+                a.value.cooperative = i32::from(on);
+            }
+            LaunchAttribute::Priority(p) => {
+                a.id = Id::CU_LAUNCH_ATTRIBUTE_PRIORITY;
+                a.value.priority = p;
+            }
+        }
+        a
+    }
+}
+
+/// Most attributes one [`Function::launch_ex`] takes.
+pub const MAX_LAUNCH_ATTRIBUTES: usize = 8;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Plain,
+    Cooperative,
+}
+
+impl Function {
+    /// Launches on this thread's current stream of the function's device.
+    #[inline]
+    pub fn launch(&self, config: &LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
+        self.launch_on(&current_stream_of(self.device_id()), config, args)
+    }
+
+    /// Launches on `stream`, which must belong to the function's device.
+    #[inline]
+    pub fn launch_on(
+        &self,
+        stream: &impl AsStream,
+        config: &LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<()> {
+        self.launch_typed(Kind::Plain, stream, config, args)
+    }
+
+    /// A cooperative launch (`cuLaunchCooperativeKernel`): the whole grid must fit on
+    /// the device at once, and may synchronise with `cooperative_groups::this_grid()`.
+    #[inline]
+    pub fn launch_cooperative(
+        &self,
+        stream: &impl AsStream,
+        config: &LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<()> {
+        self.launch_typed(Kind::Cooperative, stream, config, args)
+    }
+
+    /// Launches with attributes through `cuLaunchKernelEx` (cluster dimensions,
+    /// cooperative, priority).
+    pub fn launch_ex(
+        &self,
+        stream: &impl AsStream,
+        config: &LaunchConfig,
+        attributes: &[LaunchAttribute],
+        args: &[&dyn KernelArg],
+    ) -> Result<()> {
+        if attributes.len() > MAX_LAUNCH_ATTRIBUTES {
+            return Err(Error::InvalidArgument(format!(
+                "{} launch attributes: at most {MAX_LAUNCH_ATTRIBUTES}",
+                attributes.len()
+            )));
+        }
+        let mut raw = [sys::CUlaunchAttribute::default(); MAX_LAUNCH_ATTRIBUTES];
+        for (r, a) in raw.iter_mut().zip(attributes) {
+            *r = a.to_raw();
+        }
+        let mut params = ParamArray::new();
+        let ptrs = params.fill(self, args)?;
+        self.check_stream(stream)?;
+        make_current(self.device_id())?;
+        let cfg = config.to_raw(stream.as_raw(), &mut raw[..attributes.len()]);
+        // The function's module is alive (self holds it) and its context current; the
+        // stream belongs to the device (checked); `ptrs` holds one pointer per argument,
+        // each alive for the call, count and sizes checked where the driver can tell;
+        // `cfg.attrs` covers `numAttrs` initialised entries.
+        dl::launch_ex(&cfg, self.as_raw(), ptrs)
+    }
+
+    /// Launches with raw parameter pointers on `stream`. The count is checked where
+    /// the driver can tell; sizes cannot be.
+    ///
+    /// # Safety
+    /// `params[i]` points to a value of the kernel's i-th parameter type, alive for
+    /// the call; pointers the kernel dereferences are valid device memory.
+    #[inline]
+    pub unsafe fn launch_raw(
+        &self,
+        stream: &impl AsStream,
+        config: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        if let Some(expected) = self.param_sizes() {
+            if expected.len() != params.len() {
+                return Err(self.arity_error(expected, params.len(), None));
+            }
+        }
+        self.check_stream(stream)?;
+        make_current(self.device_id())?;
+        // The pointers are the caller's promise (see `# Safety`); the module is alive.
+        dl::launch(
+            self.as_raw(),
+            config.grid.to_array(),
+            config.block.to_array(),
+            config.shared_mem_bytes,
+            stream.as_raw(),
+            params.as_mut_ptr(),
+        )
+    }
+
+    #[inline]
+    fn launch_typed(
+        &self,
+        kind: Kind,
+        stream: &impl AsStream,
+        config: &LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<()> {
+        let mut params = ParamArray::new();
+        let ptrs = params.fill(self, args)?;
+        self.check_stream(stream)?;
+        make_current(self.device_id())?;
+        let (grid, block) = (config.grid.to_array(), config.block.to_array());
+        // The function's module is alive (self holds it) and its context current; the
+        // stream belongs to the device (checked); `ptrs` holds one pointer per argument,
+        // each alive for the call, with count and sizes checked where the driver can
+        // tell.
+        match kind {
+            Kind::Plain => dl::launch(
+                self.as_raw(),
+                grid,
+                block,
+                config.shared_mem_bytes,
+                stream.as_raw(),
+                ptrs,
+            ),
+            Kind::Cooperative => dl::launch_cooperative(
+                self.as_raw(),
+                grid,
+                block,
+                config.shared_mem_bytes,
+                stream.as_raw(),
+                ptrs,
+            ),
+        }
+    }
+
+    #[inline]
+    fn check_stream(&self, stream: &impl AsStream) -> Result<()> {
+        if stream.device_id() != self.device_id() {
+            return Err(self.stream_error(stream.device_id()));
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn stream_error(&self, stream_device: i32) -> Error {
+        Error::InvalidArgument(format!(
+            "kernel {} is loaded on device {} but the launch stream belongs to device {stream_device}",
+            self.name(),
+            self.device_id()
+        ))
+    }
+
+    #[cold]
+    fn arity_error(&self, expected: &[usize], n: usize, sizes: Option<&[usize]>) -> Error {
+        let mut msg = format!(
+            "kernel {} takes {} parameter(s) of sizes {:?} bytes; the launch passed {n} argument(s)",
+            self.name(),
+            expected.len(),
+            expected
+        );
+        if let Some(s) = sizes {
+            msg.push_str(&format!(" of sizes {s:?} bytes"));
+        }
+        Error::InvalidArgument(msg)
+    }
+}
+
+/// The parameter pointer array of a typed launch, on the stack, written only as far
+/// as there are arguments.
+struct ParamArray {
+    ptrs: [MaybeUninit<*mut c_void>; MAX_KERNEL_ARGS],
+}
+
+impl ParamArray {
+    #[inline(always)]
+    fn new() -> Self {
+        ParamArray {
+            ptrs: [MaybeUninit::uninit(); MAX_KERNEL_ARGS],
+        }
+    }
+
+    /// Checks `args` against the kernel's parameters and writes their pointers;
+    /// returns the array's start (null when there are no arguments).
+    #[inline(always)]
+    fn fill(&mut self, f: &Function, args: &[&dyn KernelArg]) -> Result<*mut *mut c_void> {
+        if args.len() > MAX_KERNEL_ARGS {
+            return Err(Error::InvalidArgument(format!(
+                "{} kernel arguments: a typed launch takes at most {MAX_KERNEL_ARGS} (use launch_raw)",
+                args.len()
+            )));
+        }
+        if let Some(expected) = f.param_sizes() {
+            if expected.len() != args.len()
+                || expected.iter().zip(args).any(|(&e, a)| e != a.param_size())
+            {
+                let sizes: Vec<usize> = args.iter().map(|a| a.param_size()).collect();
+                return Err(f.arity_error(expected, args.len(), Some(&sizes)));
+            }
+        }
+        for (slot, a) in self.ptrs.iter_mut().zip(args) {
+            slot.write(a.param_ptr());
+        }
+        Ok(if args.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            self.ptrs.as_mut_ptr().cast()
+        })
+    }
+}
+
+/// Launches a kernel with typed arguments, no heap allocation:
+/// `launch!(f, &cfg, (a, b, c))` on the current stream, or
+/// `launch!(f, &cfg, &stream, (a, b, c))`. `f` is a [`Function`] or anything that
+/// dereferences to one (a [`RawKernel`](crate::compiler::RawKernel)); each argument
+/// is a [`KernelArg`]. Evaluates to `Result<()>`.
+#[macro_export]
+macro_rules! launch {
+    ($f:expr, $cfg:expr, ( $($arg:expr),* $(,)? )) => {
+        $crate::module::Function::launch(&$f, $cfg, &[$(&$arg as &dyn $crate::launch::KernelArg),*])
+    };
+    ($f:expr, $cfg:expr, $stream:expr, ( $($arg:expr),* $(,)? )) => {
+        $crate::module::Function::launch_on(&$f, $stream, $cfg, &[$(&$arg as &dyn $crate::launch::KernelArg),*])
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dim3_from_tuples_and_arrays_fills_missing_dims_with_one() {
+        assert_eq!(Dim3::from(7), Dim3::new(7, 1, 1));
+        assert_eq!(Dim3::from((2, 3)), Dim3::new(2, 3, 1));
+        assert_eq!(Dim3::from([2, 3, 4]), Dim3::new(2, 3, 4));
+        assert_eq!(Dim3::from((5,)).count(), 5);
+    }
+
+    #[test]
+    fn for_num_elems_rounds_the_grid_up() {
+        let c = LaunchConfig::for_num_elems_with_block(1000, 256);
+        assert_eq!((c.grid.x, c.block.x), (4, 256));
+        let c = LaunchConfig::for_num_elems_with_block(0, 128);
+        assert_eq!(c.grid.x, 1);
+    }
+
+    #[test]
+    fn plain_data_args_point_at_their_bytes() {
+        #[derive(Clone, Copy)]
+        #[repr(C)]
+        struct P {
+            a: i32,
+            b: f64,
+        }
+        // SAFETY: repr(C) plain data.
+        unsafe impl PlainData for P {}
+        let p = P { a: 1, b: 2.0 };
+        assert_eq!(p.param_size(), 16);
+        assert_eq!(p.param_ptr() as usize, &p as *const P as usize);
+        assert_eq!(3u8.param_size(), 1);
+        assert_eq!(std::ptr::null_mut::<f32>().param_size(), 8);
+    }
+}

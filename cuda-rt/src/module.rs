@@ -1,0 +1,394 @@
+//! Modules and functions: load PTX, cubin or fatbin, look up kernels and globals, read
+//! and set kernel attributes, ask the occupancy calculator.
+//!
+//! Modules are loaded with `cuModuleLoadDataEx` (not the `cuLibrary*` API) into the
+//! primary context of the device that was current at load time: a [`Module`] belongs to
+//! one device, like CuPy's. Files are read by cuda-rt and loaded from memory, so a
+//! missing file is an error that names it.
+//!
+//! ```no_run
+//! # fn main() -> cuda_rt::Result<()> {
+//! use cuda_rt::module::Module;
+//! use cuda_rt::launch::LaunchConfig;
+//! let module = Module::load_file("kernels.cubin")?;
+//! let f = module.get_function("scale")?;
+//! let (ptr, n) = (0u64, 1024u32); // a device pointer from an allocation
+//! f.launch(&LaunchConfig::for_num_elems(&f, n)?, &[&ptr, &n])?;
+//! # Ok(()) }
+//! ```
+
+use std::ffi::c_void;
+use std::fmt;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use crate::device::get_device_id;
+use crate::driver::{self, context::make_current, module as dm, sys};
+use crate::error::{Error, Result};
+
+/// ELF magic: a cubin.
+const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
+/// Fatbin magic (`0xBA55ED50`, little-endian).
+const FATBIN_MAGIC: [u8; 4] = [0x50, 0xED, 0x55, 0xBA];
+
+/// The kind of a module image, told apart by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ImageKind {
+    /// PTX assembly (text); JIT-compiled by the driver at load time.
+    Ptx,
+    /// A cubin (ELF) for one architecture.
+    Cubin,
+    /// A fatbin holding cubins and/or PTX for several architectures.
+    Fatbin,
+}
+
+impl ImageKind {
+    /// Tells the kind of `image` from its magic bytes (anything else is taken as PTX).
+    pub fn detect(image: &[u8]) -> ImageKind {
+        if image.starts_with(&ELF_MAGIC) {
+            ImageKind::Cubin
+        } else if image.starts_with(&FATBIN_MAGIC) {
+            ImageKind::Fatbin
+        } else {
+            ImageKind::Ptx
+        }
+    }
+}
+
+struct ModuleInner {
+    handle: usize,
+    device: i32,
+}
+
+impl Drop for ModuleInner {
+    fn drop(&mut self) {
+        // Unloading needs the module's context; errors at exit leave nothing to do.
+        if make_current(self.device).is_ok() {
+            let _ = dm::unload(self.handle as sys::CUmodule);
+        }
+    }
+}
+
+/// A loaded module, unloaded when the last clone and the last [`Function`] taken from
+/// it are dropped. Cheap to clone.
+#[derive(Clone)]
+pub struct Module {
+    inner: Arc<ModuleInner>,
+}
+
+impl fmt::Debug for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Module")
+            .field("handle", &(self.inner.handle as *const c_void))
+            .field("device", &self.inner.device)
+            .finish()
+    }
+}
+
+impl Module {
+    /// Loads a PTX, cubin or fatbin file on the current device. A file that cannot be
+    /// read is an error naming it.
+    pub fn load_file(path: impl AsRef<Path>) -> Result<Module> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| {
+            Error::InvalidArgument(format!("cannot read module file {}: {e}", path.display()))
+        })?;
+        Self::load_data(&bytes)
+    }
+
+    /// Loads a PTX, cubin or fatbin image from memory on the current device (the kind
+    /// is told by the image's magic bytes; PTX need not end with a NUL byte).
+    pub fn load_data(image: &[u8]) -> Result<Module> {
+        Self::load_data_on(get_device_id(), image)
+    }
+
+    /// Loads an image on `device`.
+    pub(crate) fn load_data_on(device: i32, image: &[u8]) -> Result<Module> {
+        make_current(device)?;
+        let handle = if ImageKind::detect(image) == ImageKind::Ptx && image.last() != Some(&0) {
+            let mut owned = Vec::with_capacity(image.len() + 1);
+            owned.extend_from_slice(image);
+            owned.push(0);
+            dm::load_data(&owned)?
+        } else {
+            dm::load_data(image)?
+        };
+        Ok(Module {
+            inner: Arc::new(ModuleInner {
+                handle: handle as usize,
+                device,
+            }),
+        })
+    }
+
+    /// Same as [`Module::load_data`], by CuPy's name.
+    pub fn load_from_string(image: &str) -> Result<Module> {
+        Self::load_data(image.as_bytes())
+    }
+
+    /// The device the module was loaded on.
+    pub fn device_id(&self) -> i32 {
+        self.inner.device
+    }
+
+    /// The raw `CUmodule` (owned by this module).
+    pub fn as_raw(&self) -> sys::CUmodule {
+        self.inner.handle as sys::CUmodule
+    }
+
+    /// The kernel `name` (a C name, or a lowered C++ name). An unknown name is an error
+    /// naming it and, on drivers that can list them (CUDA 12.4+), the module's kernels.
+    pub fn get_function(&self, name: &str) -> Result<Function> {
+        let c = dm::c_name("kernel", name)?;
+        make_current(self.inner.device)?;
+        match dm::get_function(self.as_raw(), &c) {
+            Ok(f) => Ok(Function::new(self.inner.clone(), f, name)),
+            Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => {
+                let mut msg = format!(
+                    "cuModuleGetFunction({name:?}) failed: {}: {}",
+                    d.name, d.description
+                );
+                if let Ok(names) = self.function_names() {
+                    if names.is_empty() {
+                        msg.push_str("; the module exports no kernel");
+                    } else {
+                        msg.push_str("; the module exports: ");
+                        msg.push_str(&names.join(", "));
+                    }
+                }
+                Err(Error::InvalidArgument(msg))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The names of the module's kernels (CUDA 12.4+ drivers).
+    pub fn function_names(&self) -> Result<Vec<String>> {
+        make_current(self.inner.device)?;
+        let mut names = dm::function_names(self.as_raw())?;
+        names.sort();
+        Ok(names)
+    }
+
+    /// Device address and size in bytes of the `__device__` or `__constant__`
+    /// variable `name`.
+    pub fn get_global(&self, name: &str) -> Result<(u64, usize)> {
+        let c = dm::c_name("global variable", name)?;
+        make_current(self.inner.device)?;
+        match dm::get_global(self.as_raw(), &c) {
+            Ok((p, n)) => Ok((p, n)),
+            Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(
+                Error::InvalidArgument(format!(
+                    "cuModuleGetGlobal({name:?}) failed: {}: {}: the module has no __device__ or __constant__ variable of that name",
+                    d.name, d.description
+                )),
+            ),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Texture references were removed in CUDA 12: always [`Error::NotSupported`].
+    pub fn get_texref(&self, name: &str) -> Result<()> {
+        Err(Error::NotSupported(format!(
+            "get_texref({name:?}): texture references were removed in CUDA 12; use texture objects (cuTexObjectCreate) instead"
+        )))
+    }
+}
+
+/// A kernel of a loaded [`Module`]; keeps the module loaded. Cheap to clone: clones
+/// share the cached parameter sizes.
+#[derive(Clone)]
+pub struct Function {
+    inner: Arc<FunctionInner>,
+}
+
+struct FunctionInner {
+    handle: usize,
+    device: i32,
+    name: Box<str>,
+    /// Parameter sizes as the driver reports them, fetched on the first launch;
+    /// `None` when the driver cannot tell (before CUDA 12.4).
+    params: OnceLock<Option<Box<[usize]>>>,
+    module: Arc<ModuleInner>,
+}
+
+impl fmt::Debug for Function {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Function")
+            .field("name", &self.inner.name)
+            .field("handle", &(self.inner.handle as *const c_void))
+            .field("device", &self.inner.device)
+            .finish()
+    }
+}
+
+/// A kernel's attributes, as `cuFuncGetAttribute` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FunctionAttributes {
+    /// Most threads per block this kernel can be launched with.
+    pub max_threads_per_block: i32,
+    /// Statically allocated shared memory per block, in bytes.
+    pub shared_size_bytes: i32,
+    /// User constant memory, in bytes.
+    pub const_size_bytes: i32,
+    /// Local memory per thread, in bytes.
+    pub local_size_bytes: i32,
+    /// Registers per thread.
+    pub num_regs: i32,
+    /// PTX virtual architecture, e.g. 90.
+    pub ptx_version: i32,
+    /// Binary architecture, e.g. 90.
+    pub binary_version: i32,
+    /// Whether compiled with `-Xptxas --dlcm=ca` (1) or not (0).
+    pub cache_mode_ca: i32,
+    /// Most dynamic shared memory per block a launch may ask for, in bytes (settable).
+    pub max_dynamic_shared_size_bytes: i32,
+    /// Preferred shared memory carveout in percent, or -1 for no preference (settable).
+    pub preferred_shared_memory_carveout: i32,
+}
+
+impl Function {
+    fn new(module: Arc<ModuleInner>, handle: sys::CUfunction, name: &str) -> Function {
+        Function {
+            inner: Arc::new(FunctionInner {
+                handle: handle as usize,
+                device: module.device,
+                name: name.into(),
+                params: OnceLock::new(),
+                module,
+            }),
+        }
+    }
+
+    /// The raw `CUfunction` (valid while this function or its module lives).
+    #[inline]
+    pub fn as_raw(&self) -> sys::CUfunction {
+        self.inner.handle as sys::CUfunction
+    }
+
+    /// The name the function was looked up by.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The device the function's module was loaded on.
+    #[inline]
+    pub fn device_id(&self) -> i32 {
+        self.inner.device
+    }
+
+    /// The module the function belongs to.
+    pub fn module(&self) -> Module {
+        Module {
+            inner: self.inner.module.clone(),
+        }
+    }
+
+    /// The sizes of the kernel's parameters as the driver reports them (CUDA 12.4+),
+    /// fetched once; `None` when the driver cannot tell.
+    #[inline]
+    pub fn param_sizes(&self) -> Option<&[usize]> {
+        self.inner
+            .params
+            .get_or_init(|| dm::param_sizes(self.as_raw()))
+            .as_deref()
+    }
+
+    /// One attribute by the driver's raw enum value.
+    pub fn attribute_raw(&self, attr: sys::CUfunction_attribute) -> Result<i32> {
+        make_current(self.inner.device)?;
+        dm::attribute(self.as_raw(), attr)
+    }
+
+    /// Sets one attribute by the driver's raw enum value (CUDA allows only a few).
+    pub fn set_attribute_raw(&self, attr: sys::CUfunction_attribute, value: i32) -> Result<()> {
+        make_current(self.inner.device)?;
+        dm::set_attribute(self.as_raw(), attr, value)
+    }
+
+    /// Every attribute (CuPy's `Function.attributes`).
+    pub fn attributes(&self) -> Result<FunctionAttributes> {
+        use sys::CUfunction_attribute as A;
+        let a = |attr| self.attribute_raw(attr);
+        Ok(FunctionAttributes {
+            max_threads_per_block: a(A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            shared_size_bytes: a(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            const_size_bytes: a(A::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES)?,
+            local_size_bytes: a(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            num_regs: a(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            ptx_version: a(A::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
+            binary_version: a(A::CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
+            cache_mode_ca: a(A::CU_FUNC_ATTRIBUTE_CACHE_MODE_CA)?,
+            max_dynamic_shared_size_bytes: a(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
+            preferred_shared_memory_carveout: a(
+                A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            )?,
+        })
+    }
+
+    /// Lets launches ask for up to `bytes` of dynamic shared memory per block (above
+    /// 48 KiB needs this opt-in).
+    pub fn set_max_dynamic_shared_memory(&self, bytes: i32) -> Result<()> {
+        self.set_attribute_raw(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes,
+        )
+    }
+
+    /// The preferred shared memory carveout, in percent of the maximum (0..=100), or
+    /// -1 for no preference.
+    pub fn set_preferred_shared_memory_carveout(&self, percent: i32) -> Result<()> {
+        if !(-1..=100).contains(&percent) {
+            return Err(Error::InvalidArgument(format!(
+                "shared memory carveout {percent}: must be -1 or 0..=100 percent"
+            )));
+        }
+        self.set_attribute_raw(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            percent,
+        )
+    }
+
+    /// How many blocks of `block_size` threads using `dynamic_shared_bytes` can be
+    /// active at once on one multiprocessor.
+    pub fn max_active_blocks_per_multiprocessor(
+        &self,
+        block_size: u32,
+        dynamic_shared_bytes: usize,
+    ) -> Result<i32> {
+        let block = i32::try_from(block_size)
+            .map_err(|_| Error::InvalidArgument(format!("block size {block_size}")))?;
+        make_current(self.inner.device)?;
+        dm::max_active_blocks_per_sm(self.as_raw(), block, dynamic_shared_bytes)
+    }
+
+    /// The block size that maximises occupancy, and the smallest grid that fills the
+    /// device at that size: `(min_grid_size, block_size)`. `block_size_limit` 0 means
+    /// no limit.
+    pub fn suggested_block_size(
+        &self,
+        dynamic_shared_bytes: usize,
+        block_size_limit: u32,
+    ) -> Result<(u32, u32)> {
+        let limit = i32::try_from(block_size_limit)
+            .map_err(|_| Error::InvalidArgument(format!("block size limit {block_size_limit}")))?;
+        make_current(self.inner.device)?;
+        let (grid, block) =
+            dm::max_potential_block_size(self.as_raw(), dynamic_shared_bytes, limit)?;
+        Ok((grid.max(0) as u32, block.max(0) as u32))
+    }
+
+    /// The largest cluster size (blocks per cluster) a launch with this grid, block and
+    /// shared memory could use (`cuOccupancyMaxPotentialClusterSize`; sm_90+).
+    pub fn max_potential_cluster_size(&self, config: &crate::launch::LaunchConfig) -> Result<i32> {
+        make_current(self.inner.device)?;
+        let cfg = config.to_raw(std::ptr::null_mut(), &mut []);
+        dm::max_potential_cluster_size(self.as_raw(), &cfg)
+    }
+}
+
+/// `true` if the driver's kernel parameter table can be read (for tests).
+#[doc(hidden)]
+pub fn driver_reports_param_sizes() -> bool {
+    driver::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok())
+}

@@ -1,0 +1,213 @@
+//! NVRTC compiles for real here (no GPU needed, only libnvrtc); the GPU tests load and
+//! run what was compiled.
+
+#[path = "common_kernel/mod.rs"]
+mod common;
+
+use common::{nvrtc_or_skip, DevBuf, SAXPY};
+use cuda_rt::compiler::{Output, Program, RawKernel, RawModule, Target, DEFAULT_SOURCE_NAME};
+use cuda_rt::module::ImageKind;
+use cuda_rt::{Error, LaunchConfig};
+
+const TEMPLATE: &str = r#"
+template <typename T>
+__global__ void add_one(T* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += T(1);
+}
+"#;
+
+macro_rules! nvrtc_test {
+    ($name:ident, $body:block) => {
+        #[test]
+        fn $name() {
+            if !nvrtc_or_skip(stringify!($name)) {
+                return;
+            }
+            $body
+        }
+    };
+}
+
+nvrtc_test!(compiles_saxpy_to_ptx_for_an_explicit_arch, {
+    let c = Program::new(SAXPY).compile(Target::ptx(90)).unwrap();
+    let text = String::from_utf8_lossy(&c.image);
+    assert!(text.contains(".target sm_90"), "{text}");
+    assert!(text.contains(".entry saxpy"), "{text}");
+    assert_eq!(c.image.last(), Some(&0), "PTX keeps its NUL byte");
+    assert_eq!(ImageKind::detect(&c.image), ImageKind::Ptx);
+    assert_eq!((c.output, c.arch), (Output::Ptx, 90));
+});
+
+nvrtc_test!(compiles_saxpy_to_cubin_for_an_explicit_arch, {
+    let c = Program::new(SAXPY).compile(Target::cubin(90)).unwrap();
+    assert_eq!(ImageKind::detect(&c.image), ImageKind::Cubin);
+    assert!(c.image.len() > 100);
+});
+
+nvrtc_test!(compile_error_carries_the_log_and_the_source_name, {
+    let bad = "extern \"C\" __global__ void k(float* x) { x[0] = undefined_thing; }";
+    let err = Program::new(bad)
+        .source_name("bad_kernel.cu")
+        .compile(Target::cubin(90))
+        .unwrap_err();
+    let Error::Compile(e) = &err else {
+        panic!("not a compile error: {err}")
+    };
+    assert_eq!(e.name, "NVRTC_ERROR_COMPILATION");
+    assert_eq!(e.source_name.as_deref(), Some("bad_kernel.cu"));
+    assert!(e.log.contains("undefined_thing"), "log: {}", e.log);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("bad_kernel.cu") && msg.contains("undefined_thing"),
+        "{msg}"
+    );
+});
+
+nvrtc_test!(raw_module_compile_error_uses_the_default_source_name, {
+    // RawModule compiles through Program with the default source name.
+    let err = Program::new("this is not C++")
+        .compile(Target::cubin(90))
+        .unwrap_err();
+    match err {
+        Error::Compile(e) => assert_eq!(e.source_name.as_deref(), Some(DEFAULT_SOURCE_NAME)),
+        e => panic!("{e}"),
+    }
+});
+
+nvrtc_test!(a_bad_option_is_a_compile_error_naming_it, {
+    let err = Program::new(SAXPY)
+        .options(&["--no-such-option-at-all"])
+        .compile(Target::cubin(90))
+        .unwrap_err();
+    let Error::Compile(e) = &err else {
+        panic!("not a compile error: {err}")
+    };
+    assert_eq!(e.name, "NVRTC_ERROR_INVALID_OPTION", "{err}");
+});
+
+nvrtc_test!(options_are_passed_through, {
+    let src = "#ifndef SCALE\n#error SCALE not defined\n#endif\nextern \"C\" __global__ void k(float* x) { x[0] = SCALE; }";
+    assert!(Program::new(src).compile(Target::ptx(90)).is_err());
+    let three = Program::new(src)
+        .options(&["-DSCALE=3.0f"])
+        .compile(Target::ptx(90))
+        .unwrap();
+    let four = Program::new(src)
+        .options(&["-DSCALE=4.0f"])
+        .compile(Target::ptx(90))
+        .unwrap();
+    assert_ne!(three.image, four.image);
+});
+
+nvrtc_test!(warnings_are_in_the_log_of_a_successful_compile, {
+    let src = "#warning cuda-rt-test-warning\nextern \"C\" __global__ void k() {}";
+    let c = Program::new(src).compile(Target::ptx(90)).unwrap();
+    assert!(
+        c.warnings().contains("cuda-rt-test-warning"),
+        "log: {:?}",
+        c.log
+    );
+});
+
+nvrtc_test!(name_expressions_give_lowered_names, {
+    let exprs = ["add_one<float>", "add_one<int>"];
+    let c = Program::new(TEMPLATE)
+        .name_expressions(&exprs)
+        .compile(Target::cubin(90))
+        .unwrap();
+    let f = c.lowered_name("add_one<float>").unwrap();
+    let i = c.lowered_name("add_one<int>").unwrap();
+    assert!(f.starts_with("_Z") && i.starts_with("_Z"), "{f} {i}");
+    assert_ne!(f, i);
+    assert_eq!(c.lowered_name("add_one<double>"), None);
+});
+
+nvrtc_test!(an_invalid_name_expression_is_an_error, {
+    let err = Program::new(TEMPLATE)
+        .name_expressions(&["no_such_template<float>"])
+        .compile(Target::cubin(90))
+        .unwrap_err();
+    assert!(matches!(err, Error::Compile(_)), "{err}");
+});
+
+nvrtc_test!(supported_archs_include_sm_90_and_are_sorted, {
+    let archs = cuda_rt::compiler::supported_archs().unwrap();
+    assert!(archs.contains(&90), "{archs:?}");
+    assert!(archs.windows(2).all(|w| w[0] < w[1]), "{archs:?}");
+});
+
+nvrtc_test!(nvrtc_version_is_12_or_newer, {
+    let (major, _) = cuda_rt::compiler::nvrtc_version().unwrap();
+    assert!(major >= 12);
+});
+
+cuda_rt::gpu_test!(saxpy_compiled_by_nvrtc_matches_host_values, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let k = RawKernel::new(SAXPY, "saxpy", &["-std=c++17"]).unwrap();
+    let n = 10_000usize;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let y: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.5).collect();
+    let (dx, dy) = (DevBuf::from_slice(&x), DevBuf::from_slice(&y));
+    let a = 2.5f32;
+    let cfg = LaunchConfig::for_num_elems(&k, n as u32).unwrap();
+    k.launch(&cfg, &[&a, &dx.ptr, &dy.ptr, &(n as i32)])
+        .unwrap();
+    let got: Vec<f32> = dy.read(n);
+    for i in 0..n {
+        assert_eq!(got[i], a * x[i] + y[i], "element {i}");
+    }
+});
+
+cuda_rt::gpu_test!(template_kernel_runs_through_its_name_expression, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let m = RawModule::from_source(TEMPLATE, &[], &["add_one<float>", "add_one<int>"]).unwrap();
+    let fi = m.get_function("add_one<int>").unwrap();
+    let ff = m.get_function("add_one<float>").unwrap();
+    let xs = DevBuf::from_slice(&[1i32, 2, 3]);
+    let fs = DevBuf::from_slice(&[0.5f32, 1.5]);
+    fi.launch(&LaunchConfig::new(1, 32), &[&xs.ptr, &3i32])
+        .unwrap();
+    ff.launch(&LaunchConfig::new(1, 32), &[&fs.ptr, &2i32])
+        .unwrap();
+    assert_eq!(xs.read::<i32>(3), [2, 3, 4]);
+    assert_eq!(fs.read::<f32>(2), [1.5, 2.5]);
+    // The lowered name works as a plain name too.
+    let lowered = m.lowered_name("add_one<int>").unwrap().to_owned();
+    assert_eq!(m.get_function(&lowered).unwrap().as_raw(), fi.as_raw());
+});
+
+cuda_rt::gpu_test!(ptx_output_is_jit_loaded_and_runs, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let cache = cuda_rt::KernelCache::new(None);
+    let m = RawModule::from_program(&Program::new(SAXPY), Output::Ptx, &cache).unwrap();
+    assert_eq!(m.output(), Some(Output::Ptx));
+    let k = m.get_function("saxpy").unwrap();
+    let x = DevBuf::from_slice(&[1.0f32, 2.0]);
+    let y = DevBuf::from_slice(&[10.0f32, 20.0]);
+    k.launch(&LaunchConfig::new(1, 2), &[&3.0f32, &x.ptr, &y.ptr, &2i32])
+        .unwrap();
+    assert_eq!(y.read::<f32>(2), [13.0, 26.0]);
+});
+
+cuda_rt::gpu_test!(raw_module_compiles_for_the_device_arch_capped_by_nvrtc, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let m = RawModule::from_source(SAXPY, &[], &[]).unwrap();
+    let arch = m.arch().unwrap();
+    assert!(arch <= common::cc());
+    assert!(cuda_rt::compiler::supported_archs()
+        .unwrap()
+        .contains(&arch));
+    let attrs = m.get_function("saxpy").unwrap().attributes().unwrap();
+    assert_eq!(attrs.binary_version as u32, arch);
+});
+
+nvrtc_test!(cluster_special_registers_compile_for_sm_90, {
+    let src = r#"
+extern "C" __global__ void k(unsigned* x) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    x[blockIdx.x] = r;
+}"#;
+    Program::new(src).compile(Target::cubin(90)).unwrap();
+});

@@ -1,0 +1,279 @@
+//! The kernel cache: disk round trips, corrupt and truncated files, concurrent writers
+//! (threads and a second process) run for real with only NVRTC; the memory cache of
+//! loaded modules needs a GPU.
+
+#[path = "common_kernel/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Barrier};
+
+use common::{nvrtc_or_skip, unique, TempDir, SAXPY};
+use cuda_rt::compiler::cache::{cache_key, decode, KernelCache};
+use cuda_rt::compiler::{nvrtc_version, Output, Program, RawKernel, RawModule, Target};
+
+const TARGET: Target = Target::cubin(90);
+
+macro_rules! nvrtc_test {
+    ($name:ident, $body:block) => {
+        #[test]
+        fn $name() {
+            if !nvrtc_or_skip(stringify!($name)) {
+                return;
+            }
+            $body
+        }
+    };
+}
+
+fn cache_file(dir: &Path, program: &Program<'_>) -> std::path::PathBuf {
+    dir.join(cache_key(program, TARGET, nvrtc_version().unwrap()).file_name())
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+nvrtc_test!(warm_disk_cache_answers_a_new_cache_without_compiling, {
+    let dir = TempDir::new("warm");
+    let src = unique(SAXPY);
+    let exprs = [];
+    let p = Program::new(&src).name_expressions(&exprs);
+    let first = KernelCache::new(Some(dir.path()));
+    let a = first.compile(&p, TARGET).unwrap();
+    assert_eq!((first.compile_count(), first.disk_hit_count()), (1, 0));
+    assert!(cache_file(&dir.0, &p).exists());
+
+    // A new cache over the same folder: what a new process sees.
+    let second = KernelCache::new(Some(dir.path()));
+    let b = second.compile(&p, TARGET).unwrap();
+    assert_eq!((second.compile_count(), second.disk_hit_count()), (0, 1));
+    assert_eq!(a, b);
+});
+
+nvrtc_test!(lowered_names_and_log_survive_the_disk_round_trip, {
+    let dir = TempDir::new("names");
+    let src = unique(
+        "#warning kept-in-cache\ntemplate <typename T> __global__ void f(T* x) { *x = T(0); }",
+    );
+    let exprs = ["f<float>", "f<double>"];
+    let p = Program::new(&src).name_expressions(&exprs);
+    let a = KernelCache::new(Some(dir.path()))
+        .compile(&p, TARGET)
+        .unwrap();
+    let fresh = KernelCache::new(Some(dir.path()));
+    let b = fresh.compile(&p, TARGET).unwrap();
+    assert_eq!(fresh.compile_count(), 0);
+    assert_eq!(b.lowered_names, a.lowered_names);
+    assert!(b
+        .lowered_name("f<double>")
+        .is_some_and(|n| n.starts_with("_Z")));
+    assert!(b.warnings().contains("kept-in-cache"));
+});
+
+nvrtc_test!(a_different_option_or_arch_is_a_different_entry, {
+    let dir = TempDir::new("keys");
+    let src = unique(SAXPY);
+    let cache = KernelCache::new(Some(dir.path()));
+    cache.compile(&Program::new(&src), TARGET).unwrap();
+    cache
+        .compile(&Program::new(&src).options(&["-lineinfo"]), TARGET)
+        .unwrap();
+    cache
+        .compile(&Program::new(&src), Target::cubin(80))
+        .unwrap();
+    cache.compile(&Program::new(&src), Target::ptx(90)).unwrap();
+    assert_eq!(cache.compile_count(), 4);
+    assert_eq!(files_in(&dir.0).len(), 4);
+});
+
+fn damaged_file_is_a_miss_that_gets_rewritten(damage: impl Fn(&mut Vec<u8>)) {
+    let dir = TempDir::new("damage");
+    let src = unique(SAXPY);
+    let p = Program::new(&src);
+    let good = KernelCache::new(Some(dir.path()))
+        .compile(&p, TARGET)
+        .unwrap();
+    let path = cache_file(&dir.0, &p);
+    let mut bytes = std::fs::read(&path).unwrap();
+    damage(&mut bytes);
+    std::fs::write(&path, &bytes).unwrap();
+
+    let cache = KernelCache::new(Some(dir.path()));
+    let again = cache.compile(&p, TARGET).unwrap();
+    assert_eq!(again, good);
+    assert_eq!((cache.compile_count(), cache.corrupt_file_count()), (1, 1));
+    // Rewritten: a third cache reads it back.
+    let key = cache_key(&p, TARGET, nvrtc_version().unwrap());
+    assert_eq!(decode(&std::fs::read(&path).unwrap(), &key).unwrap(), good);
+    let third = KernelCache::new(Some(dir.path()));
+    third.compile(&p, TARGET).unwrap();
+    assert_eq!(third.compile_count(), 0);
+}
+
+nvrtc_test!(truncated_cache_file_is_a_miss_that_gets_rewritten, {
+    damaged_file_is_a_miss_that_gets_rewritten(|b| b.truncate(b.len() / 2));
+});
+
+nvrtc_test!(corrupt_cache_file_is_a_miss_that_gets_rewritten, {
+    damaged_file_is_a_miss_that_gets_rewritten(|b| {
+        let mid = b.len() / 2;
+        b[mid] ^= 0xff;
+    });
+});
+
+nvrtc_test!(empty_cache_file_is_a_miss_that_gets_rewritten, {
+    damaged_file_is_a_miss_that_gets_rewritten(Vec::clear);
+});
+
+nvrtc_test!(garbage_cache_file_is_a_miss_that_gets_rewritten, {
+    damaged_file_is_a_miss_that_gets_rewritten(|b| {
+        *b = b"not a cache file at all, just text".repeat(20);
+    });
+});
+
+nvrtc_test!(memory_only_cache_writes_no_file, {
+    let dir = TempDir::new("memonly");
+    let cache = KernelCache::new(Some(dir.path()));
+    cache.set_disk_dir(None);
+    assert_eq!(cache.disk_dir(), None);
+    cache
+        .compile(&Program::new(&unique(SAXPY)), TARGET)
+        .unwrap();
+    assert!(files_in(&dir.0).is_empty());
+});
+
+nvrtc_test!(unwritable_cache_folder_still_compiles, {
+    let dir = TempDir::new("unwritable");
+    let file = dir.0.join("a-file-not-a-folder");
+    std::fs::write(&file, b"x").unwrap();
+    let cache = KernelCache::new(Some(file.join("kernels")));
+    cache
+        .compile(&Program::new(&unique(SAXPY)), TARGET)
+        .unwrap();
+    assert_eq!(cache.disk_write_failure_count(), 1);
+});
+
+nvrtc_test!(concurrent_writers_on_one_key_leave_one_valid_file, {
+    let dir = TempDir::new("threads");
+    let src = unique(SAXPY);
+    let n = 8;
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (dir, src, barrier) = (dir.path(), src.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let cache = KernelCache::new(Some(dir));
+                barrier.wait();
+                cache.compile(&Program::new(&src), TARGET).unwrap()
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(results.windows(2).all(|w| w[0] == w[1]));
+    let p = Program::new(&src);
+    assert_eq!(
+        files_in(&dir.0),
+        [cache_file(&dir.0, &p)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()]
+    );
+    let key = cache_key(&p, TARGET, nvrtc_version().unwrap());
+    assert_eq!(
+        decode(&std::fs::read(cache_file(&dir.0, &p)).unwrap(), &key).unwrap(),
+        results[0]
+    );
+});
+
+const CHILD_DIR_VAR: &str = "CUDA_RT_TEST_RACE_DIR";
+const CHILD_SRC_VAR: &str = "CUDA_RT_TEST_RACE_SRC";
+
+/// Not a test of its own: the body of the child processes of
+/// `two_processes_racing_on_one_key_agree`, a no-op unless that test starts it.
+#[test]
+fn race_child_process() {
+    let (Ok(dir), Ok(src)) = (std::env::var(CHILD_DIR_VAR), std::env::var(CHILD_SRC_VAR)) else {
+        return;
+    };
+    let cache = KernelCache::new(Some(dir.into()));
+    for _ in 0..5 {
+        cache.compile(&Program::new(&src), TARGET).unwrap();
+    }
+}
+
+nvrtc_test!(two_processes_racing_on_one_key_agree, {
+    let dir = TempDir::new("procs");
+    let src = unique(SAXPY);
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["--exact", "race_child_process", "--test-threads=1"])
+                .env(CHILD_DIR_VAR, dir.path())
+                .env(CHILD_SRC_VAR, &src)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let cache = KernelCache::new(Some(dir.path()));
+    let mine = cache.compile(&Program::new(&src), TARGET).unwrap();
+    for mut c in children {
+        assert!(c.wait().unwrap().success(), "a child process failed");
+    }
+    let after = KernelCache::new(Some(dir.path()));
+    assert_eq!(after.compile(&Program::new(&src), TARGET).unwrap(), mine);
+    assert_eq!(after.compile_count(), 0);
+    let leftovers: Vec<_> = files_in(&dir.0)
+        .into_iter()
+        .filter(|f| f.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+});
+
+cuda_rt::gpu_test!(
+    second_raw_module_of_the_same_source_compiles_and_loads_nothing,
+    {
+        cuda_rt::device::set_device_id(0).unwrap();
+        let dir = TempDir::new("gpu-mem");
+        let cache = KernelCache::new(Some(dir.path()));
+        let src = unique(SAXPY);
+        let p = Program::new(&src);
+        let a = RawModule::from_program(&p, Output::Cubin, &cache).unwrap();
+        let b = RawModule::from_program(&p, Output::Cubin, &cache).unwrap();
+        assert_eq!(cache.compile_count(), 1);
+        assert_eq!(cache.memory_hit_count(), 1);
+        assert!(a.same_module(&b), "one module load");
+        // A new cache (a new process) reads the disk, compiles nothing, loads once.
+        let other = KernelCache::new(Some(dir.path()));
+        let c = RawModule::from_program(&p, Output::Cubin, &other).unwrap();
+        assert_eq!((other.compile_count(), other.disk_hit_count()), (0, 1));
+        assert!(!c.same_module(&a));
+    }
+);
+
+cuda_rt::gpu_test!(
+    second_raw_kernel_through_the_global_cache_reuses_the_module,
+    {
+        cuda_rt::device::set_device_id(0).unwrap();
+        let src = unique(SAXPY);
+        let global = KernelCache::global();
+        let a = RawKernel::new(&src, "saxpy", &[]).unwrap();
+        let compiles = global.compile_count();
+        let b = RawKernel::new(&src, "saxpy", &[]).unwrap();
+        assert_eq!(global.compile_count(), compiles);
+        assert!(a.raw_module().same_module(b.raw_module()));
+        assert_eq!(a.as_raw(), b.as_raw());
+    }
+);

@@ -1,0 +1,284 @@
+//! Kernel launches: shapes, shared memory, streams, typed and raw arguments, argument
+//! checks, cooperative and cluster launches. Results are checked against the host.
+
+#[path = "common_kernel/mod.rs"]
+mod common;
+
+use std::ffi::c_void;
+
+use common::{cc, DevBuf, SAXPY};
+use cuda_rt::compiler::RawKernel;
+use cuda_rt::launch::{Dim3, LaunchAttribute, PlainData};
+use cuda_rt::module::driver_reports_param_sizes;
+use cuda_rt::{Error, LaunchConfig, Stream};
+
+fn saxpy() -> RawKernel {
+    cuda_rt::device::set_device_id(0).unwrap();
+    RawKernel::new(SAXPY, "saxpy", &[]).unwrap()
+}
+
+cuda_rt::gpu_test!(launch_macro_on_an_explicit_stream_matches_host, {
+    let k = saxpy();
+    let stream = Stream::new().unwrap();
+    let n = 1000i32;
+    let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
+    let (dx, dy) = (
+        DevBuf::from_slice(&x),
+        DevBuf::from_slice(&vec![1.0f32; n as usize]),
+    );
+    let cfg = LaunchConfig::new(Dim3::from((n as u32).div_ceil(128)), 128);
+    cuda_rt::launch!(k, &cfg, &stream, (3.0f32, dx.ptr, dy.ptr, n)).unwrap();
+    stream.synchronize().unwrap();
+    let got: Vec<f32> = dy.read(n as usize);
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(*g, 3.0 * x[i] + 1.0, "element {i}");
+    }
+});
+
+cuda_rt::gpu_test!(wrong_argument_count_is_an_error_before_launching, {
+    let k = saxpy();
+    if !driver_reports_param_sizes() {
+        eprintln!("skipped: the driver cannot report parameter sizes (before CUDA 12.4)");
+        return;
+    }
+    let y = DevBuf::new(16);
+    let err = k
+        .launch(&LaunchConfig::new(1, 4), &[&1.0f32, &y.ptr, &4i32])
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{msg}");
+    assert!(
+        msg.contains("saxpy") && msg.contains("4 parameter(s)") && msg.contains("passed 3"),
+        "{msg}"
+    );
+    assert_eq!(k.param_sizes().unwrap(), [4, 8, 8, 4]);
+    // The raw form checks the count too.
+    let mut one = [&mut 1.0f32 as *mut f32 as *mut c_void];
+    // SAFETY: rejected before launching (count mismatch).
+    let raw = unsafe {
+        k.launch_raw(
+            &cuda_rt::get_current_stream(),
+            &LaunchConfig::new(1, 1),
+            &mut one,
+        )
+    };
+    assert!(raw.is_err());
+});
+
+cuda_rt::gpu_test!(wrong_argument_size_is_an_error_before_launching, {
+    let k = saxpy();
+    if !driver_reports_param_sizes() {
+        eprintln!("skipped: the driver cannot report parameter sizes");
+        return;
+    }
+    let (x, y) = (DevBuf::new(16), DevBuf::new(16));
+    // n passed as i64 where the kernel takes int.
+    let err = k
+        .launch(&LaunchConfig::new(1, 4), &[&1.0f32, &x.ptr, &y.ptr, &4i64])
+        .unwrap_err();
+    assert!(err.to_string().contains("sizes [4, 8, 8, 8]"), "{err}");
+});
+
+cuda_rt::gpu_test!(raw_parameter_pointers_launch, {
+    let k = saxpy();
+    let x = DevBuf::from_slice(&[1.0f32, 2.0, 3.0]);
+    let y = DevBuf::from_slice(&[0.0f32; 3]);
+    let (mut a, mut px, mut py, mut n) = (2.0f32, x.ptr, y.ptr, 3i32);
+    let mut params = [
+        &mut a as *mut f32 as *mut c_void,
+        &mut px as *mut u64 as *mut c_void,
+        &mut py as *mut u64 as *mut c_void,
+        &mut n as *mut i32 as *mut c_void,
+    ];
+    // SAFETY: one pointer per saxpy parameter, each to a live value of its type; the
+    // device buffers hold 3 floats.
+    unsafe {
+        k.launch_raw(
+            &cuda_rt::get_current_stream(),
+            &LaunchConfig::new(1, 32),
+            &mut params,
+        )
+    }
+    .unwrap();
+    assert_eq!(y.read::<f32>(3), [2.0, 4.0, 6.0]);
+});
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Params {
+    n: i32,
+    alpha: f32,
+    offset: f64,
+}
+// SAFETY: repr(C) plain data matching the kernel's struct.
+unsafe impl PlainData for Params {}
+
+cuda_rt::gpu_test!(plain_data_struct_is_passed_by_value, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let src = r#"
+struct Params { int n; float alpha; double offset; };
+extern "C" __global__ void affine(Params p, double* out) {
+    int i = threadIdx.x;
+    if (i < p.n) out[i] = p.alpha * i + p.offset;
+}"#;
+    let k = RawKernel::new(src, "affine", &[]).unwrap();
+    let out = DevBuf::new(8 * 5);
+    let p = Params {
+        n: 5,
+        alpha: 0.5,
+        offset: 10.0,
+    };
+    k.launch(&LaunchConfig::new(1, 32), &[&p, &out.ptr])
+        .unwrap();
+    assert_eq!(out.read::<f64>(5), [10.0, 10.5, 11.0, 11.5, 12.0]);
+});
+
+cuda_rt::gpu_test!(three_dimensional_grid_and_block_cover_every_index, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let src = r#"
+extern "C" __global__ void index3(int* out, int w, int h) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x;
+    int y = blockIdx.y * blockDim.y + threadIdx.y;
+    int z = blockIdx.z * blockDim.z + threadIdx.z;
+    out[(z * h + y) * w + x] = x + 100 * y + 10000 * z;
+}"#;
+    let k = RawKernel::new(src, "index3", &[]).unwrap();
+    let (w, h, d) = (8, 6, 4);
+    let out = DevBuf::new(4 * w * h * d);
+    let cfg = LaunchConfig::new((2, 3, 2), (4u32, 2u32, 2u32));
+    k.launch(&cfg, &[&out.ptr, &(w as i32), &(h as i32)])
+        .unwrap();
+    let got: Vec<i32> = out.read(w * h * d);
+    for z in 0..d {
+        for y in 0..h {
+            for x in 0..w {
+                assert_eq!(got[(z * h + y) * w + x], (x + 100 * y + 10000 * z) as i32);
+            }
+        }
+    }
+});
+
+cuda_rt::gpu_test!(dynamic_shared_memory_reverses_a_block, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let src = r#"
+extern "C" __global__ void reverse(int* x) {
+    extern __shared__ int s[];
+    int t = threadIdx.x, n = blockDim.x;
+    s[t] = x[t]; __syncthreads(); x[t] = s[n - 1 - t];
+}"#;
+    let k = RawKernel::new(src, "reverse", &[]).unwrap();
+    let n = 256usize;
+    let data: Vec<i32> = (0..n as i32).collect();
+    let x = DevBuf::from_slice(&data);
+    let cfg = LaunchConfig::new(1, n as u32).with_shared_mem((n * 4) as u32);
+    k.launch(&cfg, &[&x.ptr]).unwrap();
+    let expect: Vec<i32> = data.iter().rev().copied().collect();
+    assert_eq!(x.read::<i32>(n), expect);
+});
+
+/// Every block waits at a hand-made grid barrier: only a launch that guarantees all
+/// blocks are resident at once (cooperative) can finish it.
+const GRID_SUM: &str = r#"
+extern "C" __global__ void grid_sum(int* partial, int* total, unsigned* arrived) {
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = blockIdx.x + 1;
+        __threadfence();
+        atomicAdd(arrived, 1u);
+        while (atomicAdd(arrived, 0u) < gridDim.x) {}
+        if (blockIdx.x == 0) {
+            int s = 0;
+            for (int b = 0; b < gridDim.x; ++b) s += ((volatile int*)partial)[b];
+            *total = s;
+        }
+    }
+}"#;
+
+cuda_rt::gpu_test!(cooperative_launch_syncs_the_whole_grid, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let k = RawKernel::new(GRID_SUM, "grid_sum", &[]).unwrap();
+    let sms = cuda_rt::Device::new(0)
+        .unwrap()
+        .multiprocessor_count()
+        .unwrap() as u32;
+    let per_sm = k.max_active_blocks_per_multiprocessor(128, 0).unwrap() as u32;
+    let blocks = sms * per_sm.clamp(1, 2);
+    let partial = DevBuf::new(4 * blocks as usize);
+    let total = DevBuf::new(4);
+    let arrived = DevBuf::from_slice(&[0u32]);
+    let stream = Stream::new().unwrap();
+    k.launch_cooperative(
+        &stream,
+        &LaunchConfig::new(blocks, 128),
+        &[&partial.ptr, &total.ptr, &arrived.ptr],
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    let b = blocks as i32;
+    assert_eq!(total.read::<i32>(1), [b * (b + 1) / 2]);
+    // The same through cuLaunchKernelEx's cooperative attribute.
+    let total2 = DevBuf::new(4);
+    let arrived2 = DevBuf::from_slice(&[0u32]);
+    k.launch_ex(
+        &stream,
+        &LaunchConfig::new(blocks, 128),
+        &[LaunchAttribute::Cooperative(true)],
+        &[&partial.ptr, &total2.ptr, &arrived2.ptr],
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(total2.read::<i32>(1), [b * (b + 1) / 2]);
+});
+
+cuda_rt::gpu_test!(cluster_launch_groups_blocks_into_clusters, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    if cc() < 90 {
+        eprintln!("skipped: thread block clusters need sm_90 or newer");
+        return;
+    }
+    let src = r#"
+extern "C" __global__ void cluster_rank(unsigned* rank, unsigned* size) {
+    unsigned r, n;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    if (threadIdx.x == 0) { rank[blockIdx.x] = r; size[blockIdx.x] = n; }
+}"#;
+    let k = RawKernel::new(src, "cluster_rank", &[]).unwrap();
+    let blocks = 8u32;
+    let (rank, size) = (DevBuf::new(4 * 8), DevBuf::new(4 * 8));
+    let stream = Stream::new().unwrap();
+    let cfg = LaunchConfig::new(blocks, 32);
+    let cluster = LaunchAttribute::ClusterDim(Dim3::new(2, 1, 1));
+    assert!(k.max_potential_cluster_size(&cfg).unwrap() >= 2);
+    k.launch_ex(&stream, &cfg, &[cluster], &[&rank.ptr, &size.ptr])
+        .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(size.read::<u32>(8), [2; 8]);
+    assert_eq!(rank.read::<u32>(8), [0, 1, 0, 1, 0, 1, 0, 1]);
+    // A grid that is not a multiple of the cluster is refused.
+    let bad = k.launch_ex(
+        &stream,
+        &LaunchConfig::new(3, 32),
+        &[cluster],
+        &[&rank.ptr, &size.ptr],
+    );
+    assert!(bad.is_err());
+});
+
+cuda_rt::gpu_test!(launch_config_for_num_elems_covers_every_element, {
+    let k = saxpy();
+    let n = 100_003i32;
+    let x = DevBuf::from_slice(&vec![1.0f32; n as usize]);
+    let y = DevBuf::from_slice(&vec![0.0f32; n as usize]);
+    let cfg = LaunchConfig::for_num_elems(&k, n as u32).unwrap();
+    k.launch(&cfg, &[&1.0f32, &x.ptr, &y.ptr, &n]).unwrap();
+    assert!(y.read::<f32>(n as usize).iter().all(|&v| v == 1.0));
+});
+
+cuda_rt::gpu_test!(zero_block_size_is_a_driver_error_not_a_crash, {
+    let k = saxpy();
+    let y = DevBuf::new(4);
+    let err = k
+        .launch(&LaunchConfig::new(1, 0), &[&1.0f32, &y.ptr, &y.ptr, &1i32])
+        .unwrap_err();
+    assert!(err.to_string().contains("cuLaunchKernel"), "{err}");
+});

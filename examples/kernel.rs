@@ -1,0 +1,93 @@
+//! Kernels and modules: compile a saxpy with NVRTC (through the kernel cache), launch
+//! it, check it on the host, and show its attributes and occupancy.
+//!
+//! Without a GPU it says so and exits 0 (after compiling to PTX if NVRTC is present).
+
+use cuda_rt::compiler::{KernelCache, Program, RawKernel, Target};
+use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::LaunchConfig;
+
+const SAXPY: &str = r#"
+extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"#;
+
+fn main() {
+    println!("cuda-rt kernel example");
+    match cuda_rt::compiler::nvrtc_version() {
+        Ok((major, minor)) => {
+            println!("NVRTC {major}.{minor}");
+            match Program::new(SAXPY).compile(Target::ptx(90)) {
+                Ok(c) => println!(
+                    "compiled saxpy to {} bytes of PTX for compute_90",
+                    c.image.len()
+                ),
+                Err(e) => println!("compile failed: {e}"),
+            }
+        }
+        Err(e) => println!("NVRTC is not available: {e}"),
+    }
+    if let Err(reason) = cuda_rt::availability() {
+        println!("CUDA is not available on this machine, nothing to launch: {reason}");
+        return;
+    }
+    if let Err(e) = run() {
+        println!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> cuda_rt::Result<()> {
+    cuda_rt::device::set_device_id(0)?;
+    let k = RawKernel::new(SAXPY, "saxpy", &[])?;
+    let cache = KernelCache::global();
+    println!(
+        "kernel cache: {} (compiles so far: {}, disk hits: {})",
+        cache
+            .disk_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|| "memory only".into()),
+        cache.compile_count(),
+        cache.disk_hit_count()
+    );
+    let a = k.attributes()?;
+    println!(
+        "saxpy: {} registers, up to {} threads per block, binary sm_{}",
+        a.num_regs, a.max_threads_per_block, a.binary_version
+    );
+    let n = 1 << 20;
+    let cfg = LaunchConfig::for_num_elems(&k, n as u32)?;
+    println!(
+        "launch: {} blocks of {} threads ({} blocks per SM active)",
+        cfg.grid.x,
+        cfg.block.x,
+        k.max_active_blocks_per_multiprocessor(cfg.block.x, 0)?
+    );
+
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let y: Vec<f32> = vec![1.0; n];
+    let bytes = n * 4;
+    let api = sys::api()?;
+    let (mut dx, mut dy): (sys::CUdeviceptr, sys::CUdeviceptr) = (0, 0);
+    // SAFETY: raw allocations and copies of `bytes` bytes to and from buffers of that
+    // size; device 0's context is current. (Device memory types live in `memory`.)
+    unsafe {
+        api.cuMemAlloc_v2()?(&mut dx, bytes);
+        api.cuMemAlloc_v2()?(&mut dy, bytes);
+        api.cuMemcpyHtoD_v2()?(dx, x.as_ptr().cast(), bytes);
+        api.cuMemcpyHtoD_v2()?(dy, y.as_ptr().cast(), bytes);
+    }
+    cuda_rt::launch!(k, &cfg, (2.0f32, dx, dy, n as i32))?;
+    let mut out = vec![0f32; n];
+    // SAFETY: as above.
+    unsafe {
+        api.cuMemcpyDtoH_v2()?(out.as_mut_ptr().cast(), dy, bytes);
+        api.cuMemFree_v2()?(dx);
+        api.cuMemFree_v2()?(dy);
+    }
+    let bad = (0..n).filter(|&i| out[i] != 2.0 * x[i] + y[i]).count();
+    println!("saxpy on {n} elements: {} mismatches", bad);
+    Ok(())
+}
