@@ -34,7 +34,7 @@ pub mod hook;
 mod managed;
 mod pod;
 mod pointer;
-mod pool;
+pub mod pool;
 mod unowned;
 
 pub use allocator::{
