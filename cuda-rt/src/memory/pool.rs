@@ -14,7 +14,7 @@
 //!   memory), read when the device's pool is created.
 //! - Out of memory (limit or driver) is [`Error::OutOfMemory`] with the rounded
 //!   request, in-use, cached and limit bytes, and the driver's error if it refused.
-//! - Hooks ([`hook`](super::hook)) registered on the calling thread run around
+//! - Hooks ([`super::hook`]) registered on the calling thread run around
 //!   mallocs and frees; with none, the cost is one thread-local test.
 //!
 //! # Hot path
