@@ -539,7 +539,8 @@ impl MemoryPool {
 
     /// Gives the driver every cached block that is a whole `cuMemAlloc` allocation
     /// (split pieces stay): of every arena of the current device's pool with `None`,
-    /// else only of `stream`'s arena (on the stream's device).
+    /// else only of `stream`'s arena (on the stream's device; for the per-thread
+    /// default stream, the calling thread's arena).
     pub fn free_all_blocks(&self, stream: Option<&dyn AsStream>) {
         match stream {
             None => {
