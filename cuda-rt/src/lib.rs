@@ -44,8 +44,8 @@ pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
 pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{
-    alloc, get_allocator, malloc_async, malloc_managed, set_allocator, using_allocator, Allocator,
-    MemoryPointer,
+    alloc, get_allocator, get_default_memory_pool, malloc_async, malloc_managed, set_allocator,
+    using_allocator, Allocator, MemoryPointer, MemoryPool,
 };
 pub use module::{Function, FunctionAttributes, Module};
 pub use pinned::{

@@ -39,10 +39,41 @@ fn counting() -> (Allocator, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     (Allocator::Closures(a), mallocs, frees)
 }
 
+/// Whether `a` is the default pool.
+fn is_default_pool(a: &Allocator) -> bool {
+    a.same_as(&Allocator::Pool(memory::get_default_memory_pool()))
+}
+
 #[test]
-fn default_allocator_is_plain_device_memory() {
+fn default_allocator_is_the_default_memory_pool_until_set() {
     let _g = serial();
-    assert!(matches!(get_allocator(), Allocator::Device));
+    // Another test of this binary may have set the process-wide allocator already
+    // (the untouched default is checked by the library's unit test
+    // `the_process_wide_default_is_the_default_pool`).
+    let fresh = std::thread::spawn(get_allocator).join().unwrap();
+    assert!(
+        is_default_pool(&fresh) || matches!(fresh, Allocator::Device),
+        "{fresh:?}"
+    );
+    set_allocator(Some(Allocator::Pool(memory::get_default_memory_pool()))).unwrap();
+    assert!(is_default_pool(&get_allocator()));
+    set_allocator(None).unwrap();
+    assert!(
+        matches!(get_allocator(), Allocator::Device),
+        "None is plain device memory"
+    );
+}
+
+#[test]
+fn a_memory_pool_is_an_allocator_equal_to_itself_only() {
+    let a = Allocator::Pool(memory::MemoryPool::new());
+    let b = Allocator::Pool(memory::MemoryPool::new());
+    assert!(a.same_as(&a.clone()));
+    assert!(!a.same_as(&b));
+    assert!(!a.same_as(&Allocator::Device));
+    assert!(is_default_pool(&Allocator::Pool(
+        memory::get_default_memory_pool()
+    )));
 }
 
 #[test]
@@ -83,6 +114,7 @@ fn alloc_of_zero_bytes_is_null_and_calls_no_allocator() {
 #[test]
 fn using_allocator_nests_and_restores() {
     let _g = serial();
+    let before = get_allocator();
     let (a, ma, _) = counting();
     let (b, mb, _) = counting();
     using_allocator(Some(a.clone()), || {
@@ -94,7 +126,7 @@ fn using_allocator_nests_and_restores() {
         assert!(get_allocator().same_as(&a));
         let _p = alloc(8).unwrap();
     });
-    assert!(matches!(get_allocator(), Allocator::Device));
+    assert!(get_allocator().same_as(&before));
     assert_eq!(ma.load(Ordering::SeqCst), 1);
     assert_eq!(mb.load(Ordering::SeqCst), 1);
 }
@@ -102,6 +134,7 @@ fn using_allocator_nests_and_restores() {
 #[test]
 fn using_allocator_restores_after_a_panic() {
     let _g = serial();
+    let before = get_allocator();
     let (a, _, _) = counting();
     let a = std::panic::AssertUnwindSafe(a);
     let r = std::panic::catch_unwind(move || {
@@ -109,7 +142,7 @@ fn using_allocator_restores_after_a_panic() {
         using_allocator(Some(a.0), || panic!("inside the scope"))
     });
     assert!(r.is_err());
-    assert!(matches!(get_allocator(), Allocator::Device));
+    assert!(get_allocator().same_as(&before));
     set_allocator(None).unwrap(); // not inside a scope any more
 }
 
@@ -128,9 +161,10 @@ fn set_allocator_inside_a_scope_is_an_error() {
 #[test]
 fn memory_from_a_scope_stays_valid_after_it() {
     let _g = serial();
+    let before = get_allocator();
     let (a, _, frees) = counting();
     let p = using_allocator(Some(a), || alloc(64).unwrap());
-    assert!(matches!(get_allocator(), Allocator::Device));
+    assert!(get_allocator().same_as(&before));
     assert_eq!(p.size(), 64);
     assert_eq!(frees.load(Ordering::SeqCst), 0);
     drop(p);
@@ -144,9 +178,11 @@ fn memory_from_a_scope_stays_valid_after_it() {
 #[test]
 fn scoped_allocator_is_per_thread() {
     let _g = serial();
+    let before = get_allocator();
     let (a, _, _) = counting();
     using_allocator(Some(a.clone()), || {
-        let other = std::thread::spawn(|| matches!(get_allocator(), Allocator::Device));
+        let b = before.clone();
+        let other = std::thread::spawn(move || get_allocator().same_as(&b));
         assert!(other.join().unwrap());
         assert!(get_allocator().same_as(&a));
     });
@@ -156,8 +192,9 @@ fn scoped_allocator_is_per_thread() {
 fn process_wide_allocator_reaches_other_threads() {
     let _g = serial();
     let (a, mallocs, _) = counting();
-    // The other thread caches the default first, then must see the new one.
-    std::thread::spawn(|| assert!(matches!(get_allocator(), Allocator::Device)))
+    // The other thread caches the current one first, then must see the new one.
+    let before = get_allocator();
+    std::thread::spawn(move || assert!(get_allocator().same_as(&before)))
         .join()
         .unwrap();
     set_allocator(Some(a)).unwrap();

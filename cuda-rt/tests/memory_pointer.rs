@@ -53,14 +53,24 @@ cuda_rt::gpu_test!(copies_at_an_offset_touch_only_their_range, {
     assert_eq!(&part[..], &want[95..155]);
 });
 
+/// Exactly `n` bytes of plain device memory (the default pool rounds to 512 bytes).
+fn exact(n: usize) -> MemoryPointer {
+    cuda_rt::memory::using_allocator(None, || alloc(n).unwrap())
+}
+
+cuda_rt::gpu_test!(pooled_memory_is_rounded_to_512_bytes, {
+    assert_eq!(alloc(64).unwrap().size(), 512);
+    assert_eq!(exact(64).size(), 64);
+});
+
 cuda_rt::gpu_test!(copies_with_mismatched_lengths_are_errors, {
-    let p = alloc(64).unwrap();
+    let p = exact(64);
     let e = p.copy_from_host(&[0u8; 65]).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     assert!(p.copy_to_host(&mut [0u32; 17]).is_err());
     let end = (&p + 60).unwrap();
     assert!(end.copy_from_host(&[0u32; 2]).is_err());
-    let other = alloc(32).unwrap();
+    let other = exact(32);
     assert!(p.copy_from_device(&other, 33).is_err());
     assert!(other.copy_from_device(&p, 33).is_err());
     assert!(p.memset(1, 65).is_err());

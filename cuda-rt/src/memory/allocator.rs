@@ -1,6 +1,7 @@
 //! Allocator selection: [`alloc`] goes through the allocator in effect on this thread,
 //! which is the one of the innermost [`using_allocator`] scope, else the process-wide
-//! one of [`set_allocator`] (plain `cuMemAlloc` until set).
+//! one of [`set_allocator`] (the caching pool of [`get_default_memory_pool`] until
+//! set; `set_allocator(None)` is plain `cuMemAlloc`, as in CuPy).
 //!
 //! The hot path takes no lock: a thread-local read of the scoped allocator, then an
 //! atomic generation number compared with a thread-local cached copy of the
@@ -17,6 +18,7 @@ use crate::device::get_device_id;
 use crate::error::{Error, Result};
 use crate::memory::async_pool::MemoryAsyncPool;
 use crate::memory::device_memory::{Memory, Release};
+use crate::memory::pool::{get_default_memory_pool, MemoryPool};
 use crate::memory::MemoryPointer;
 
 /// A Rust allocation function: `malloc(size, device)` returns a device address of at
@@ -121,13 +123,14 @@ pub trait Allocate: Send + Sync {
 
 /// What [`alloc`] allocates with. Cheap to clone (at most a reference count).
 ///
-/// New kinds (the caching device pool of issue 5) are new variants; the enum is
-/// `#[non_exhaustive]` for that.
+/// New kinds are new variants; the enum is `#[non_exhaustive]` for that.
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum Allocator {
     /// Plain device memory, `cuMemAlloc`/`cuMemFree`, no pool.
     Device,
+    /// A caching [`MemoryPool`] (the default: [`get_default_memory_pool`]).
+    Pool(MemoryPool),
     /// The driver's stream-ordered pool, on the current stream.
     Async(MemoryAsyncPool),
     /// A pair of Rust closures.
@@ -142,6 +145,15 @@ impl fmt::Debug for Allocator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Allocator::Device => f.write_str("Allocator::Device"),
+            Allocator::Pool(p) => write!(
+                f,
+                "Allocator::Pool({})",
+                if p.same_pool(&get_default_memory_pool()) {
+                    "default"
+                } else {
+                    "user"
+                }
+            ),
             Allocator::Async(p) => write!(f, "Allocator::Async({p:?})"),
             Allocator::Closures(_) => f.write_str("Allocator::Closures"),
             Allocator::C(c) => write!(f, "Allocator::C(ctx {:#x})", c.ctx),
@@ -152,7 +164,8 @@ impl fmt::Debug for Allocator {
 
 impl Allocator {
     /// `size` bytes on `device` with this allocator. Size 0 is the null pointer of size
-    /// 0 and calls no allocator.
+    /// 0 and calls no allocator. `#[track_caller]`, for the memory hooks' call site.
+    #[track_caller]
     pub fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
         if size == 0 {
             return Ok(MemoryPointer::null(device));
@@ -161,6 +174,7 @@ impl Allocator {
             Allocator::Device => Ok(MemoryPointer::from_memory(Arc::new(Memory::new_on(
                 device, size,
             )?))),
+            Allocator::Pool(pool) => pool.malloc_on(device, size),
             Allocator::Async(pool) => {
                 if pool.device_id() != device {
                     return Err(Error::InvalidArgument(format!(
@@ -181,6 +195,7 @@ impl Allocator {
     pub fn same_as(&self, other: &Allocator) -> bool {
         match (self, other) {
             (Allocator::Device, Allocator::Device) => true,
+            (Allocator::Pool(a), Allocator::Pool(b)) => a.same_pool(b),
             (Allocator::Async(a), Allocator::Async(b)) => a.same_as(b),
             (Allocator::Closures(a), Allocator::Closures(b)) => {
                 Arc::ptr_eq(&a.malloc, &b.malloc) && Arc::ptr_eq(&a.free, &b.free)
@@ -198,9 +213,11 @@ impl Allocator {
     }
 }
 
-/// The process-wide allocator and its generation (bumped under the lock on every set).
-static GLOBAL: RwLock<Allocator> = RwLock::new(Allocator::Device);
-static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The process-wide allocator (`None`: the default pool, not yet materialised) and its
+/// generation (bumped under the lock on every set; starts at 1 so that the threads'
+/// cached copies, made with generation 0, are read fresh once).
+static GLOBAL: RwLock<Option<Allocator>> = RwLock::new(None);
+static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     /// The innermost `using_allocator` scope's allocator on this thread.
@@ -211,9 +228,9 @@ thread_local! {
     static CACHED: RefCell<(u64, Allocator)> = const { RefCell::new((0, Allocator::Device)) };
 }
 
-/// Sets the process-wide allocator; `None` is plain device allocation (the default for
-/// now; the caching pool will become the default). An error inside a
-/// [`using_allocator`] scope on this thread, as in CuPy.
+/// Sets the process-wide allocator; `None` is plain device allocation, with no pool
+/// (the default until set is the caching pool of [`get_default_memory_pool`]). An
+/// error inside a [`using_allocator`] scope on this thread, as in CuPy.
 pub fn set_allocator(allocator: Option<Allocator>) -> Result<()> {
     if DEPTH.with(Cell::get) > 0 {
         return Err(Error::InvalidState(
@@ -223,7 +240,7 @@ pub fn set_allocator(allocator: Option<Allocator>) -> Result<()> {
         ));
     }
     let mut g = GLOBAL.write().unwrap_or_else(|e| e.into_inner());
-    *g = allocator.unwrap_or(Allocator::Device);
+    *g = Some(allocator.unwrap_or(Allocator::Device));
     GENERATION.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -240,7 +257,10 @@ pub fn get_allocator() -> Allocator {
         let mut c = c.borrow_mut();
         if c.0 != generation {
             let g = GLOBAL.read().unwrap_or_else(|e| e.into_inner());
-            *c = (generation, g.clone());
+            let a = g
+                .clone()
+                .unwrap_or_else(|| Allocator::Pool(get_default_memory_pool()));
+            *c = (generation, a);
         }
         c.1.clone()
     })
@@ -266,7 +286,9 @@ pub fn using_allocator<R>(allocator: Option<Allocator>, f: impl FnOnce() -> R) -
 }
 
 /// `size` bytes on the current device through the allocator in effect
-/// ([`get_allocator`]). Size 0 is a null pointer of size 0 (no allocator call).
+/// ([`get_allocator`]; by default the caching pool). Size 0 is a null pointer of size
+/// 0 (no allocator call). `#[track_caller]`, for the memory hooks' call site.
+#[track_caller]
 #[inline]
 pub fn alloc(size: usize) -> Result<MemoryPointer> {
     let device = get_device_id();
@@ -274,4 +296,21 @@ pub fn alloc(size: usize) -> Result<MemoryPointer> {
         return Ok(MemoryPointer::null(device));
     }
     get_allocator().malloc(size, device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // No other test of the library binary calls `set_allocator`.
+    #[test]
+    fn the_process_wide_default_is_the_default_pool() {
+        let a = get_allocator();
+        assert!(
+            a.same_as(&Allocator::Pool(get_default_memory_pool())),
+            "{a:?}"
+        );
+        let other = std::thread::spawn(get_allocator).join().unwrap();
+        assert!(matches!(other, Allocator::Pool(_)), "{other:?}");
+    }
 }

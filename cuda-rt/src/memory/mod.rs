@@ -3,10 +3,11 @@
 //! pool's algorithm.
 //!
 //! - [`alloc`] allocates through the allocator in effect ([`set_allocator`],
-//!   [`using_allocator`]); [`malloc_managed`] and [`malloc_async`] allocate managed and
+//!   [`using_allocator`]; by default the caching [`MemoryPool`] of
+//!   [`get_default_memory_pool`]); [`hook`] has the memory hooks; [`malloc_managed`] and [`malloc_async`] allocate managed and
 //!   stream-ordered memory. Each returns a [`MemoryPointer`].
 //! - Memory objects implement [`BaseMemory`]: [`Memory`] (`cuMemAlloc`, or a user
-//!   allocator's), [`ManagedMemory`], [`MemoryAsync`], [`UnownedMemory`].
+//!   allocator's), [`PooledMemory`], [`ManagedMemory`], [`MemoryAsync`], [`UnownedMemory`].
 //! - Host data crosses as slices of [`Pod`] values (primitives, arrays, [`F16`],
 //!   [`Bf16`]).
 //!
@@ -29,18 +30,22 @@ mod allocator;
 pub mod arena;
 mod async_pool;
 mod device_memory;
+pub mod hook;
 mod managed;
 mod pod;
 mod pointer;
+pub mod pool;
 mod unowned;
 
 pub use allocator::{
     alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator, CAllocator, CFreeFn,
     CMallocFn, ClosureAllocator, FreeFn, MallocFn,
 };
+pub use arena::PoolStats;
 pub use async_pool::{malloc_async, MemoryAsync, MemoryAsyncPool, ROUND_SIZE};
 pub use device_memory::{BaseMemory, Memory};
 pub use managed::{malloc_managed, Advice, Location, ManagedMemory};
 pub use pod::{Bf16, Pod, F16};
 pub use pointer::MemoryPointer;
+pub use pool::{get_default_memory_pool, MemoryPool, PooledMemory, LIMIT_ENV};
 pub use unowned::UnownedMemory;

@@ -1,0 +1,277 @@
+//! The caching device pool on the GPU, each figure paired with the raw driver call
+//! measured in the same run:
+//! - a warm malloc+free pair of a cached size (256 B, 1 MiB, 64 MiB) through
+//!   `MemoryPool::malloc` + drop (the default pool, a `MemoryPool::new()` pool, and
+//!   `alloc()` through the allocator selection) vs a raw `cuMemAllocAsync` +
+//!   `cuMemFreeAsync` pair on the same (legacy default) stream; target ratio <= 0.05;
+//! - scaling: 1, 2, 4, 8, 16 threads, each on its own stream, doing 1 MiB pairs:
+//!   aggregate pairs per second, vs raw pairs at the same thread count; target: 16
+//!   threads at least 8x the single-thread rate (`speedup`).
+//!
+//! One JSON object per line (`ratio` = value / raw for times, raw / value for rates;
+//! below 1 is faster than raw), then a table. Median of reps after a warm-up. Without
+//! a GPU: a skip line, exit 0.
+//!
+//! `cargo bench -p cuda-rt --bench pool`
+
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::memory::{self, get_default_memory_pool, MemoryPool};
+use cuda_rt::stream::{AsStream, Stream};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const SIZES: [usize; 3] = [256, 1 << 20, 64 << 20];
+const REPS: usize = 7;
+const POOL_ITERS: usize = 200_000;
+const RAW_ITERS: usize = 20_000;
+const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
+const SCALE_POOL_ITERS: usize = 100_000;
+const SCALE_RAW_ITERS: usize = 5_000;
+
+struct Row {
+    name: &'static str,
+    size: usize,
+    threads: usize,
+    value: f64,
+    unit: &'static str,
+    raw: f64,
+    raw_name: &'static str,
+    ratio: f64,
+    speedup: Option<f64>,
+}
+
+fn check(rc: sys::CUresult, call: &str) -> Res<()> {
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{call} failed: {rc:?}").into())
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median seconds of `REPS` runs of `f`, after one warm-up run.
+fn median_secs(mut f: impl FnMut() -> Res<()>) -> Res<f64> {
+    f()?;
+    let mut v = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(v))
+}
+
+/// `iters` raw `cuMemAllocAsync` + `cuMemFreeAsync` pairs of `size` on `stream`.
+fn raw_pairs(size: usize, iters: usize, stream: sys::CUstream) -> Res<()> {
+    let api = sys::api()?;
+    let (alloc, free) = (api.cuMemAllocAsync()?, api.cuMemFreeAsync()?);
+    for _ in 0..iters {
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: `p` is a valid out pointer; `stream` is a live stream of the
+        // current context (or the legacy default stream).
+        check(unsafe { alloc(&mut p, size, stream) }, "cuMemAllocAsync")?;
+        // SAFETY: frees what was just allocated, once, on the same stream.
+        check(unsafe { free(p, stream) }, "cuMemFreeAsync")?;
+    }
+    Ok(())
+}
+
+fn pool_pairs(pool: &MemoryPool, size: usize, iters: usize) -> Res<()> {
+    for _ in 0..iters {
+        let p = pool.malloc(size)?;
+        drop(std::hint::black_box(p));
+    }
+    Ok(())
+}
+
+fn pairs(figs: &mut Vec<Row>) -> Res<()> {
+    let default = get_default_memory_pool();
+    let own = MemoryPool::new();
+    for size in SIZES {
+        // Warm: one block of the size cached in each pool.
+        drop(default.malloc(size)?);
+        drop(own.malloc(size)?);
+        let raw = median_secs(|| raw_pairs(size, RAW_ITERS, std::ptr::null_mut()))?
+            / RAW_ITERS as f64
+            * 1e9;
+        let per = |secs: f64| secs / POOL_ITERS as f64 * 1e9;
+        let ours = per(median_secs(|| pool_pairs(&default, size, POOL_ITERS))?);
+        let user = per(median_secs(|| pool_pairs(&own, size, POOL_ITERS))?);
+        let via_alloc = per(median_secs(|| {
+            for _ in 0..POOL_ITERS {
+                drop(std::hint::black_box(memory::alloc(size)?));
+            }
+            Ok(())
+        })?);
+        for (name, v) in [
+            ("pool_malloc_free_pair", ours),
+            ("user_pool_malloc_free_pair", user),
+            ("alloc_free_pair", via_alloc),
+        ] {
+            figs.push(Row {
+                name,
+                size,
+                threads: 1,
+                value: v,
+                unit: "ns",
+                raw,
+                raw_name: "cuMemAllocAsync_pair",
+                ratio: v / raw,
+                speedup: None,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Aggregate pairs per second of `threads` threads, each on its own stream, each
+/// doing `iters` 1 MiB pairs through the default pool (`raw`: the driver's pair).
+fn scaled_rate(threads: usize, iters: usize, raw: bool) -> Res<f64> {
+    const SIZE: usize = 1 << 20;
+    let mut rates = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let start = Arc::new(Barrier::new(threads + 1));
+        let done = Arc::new(Barrier::new(threads + 1));
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (start, done) = (start.clone(), done.clone());
+                std::thread::spawn(move || -> Res<()> {
+                    // Whatever fails, the thread reaches both barriers (no deadlock).
+                    let setup = (|| -> Res<Stream> {
+                        cuda_rt::device::set_device_id(0)?;
+                        Ok(Stream::non_blocking()?)
+                    })();
+                    let run = |stream: &Stream, n: usize| -> Res<()> {
+                        if raw {
+                            raw_pairs(SIZE, n, stream.as_raw())
+                        } else {
+                            pool_pairs(&get_default_memory_pool(), SIZE, n)
+                        }
+                    };
+                    let scope = setup.as_ref().ok().map(|s| s.enter());
+                    // Warm-up: this stream's arena holds a block of the size.
+                    let warm = match &setup {
+                        Ok(s) => run(s, 10),
+                        Err(e) => Err(e.to_string().into()),
+                    };
+                    start.wait();
+                    let r = match (&setup, warm) {
+                        (Ok(s), Ok(())) => run(s, iters),
+                        (_, Err(e)) => Err(e),
+                        (Err(e), _) => Err(e.to_string().into()),
+                    };
+                    done.wait();
+                    if let Ok(s) = &setup {
+                        s.synchronize()?;
+                    }
+                    drop(scope);
+                    r
+                })
+            })
+            .collect();
+        start.wait();
+        let t = Instant::now();
+        done.wait();
+        let secs = t.elapsed().as_secs_f64();
+        for h in handles {
+            h.join().map_err(|_| "a bench thread panicked")??;
+        }
+        rates.push((threads * iters) as f64 / secs);
+    }
+    // The streams of this rep are gone: give their arenas' blocks back.
+    get_default_memory_pool().free_all_blocks(None);
+    Ok(median(rates))
+}
+
+fn scaling(figs: &mut Vec<Row>) -> Res<()> {
+    let mut single = None;
+    for threads in THREADS {
+        let ours = scaled_rate(threads, SCALE_POOL_ITERS, false)?;
+        let raw = scaled_rate(threads, SCALE_RAW_ITERS, true)?;
+        let base = *single.get_or_insert(ours);
+        figs.push(Row {
+            name: "pool_pairs_per_s_threads",
+            size: 1 << 20,
+            threads,
+            value: ours,
+            unit: "pairs/s",
+            raw,
+            raw_name: "cuMemAllocAsync_pair",
+            ratio: raw / ours,
+            speedup: Some(ours / base),
+        });
+    }
+    Ok(())
+}
+
+fn main() {
+    if let Err(why) = cuda_rt::availability() {
+        println!(
+            "{{\"skipped\": \"pool bench: no GPU: {}\"}}",
+            why.replace('"', "'").replace('\n', " ")
+        );
+        return;
+    }
+    if let Err(e) = cuda_rt::device::set_device_id(0) {
+        println!("{{\"skipped\": \"pool bench: device 0: {e}\"}}");
+        return;
+    }
+    let mut figs = Vec::new();
+    for (name, step) in [
+        ("pairs", pairs as fn(&mut Vec<Row>) -> Res<()>),
+        ("scaling", scaling),
+    ] {
+        if let Err(e) = step(&mut figs) {
+            eprintln!("pool bench: {name} failed: {e}");
+        }
+    }
+    for f in &figs {
+        let extra = match f.speedup {
+            Some(s) => format!(", \"threads\": {}, \"speedup\": {s:.2}", f.threads),
+            None => String::new(),
+        };
+        println!(
+            "{{\"name\": \"{}\", \"size\": {}, \"value\": {:.3}, \"unit\": \"{}\", \"raw\": {:.3}, \"raw_name\": \"{}\", \"ratio\": {:.4}{extra}}}",
+            f.name, f.size, f.value, f.unit, f.raw, f.raw_name, f.ratio
+        );
+    }
+    println!();
+    println!(
+        "{:<28} {:>9} {:>7} {:>14} {:>14} {:<8} {:>8} {:>8}",
+        "figure", "size", "threads", "ours", "raw", "unit", "ratio", "speedup"
+    );
+    for f in &figs {
+        println!(
+            "{:<28} {:>9} {:>7} {:>14.1} {:>14.1} {:<8} {:>8.4} {:>8}",
+            f.name,
+            f.size,
+            f.threads,
+            f.value,
+            f.raw,
+            f.unit,
+            f.ratio,
+            f.speedup.map_or(String::new(), |s| format!("{s:.2}x"))
+        );
+    }
+    let pair_ok = figs
+        .iter()
+        .filter(|f| f.name == "pool_malloc_free_pair")
+        .all(|f| f.ratio <= 0.05);
+    let scale_ok = figs
+        .iter()
+        .find(|f| f.speedup.is_some() && f.threads == 16)
+        .is_some_and(|f| f.speedup.unwrap_or(0.0) >= 8.0);
+    println!();
+    println!(
+        "targets: pair ratio <= 0.05: {}; 16-thread speedup >= 8x: {}",
+        if pair_ok { "met" } else { "MISSED" },
+        if scale_ok { "met" } else { "MISSED" }
+    );
+}
