@@ -22,6 +22,7 @@ pub(crate) mod driver;
 pub mod env;
 pub mod error;
 pub mod event;
+pub mod graph;
 pub mod libs;
 pub mod memory;
 pub mod pinned;
@@ -37,6 +38,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
+pub use graph::{CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{
     alloc, get_allocator, malloc_async, malloc_managed, set_allocator, using_allocator, Allocator,

@@ -12,6 +12,7 @@
 pub mod context;
 pub mod device;
 pub mod event;
+pub mod graph;
 #[rustfmt::skip]
 pub mod lib_status;
 pub mod host;
