@@ -237,6 +237,12 @@ impl Event {
         self.recorded.load(Ordering::Relaxed)
     }
 
+    /// Marks the event as recorded without a driver call (a graph's event-record node
+    /// will record it when the graph runs, so waits on it must not be skipped).
+    pub(crate) fn mark_recorded(&self) {
+        self.recorded.store(true, Ordering::Relaxed);
+    }
+
     /// Records the event on this thread's current stream of the event's device.
     pub fn record(&self) -> Result<()> {
         let s = crate::stream::current_stream_of(self.device);
@@ -270,6 +276,7 @@ impl Event {
             return Ok(());
         }
         driver::event::synchronize(self.as_raw())
+            .map_err(|e| crate::graph::explain(e, "Event::synchronize"))
     }
 
     /// `true` when the event's last record has completed (or it was never recorded),

@@ -23,6 +23,7 @@ pub(crate) mod driver;
 pub mod env;
 pub mod error;
 pub mod event;
+pub mod graph;
 pub mod launch;
 pub mod libs;
 pub mod memory;
@@ -41,6 +42,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
+pub use graph::{CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{

@@ -20,6 +20,7 @@ use crate::driver::context::{make_current, MAX_DEVICES};
 use crate::driver::{self, sys};
 use crate::error::{DriverError, Error, Result};
 use crate::event::Event;
+use crate::graph::{self, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 
 /// The legacy default stream's handle (CUDA's `0`).
 pub const LEGACY_DEFAULT_HANDLE: usize = 0;
@@ -50,7 +51,7 @@ fn refuse_capture<S: AsStream + ?Sized>(s: &S, what: &str) -> Result<()> {
         return Err(Error::Capture(format!(
             "{what} on stream {:#x} of device {}: the stream is capturing a graph, and a \
              run-once Rust closure cannot become a graph node (it could run once per \
-             launch); end the capture first",
+             launch); use launch_host_func_repeatable, or end the capture first",
             s.as_raw() as usize,
             s.device_id()
         )));
@@ -77,17 +78,18 @@ pub trait AsStream {
         self.as_raw() as usize
     }
 
-    /// Blocks until all work queued on the stream is done.
+    /// Blocks until all work queued on the stream is done. During a capture an
+    /// [`Error::Capture`] that says the capture is now invalid.
     fn synchronize(&self) -> Result<()> {
         context_for(self)?;
-        driver::stream::synchronize(self.as_raw())
+        driver::stream::synchronize(self.as_raw()).map_err(|e| graph::explain(e, "synchronize"))
     }
 
     /// `true` when all work queued on the stream is done, `false` while some is
     /// pending (`cuStreamQuery`).
     fn query(&self) -> Result<bool> {
         context_for(self)?;
-        driver::stream::query(self.as_raw())
+        driver::stream::query(self.as_raw()).map_err(|e| graph::explain(e, "query"))
     }
 
     /// CuPy's `Stream.done`: the same as [`query`](AsStream::query).
@@ -144,6 +146,53 @@ pub trait AsStream {
         context_for(self)?;
         refuse_capture(self, "add_callback")?;
         driver::stream::add_callback(self.as_raw(), f)
+    }
+
+    /// Runs `f` on a driver thread in stream order, like
+    /// [`launch_host_func`](AsStream::launch_host_func), but also while the stream
+    /// captures a graph: then `f` becomes a host node of the graph and runs once per
+    /// launch, for as long as the graph, its clones or executables live (the graph
+    /// owns `f`). Not capturing, it runs once. A panic in `f` is caught; `f` must not
+    /// call CUDA, nor own anything whose drop calls CUDA.
+    fn launch_host_func_repeatable<F>(&self, f: F) -> Result<()>
+    where
+        F: Fn() + Send + Sync + 'static,
+        Self: Sized,
+    {
+        context_for(self)?;
+        graph::launch_repeatable_host_func(self, Box::new(f))
+    }
+
+    /// Begins capturing the work queued on this stream into a graph
+    /// (`cuStreamBeginCapture`), in `mode`. An error for the legacy default stream and
+    /// for a stream that is already capturing.
+    fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
+        graph::begin_capture(self, mode)
+    }
+
+    /// Ends the capture begun on this stream and returns its graph, instantiated with
+    /// no flags (as CuPy's `end_capture`). An [`Error::Capture`] when the stream is not
+    /// capturing, when the capture was invalidated (a synchronize, a synchronous copy
+    /// during it), or when a forked stream was not joined back.
+    fn end_capture(&self) -> Result<Graph> {
+        graph::end_capture(self, InstantiateFlags::empty())
+    }
+
+    /// [`end_capture`](AsStream::end_capture), instantiating with `flags`.
+    fn end_capture_with(&self, flags: InstantiateFlags) -> Result<Graph> {
+        graph::end_capture(self, flags)
+    }
+
+    /// Whether the stream is capturing a graph (an invalidated capture counts: the
+    /// stream is still in capture mode until the capture is ended).
+    fn is_capturing(&self) -> Result<bool> {
+        Ok(self.capture_status()? != CaptureStatus::None)
+    }
+
+    /// The stream's capture status and, when active, the capture's id
+    /// (`cuStreamGetCaptureInfo`).
+    fn capture_status(&self) -> Result<CaptureStatus> {
+        graph::capture_info(self).map(|(s, _)| s)
     }
 
     /// Makes this the current stream of its device on this thread until the returned
@@ -357,9 +406,10 @@ impl Stream {
         self.priority
     }
 
-    /// Blocks until all work queued on the stream is done.
+    /// Blocks until all work queued on the stream is done (see
+    /// [`AsStream::synchronize`]).
     pub fn synchronize(&self) -> Result<()> {
-        driver::stream::synchronize(self.as_raw())
+        driver::stream::synchronize(self.as_raw()).map_err(|e| graph::explain(e, "synchronize"))
     }
 }
 

@@ -138,7 +138,7 @@ impl Device {
     /// primary context).
     pub fn synchronize(&self) -> Result<()> {
         driver::context::make_current(self.id)?;
-        driver::context::synchronize()
+        driver::context::synchronize().map_err(|e| crate::graph::explain(e, "Device::synchronize"))
     }
 
     /// The product name, e.g. `NVIDIA H200`.
@@ -277,5 +277,5 @@ pub fn set_device_id(id: i32) -> Result<()> {
 /// Blocks until all work queued on the current device is done.
 pub fn synchronize() -> Result<()> {
     driver::context::make_current(get_device_id())?;
-    driver::context::synchronize()
+    driver::context::synchronize().map_err(|e| crate::graph::explain(e, "synchronize"))
 }

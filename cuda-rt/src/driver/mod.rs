@@ -12,6 +12,7 @@
 pub mod context;
 pub mod device;
 pub mod event;
+pub mod graph;
 pub mod host;
 pub mod launch;
 #[rustfmt::skip]

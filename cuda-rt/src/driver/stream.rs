@@ -80,6 +80,11 @@ pub fn host_fn_panic_count() -> u64 {
     HOST_FN_PANICS.load(Ordering::Relaxed)
 }
 
+/// Counts one caught panic of a host function (the graph trampolines use it too).
+pub fn count_host_fn_panic() {
+    HOST_FN_PANICS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// Runs `f`, catching a panic (also one raised by dropping `f`).
 fn run_caught(f: impl FnOnce()) {
     if catch_unwind(AssertUnwindSafe(f)).is_err() {

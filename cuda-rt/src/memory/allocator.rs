@@ -288,12 +288,20 @@ pub fn using_allocator<R>(allocator: Option<Allocator>, f: impl FnOnce() -> R) -
 /// `size` bytes on the current device through the allocator in effect
 /// ([`get_allocator`]; by default the caching pool). Size 0 is a null pointer of size
 /// 0 (no allocator call). `#[track_caller]`, for the memory hooks' call site.
+///
+/// While this thread's current stream captures a graph (a capture begun through
+/// cuda-rt, or a stream forked into one), the allocation is a memory node of that
+/// graph instead ([`capture_aware_alloc`](crate::graph::capture_aware_alloc)): no
+/// allocator is called, and the memory stays valid for every replay.
 #[track_caller]
 #[inline]
 pub fn alloc(size: usize) -> Result<MemoryPointer> {
     let device = get_device_id();
     if size == 0 {
         return Ok(MemoryPointer::null(device));
+    }
+    if let Some(r) = crate::graph::capture_aware_alloc(size) {
+        return r;
     }
     get_allocator().malloc(size, device)
 }

@@ -43,6 +43,19 @@ impl fmt::Debug for MemoryPointer {
     }
 }
 
+impl Drop for MemoryPointer {
+    /// The last pointer to a memory object dropped while a capture is under way hands
+    /// the object to the graph being captured, which may use it on every launch: it
+    /// is released only after the graph (see [`crate::graph`]). Otherwise nothing but
+    /// one relaxed atomic load.
+    #[inline]
+    fn drop(&mut self) {
+        if crate::graph::any_capture_active() && Arc::strong_count(&self.mem) == 1 {
+            crate::graph::keep_for_graph(&self.mem);
+        }
+    }
+}
+
 impl PartialEq for MemoryPointer {
     /// Same address on the same device.
     fn eq(&self, other: &Self) -> bool {

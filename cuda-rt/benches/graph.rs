@@ -1,0 +1,177 @@
+//! Graph replay against the raw driver, measured in the same run.
+//!
+//! A graph of 1000 empty-kernel nodes is captured once; the same executable graph is
+//! launched through [`Graph::launch`] and through a raw `cuGraphLaunch`:
+//! - `graph_replay_per_node`: device time per node (launches then a synchronize,
+//!   divided by launches x nodes), target within 3% of raw;
+//! - `graph_launch_host_call`: host time of one launch call (batches of launches,
+//!   synchronized outside the timed part), target within 5% of raw.
+//!
+//! `cargo bench -p cuda-rt --bench graph` prints one JSON object per line (`name`,
+//! `value`, `unit`, `raw`, `raw_name`, `ratio` = value / raw, `target`), then a table;
+//! each figure is the median of several repetitions, raw and cuda-rt interleaved,
+//! after a warm-up. Without a GPU it prints why it skipped and exits 0.
+
+#[path = "../tests/common/kernels.rs"]
+mod kernels;
+
+use std::time::Instant;
+
+use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::graph::CaptureMode;
+use cuda_rt::{AsStream, Stream};
+
+const REPS: usize = 11;
+const NODES: usize = 1000;
+
+struct Figure {
+    name: &'static str,
+    value: f64,
+    raw: f64,
+    raw_name: &'static str,
+    target: &'static str,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+/// `ours` and `raw` (each returning ns per op) interleaved: a warm-up pair, then
+/// `REPS` pairs, alternating which goes first; the medians.
+fn pair(mut ours: impl FnMut() -> f64, mut raw: impl FnMut() -> f64) -> (f64, f64) {
+    ours();
+    raw();
+    let (mut o, mut r) = (Vec::new(), Vec::new());
+    for i in 0..REPS {
+        if i % 2 == 0 {
+            r.push(raw());
+            o.push(ours());
+        } else {
+            o.push(ours());
+            r.push(raw());
+        }
+    }
+    (median(o), median(r))
+}
+
+fn main() {
+    if let Err(reason) = cuda_rt::availability() {
+        let reason = reason.replace('\n', "; ");
+        println!("skipped graph bench: no GPU: {reason}");
+        return;
+    }
+    if let Err(e) = run() {
+        eprintln!("graph bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> cuda_rt::Result<()> {
+    let k = kernels::Kernels::load();
+    let name = cuda_rt::Device::new(0)?.name()?;
+    let s = Stream::non_blocking()?;
+    s.begin_capture(CaptureMode::Global)?;
+    for _ in 0..NODES {
+        kernels::empty(&k, &s);
+    }
+    let graph = s.end_capture()?;
+    graph.upload(&s)?;
+    s.synchronize()?;
+    let exec = graph
+        .exec_raw()
+        .ok_or_else(|| cuda_rt::Error::InvalidState("graph not instantiated".into()))?;
+    let api = sys::api()?;
+    let raw_launch = api.cuGraphLaunch()?;
+    let raw_s = s.as_raw();
+    let raw = |what: &str| {
+        // SAFETY: `exec` is the live executable graph owned by `graph`, `raw_s` a live
+        // stream of its context (made current by the safe calls above).
+        let rc = unsafe { raw_launch(exec, raw_s) };
+        assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
+    };
+
+    let mut figures = Vec::new();
+
+    // Device time per node: LAUNCHES launches, then a synchronize.
+    const LAUNCHES: usize = 20;
+    let per_node = |f: &dyn Fn()| {
+        let t = Instant::now();
+        for _ in 0..LAUNCHES {
+            f();
+        }
+        s.synchronize().unwrap();
+        t.elapsed().as_nanos() as f64 / (LAUNCHES * NODES) as f64
+    };
+    let (value, rawv) = pair(
+        || per_node(&|| graph.launch(&s).unwrap()),
+        || per_node(&|| raw("cuGraphLaunch")),
+    );
+    figures.push(Figure {
+        name: "graph_replay_per_node",
+        value,
+        raw: rawv,
+        raw_name: "cuGraphLaunch_1000_empty_nodes",
+        target: "ratio <= 1.03",
+    });
+
+    // Host time of one launch call: BATCH calls timed, synchronized untimed.
+    const BATCH: usize = 10;
+    const ROUNDS: usize = 20;
+    let host_call = |f: &dyn Fn()| {
+        let mut total = 0u128;
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            for _ in 0..BATCH {
+                f();
+            }
+            total += t.elapsed().as_nanos();
+            s.synchronize().unwrap();
+        }
+        total as f64 / (ROUNDS * BATCH) as f64
+    };
+    let (value, rawv) = pair(
+        || host_call(&|| graph.launch(&s).unwrap()),
+        || host_call(&|| raw("cuGraphLaunch")),
+    );
+    figures.push(Figure {
+        name: "graph_launch_host_call",
+        value,
+        raw: rawv,
+        raw_name: "cuGraphLaunch",
+        target: "ratio <= 1.05",
+    });
+
+    for f in &figures {
+        println!(
+            "{{\"name\": \"{}\", \"nodes\": {NODES}, \"value\": {:.2}, \"unit\": \"ns\", \
+             \"raw\": {:.2}, \"raw_name\": \"{}\", \"ratio\": {:.4}, \"target\": \"{}\", \
+             \"device\": \"{}\"}}",
+            f.name,
+            f.value,
+            f.raw,
+            f.raw_name,
+            f.value / f.raw,
+            f.target,
+            name
+        );
+    }
+    println!();
+    println!("graph replay on {name} ({NODES} empty-kernel nodes; ns, median of {REPS})");
+    println!(
+        "{:<24} {:>10} {:>10} {:>7}  {:<32} target",
+        "figure", "cuda-rt", "raw", "ratio", "raw call"
+    );
+    for f in &figures {
+        println!(
+            "{:<24} {:>10.2} {:>10.2} {:>7.4}  {:<32} {}",
+            f.name,
+            f.value,
+            f.raw,
+            f.value / f.raw,
+            f.raw_name,
+            f.target
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! Allocation while a stream captures: memory nodes.
+//!
+//! [`alloc`](crate::memory::alloc) on a thread whose current stream captures (a
+//! capture begun through cuda-rt, or a stream forked into one) does not go to the
+//! allocator in effect: it calls [`capture_aware_alloc`], which allocates with
+//! `cuMemAllocAsync` on the capturing stream. The driver records that as a
+//! memory-allocation node of the graph, and the returned pointer is the address the
+//! node gives on every launch of the graph (graph memory has a fixed address for the
+//! life of the executable graph).
+//!
+//! Why memory nodes rather than a graph-private pool: the driver knows the graph's
+//! dependencies, so it may reuse physical memory between nodes that can never run at
+//! the same time, and never between nodes that can (a private pool cannot see forks
+//! and joins: a block freed on one branch and reused on another would be raced on);
+//! no plain `cuMemAlloc`, which a global-mode capture refuses, runs during a capture;
+//! and nothing outside the graph can be handed that memory while the graph lives.
+//!
+//! What happens to such memory depends on when its last pointer drops:
+//! - during the capture: it is freed inside the graph (`cuMemFreeAsync`, a
+//!   memory-free node) on the current stream when that stream is in the same capture,
+//!   else on the stream it was allocated on. Drop a buffer used on a forked stream
+//!   after the fork is joined back.
+//! - after the capture: the graph owns it. Its graph is instantiated with
+//!   [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`](crate::graph::InstantiateFlags), so each
+//!   launch frees the previous launch's block before allocating it again, and the
+//!   pointer reads what the last launch wrote (synchronize before reading it). Once
+//!   both the graph and the last pointer are gone, the block of the last launch is
+//!   freed on the stream of that launch.
+//!
+//! Memory allocated before a capture and dropped during it is kept alive by the
+//! graph (see [`crate::graph`]), so no pool reuses it while the graph can run.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::device::get_device_id;
+use crate::driver::{self, context, context::make_current};
+use crate::error::Result;
+use crate::graph::capture;
+use crate::memory::{BaseMemory, MemoryPointer};
+use crate::stream::{current_stream_of, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
+
+/// The launches of one graph, as the allocations it owns need them.
+#[derive(Debug, Default)]
+pub(crate) struct LaunchRecord {
+    /// The stream of the graph's last launch, if it was launched.
+    last: Mutex<Option<StreamRef>>,
+}
+
+impl LaunchRecord {
+    /// Notes a launch on `s`.
+    #[inline]
+    pub(crate) fn launched_on(&self, s: StreamRef) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+    }
+
+    fn last(&self) -> Option<StreamRef> {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Where an allocation made during a capture stands.
+#[derive(Debug)]
+enum Phase {
+    /// The capture is under way; the block is live in the graph being captured.
+    Capturing {
+        /// The stream it was allocated on.
+        stream: StreamRef,
+        /// The capture's id.
+        id: u64,
+    },
+    /// Freed inside the graph: nothing to do outside it.
+    FreedInGraph,
+    /// The graph owns it: after each launch the block is live until the next launch.
+    GraphOwned(Arc<LaunchRecord>),
+}
+
+/// One allocation made during a capture, shared by its pointers and its graph.
+#[derive(Debug)]
+pub(crate) struct AllocState {
+    ptr: u64,
+    size: usize,
+    device: i32,
+    phase: Mutex<Phase>,
+}
+
+impl AllocState {
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `ptr` is inside this allocation.
+    pub(crate) fn contains(&self, ptr: u64) -> bool {
+        ptr >= self.ptr && ptr < self.ptr + self.size as u64
+    }
+
+    /// At the end of the capture: `true` (and the graph owns it from now) when it was
+    /// not freed inside the graph.
+    pub(crate) fn hand_to_graph(&self, rec: &Arc<LaunchRecord>) -> bool {
+        let mut p = self.phase();
+        match *p {
+            Phase::Capturing { .. } => {
+                *p = Phase::GraphOwned(Arc::clone(rec));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Drop for AllocState {
+    fn drop(&mut self) {
+        let p = std::mem::replace(
+            self.phase.get_mut().unwrap_or_else(|e| e.into_inner()),
+            Phase::FreedInGraph,
+        );
+        // Only a block the graph owns, after a launch, is live outside the graph. A
+        // capture that ended some other way took its nodes with it.
+        let Phase::GraphOwned(rec) = p else { return };
+        let Some(s) = rec.last() else { return };
+        let _ = make_current(self.device).and_then(|()| {
+            driver::memory::free_async(self.ptr, s.as_raw()).or_else(|_| {
+                // The launch stream is gone: finish all work, free in order with it.
+                context::synchronize()?;
+                driver::memory::free_async(self.ptr, std::ptr::null_mut())
+            })
+        });
+    }
+}
+
+/// Memory allocated during a capture: a memory-allocation node's block.
+pub(crate) struct GraphMemory {
+    state: Arc<AllocState>,
+}
+
+impl fmt::Debug for GraphMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphMemory")
+            .field("ptr", &format_args!("{:#x}", self.state.ptr))
+            .field("size", &self.state.size)
+            .field("device", &self.state.device)
+            .finish()
+    }
+}
+
+// SAFETY: the block is a graph memory node's: its address is fixed for the life of the
+// graph, and the state (shared with the graph) frees it only after both the pointers
+// and the graph are gone; fields never change.
+unsafe impl BaseMemory for GraphMemory {
+    fn ptr(&self) -> u64 {
+        self.state.ptr
+    }
+    fn size(&self) -> usize {
+        self.state.size
+    }
+    fn device_id(&self) -> i32 {
+        self.state.device
+    }
+}
+
+impl Drop for GraphMemory {
+    fn drop(&mut self) {
+        let mut p = self.state.phase();
+        let Phase::Capturing { stream, id } = *p else {
+            return;
+        };
+        // Free on the current stream when it is in the same capture (the user's
+        // place in the work), else on the stream that allocated.
+        let cur = current_stream_of(stream.device_id());
+        let on = match capture::info(&cur) {
+            Ok((capture::CaptureStatus::Active { id: cid }, _)) if cid == id => cur,
+            _ => stream,
+        };
+        if driver::memory::free_async(self.state.ptr, on.as_raw()).is_ok() {
+            *p = Phase::FreedInGraph;
+        }
+        // Otherwise (the capture was invalidated or ended elsewhere) the graph, if
+        // one comes of it, owns the block.
+    }
+}
+
+/// What [`alloc`](crate::memory::alloc) calls first: `None` when no capture begun
+/// through cuda-rt involves the current stream (one relaxed atomic load while no
+/// capture is active anywhere), else the allocation as a memory node of the graph
+/// being captured (see the module docs). Size 0 is never asked for.
+#[inline]
+pub fn capture_aware_alloc(size: usize) -> Option<Result<MemoryPointer>> {
+    if !capture::any_capture_active() {
+        return None;
+    }
+    capture_alloc(size)
+}
+
+#[cold]
+fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
+    let s = current_stream_of(get_device_id());
+    if s.handle() == LEGACY_DEFAULT_HANDLE {
+        return None;
+    }
+    let r = capture::with_entry_of(&s, |entry| -> Result<MemoryPointer> {
+        make_current(s.device_id())?;
+        let ptr = driver::memory::alloc_async(size, s.as_raw())
+            .map_err(|e| capture::explain(e, "allocation during a capture"))?;
+        let id = entry.id;
+        let state = Arc::new(AllocState {
+            ptr,
+            size,
+            device: s.device_id(),
+            phase: Mutex::new(Phase::Capturing { stream: s, id }),
+        });
+        entry.allocs.push(Arc::clone(&state));
+        Ok(MemoryPointer::from_memory(Arc::new(GraphMemory { state })))
+    });
+    match r {
+        Ok(Some(r)) => Some(r),
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    }
+}

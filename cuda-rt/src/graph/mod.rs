@@ -1,0 +1,430 @@
+//! CUDA graphs: capture work on a stream and replay it ([`Graph`]), or build a graph
+//! node by node.
+//!
+//! ```no_run
+//! # fn main() -> cuda_rt::Result<()> {
+//! use cuda_rt::graph::CaptureMode;
+//! use cuda_rt::{AsStream, Stream};
+//! let stream = Stream::non_blocking()?;
+//! let _scope = stream.enter()?; // allocations and copies follow the current stream
+//! stream.begin_capture(CaptureMode::Global)?;
+//! let buf = cuda_rt::alloc(4096)?; // a memory node of the graph
+//! buf.memset_async(0, 4096, None)?;
+//! let graph = stream.end_capture()?; // instantiated, as CuPy does
+//! for _ in 0..10 {
+//!     graph.launch(&stream)?;
+//! }
+//! stream.synchronize()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Capture
+//! Capture methods are on [`AsStream`]: `begin_capture(mode)`, `end_capture()`,
+//! `is_capturing()`, `capture_status()`, and `launch_host_func_repeatable(f)` for a
+//! host function that runs on every launch of the graph. The legacy default stream
+//! cannot capture (an error says so). Other streams join a capture by waiting on an
+//! event recorded on a capturing stream (fork) and must be joined back (the origin
+//! stream waits on an event recorded on them) before `end_capture`.
+//!
+//! Errors of a capture are [`Error::Capture`] with words: synchronizing or a
+//! synchronous copy during a capture (which invalidates it), ending a capture on a
+//! stream that is not capturing, an unjoined fork.
+//!
+//! # Memory
+//! Allocations during a capture become memory nodes (see [`capture_aware_alloc`] for
+//! the reasons and the lifetime rules). Memory whose last pointer drops while a
+//! capture is under way is kept alive by that capture's graph, so no pool hands it
+//! out while the graph can run. Memory allocated before a capture and used by it must
+//! otherwise outlive the graph: hand it to [`Graph::keep_alive`] when it should not.
+//! A graph waits for its launches to finish before releasing what it keeps alive.
+
+mod capture;
+mod memory;
+mod node;
+
+use std::any::Any;
+use std::ffi::CString;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+pub use capture::{any_capture_active, CaptureMode, CaptureStatus};
+pub use memory::capture_aware_alloc;
+pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
+
+pub(crate) use capture::{
+    begin as begin_capture, end as end_capture, explain, info as capture_info, keep_for_graph,
+    keep_in_capture,
+};
+
+use crate::device::get_device_id;
+use crate::driver::context::make_current;
+use crate::driver::{self, sys};
+use crate::error::{Error, Result};
+use crate::stream::AsStream;
+use memory::{AllocState, LaunchRecord};
+
+bitflags::bitflags! {
+    /// How a graph is instantiated (`CUgraphInstantiate_flags`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct InstantiateFlags: u64 {
+        /// Free memory the graph allocated and did not free before it is launched
+        /// again (set by cuda-rt on graphs that own allocations, see the module docs).
+        const AUTO_FREE_ON_LAUNCH = 1;
+        /// Upload the graph at instantiation (on the stream of its first use).
+        const UPLOAD = 2;
+        /// The graph can be launched from the device (kernels only, no host nodes).
+        const DEVICE_LAUNCH = 4;
+        /// Kernel nodes run with their own priority attribute rather than the launch
+        /// stream's.
+        const USE_NODE_PRIORITY = 8;
+    }
+}
+
+/// A CUDA graph (`CUgraph`) and, once instantiated, its executable (`CUgraphExec`).
+/// Both are destroyed on drop. Made by capture ([`AsStream::end_capture`], already
+/// instantiated) or by [`Graph::new`] and the `add_*_node` methods (instantiated on
+/// first launch, or by [`Graph::instantiate`]).
+pub struct Graph {
+    raw: usize,
+    device: i32,
+    exec: OnceLock<usize>,
+    flags: InstantiateFlags,
+    /// What the graph's nodes refer to and must outlive: memory, events, closures.
+    keep: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Allocations of the capture that outlived it: the graph owns their blocks.
+    allocs: Vec<Arc<AllocState>>,
+    /// The last launch's stream, for the owned allocations.
+    launches: Arc<LaunchRecord>,
+    /// Whether it was ever launched (so there is work to wait for on drop).
+    launched: AtomicBool,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("graph", &format_args!("{:#x}", self.raw))
+            .field("device", &self.device)
+            .field("instantiated", &self.exec.get().is_some())
+            .field("flags", &self.flags)
+            .field("kept_alive", &self.keep.len())
+            .field("owned_allocations", &self.allocs.len())
+            .finish()
+    }
+}
+
+impl Graph {
+    /// An empty graph on the current device, to build node by node.
+    pub fn new() -> Result<Graph> {
+        let device = get_device_id();
+        make_current(device)?;
+        let raw = driver::graph::create()?;
+        Ok(Self::from_parts(raw, device, InstantiateFlags::empty()))
+    }
+
+    fn from_parts(raw: sys::CUgraph, device: i32, flags: InstantiateFlags) -> Graph {
+        Graph {
+            raw: raw as usize,
+            device,
+            exec: OnceLock::new(),
+            flags,
+            keep: Vec::new(),
+            allocs: Vec::new(),
+            launches: Arc::default(),
+            launched: AtomicBool::new(false),
+        }
+    }
+
+    /// The graph of a finished capture, instantiated with `flags` (plus
+    /// [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`] when it owns allocations).
+    pub(crate) fn from_capture(
+        raw: sys::CUgraph,
+        device: i32,
+        keep: Vec<Arc<dyn Any + Send + Sync>>,
+        allocs: Vec<Arc<AllocState>>,
+        flags: InstantiateFlags,
+    ) -> Result<Graph> {
+        let mut g = Self::from_parts(raw, device, flags);
+        g.keep = keep;
+        let rec = Arc::clone(&g.launches);
+        g.allocs = allocs
+            .into_iter()
+            .filter(|a| a.hand_to_graph(&rec))
+            .collect();
+        if !g.allocs.is_empty() {
+            g.flags |= InstantiateFlags::AUTO_FREE_ON_LAUNCH;
+        }
+        g.instantiate(g.flags)?;
+        Ok(g)
+    }
+
+    /// The raw `CUgraph` (owned by this value).
+    pub fn as_raw(&self) -> sys::CUgraph {
+        self.raw as sys::CUgraph
+    }
+
+    /// The raw `CUgraphExec`, when instantiated (owned by this value).
+    pub fn exec_raw(&self) -> Option<sys::CUgraphExec> {
+        self.exec.get().map(|&e| e as sys::CUgraphExec)
+    }
+
+    /// The device the graph belongs to.
+    pub fn device_id(&self) -> i32 {
+        self.device
+    }
+
+    /// The flags the graph is (or will be) instantiated with.
+    pub fn flags(&self) -> InstantiateFlags {
+        self.flags
+    }
+
+    /// Whether an executable graph exists now.
+    pub fn is_instantiated(&self) -> bool {
+        self.exec.get().is_some()
+    }
+
+    /// How many allocations of its capture the graph owns (see the module docs).
+    pub fn owned_allocation_count(&self) -> usize {
+        self.allocs.len()
+    }
+
+    /// (Re-)instantiates the graph with `flags`, replacing an earlier executable
+    /// (which finishes the launches already queued). A graph that owns allocations
+    /// always gets [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`].
+    pub fn instantiate(&mut self, flags: InstantiateFlags) -> Result<()> {
+        let mut flags = flags;
+        if !self.allocs.is_empty() {
+            flags |= InstantiateFlags::AUTO_FREE_ON_LAUNCH;
+        }
+        make_current(self.device)?;
+        self.drop_exec();
+        let e = driver::graph::instantiate(self.as_raw(), flags.bits())
+            .map_err(|e| explain(e, "Graph::instantiate"))?;
+        self.flags = flags;
+        let _ = self.exec.set(e as usize);
+        Ok(())
+    }
+
+    /// Destroys the executable, if any (queued launches still finish).
+    fn drop_exec(&mut self) {
+        if let Some(e) = self.exec.take() {
+            let _ = driver::graph::exec_destroy(e as sys::CUgraphExec);
+        }
+    }
+
+    /// The executable, instantiated now with the graph's flags if it is not yet.
+    #[inline]
+    fn exec(&self) -> Result<sys::CUgraphExec> {
+        if let Some(&e) = self.exec.get() {
+            return Ok(e as sys::CUgraphExec);
+        }
+        self.instantiate_lazily()
+    }
+
+    #[cold]
+    fn instantiate_lazily(&self) -> Result<sys::CUgraphExec> {
+        make_current(self.device)?;
+        let e = driver::graph::instantiate(self.as_raw(), self.flags.bits())
+            .map_err(|e| explain(e, "Graph::instantiate"))?;
+        if let Err(e) = self.exec.set(e as usize) {
+            // Another thread instantiated first: keep its executable.
+            let _ = driver::graph::exec_destroy(e as sys::CUgraphExec);
+        }
+        self.exec
+            .get()
+            .map(|&e| e as sys::CUgraphExec)
+            .ok_or_else(|| Error::InvalidState("the graph lost its executable".into()))
+    }
+
+    /// Launches the graph on `stream` (`cuGraphLaunch`), instantiating it first if
+    /// needed. Launches on one stream run one after the other.
+    #[inline]
+    pub fn launch<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
+        let e = self.exec()?;
+        make_current(stream.device_id())?;
+        driver::graph::launch(e, stream.as_raw()).map_err(|e| explain(e, "Graph::launch"))?;
+        if !self.launched.load(Ordering::Relaxed) {
+            self.launched.store(true, Ordering::Relaxed);
+        }
+        if !self.allocs.is_empty() {
+            self.launches.launched_on(stream.as_stream_ref());
+        }
+        Ok(())
+    }
+
+    /// Uploads the executable graph to the device on `stream` ahead of its first
+    /// launch (`cuGraphUpload`), instantiating it first if needed.
+    pub fn upload<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
+        let e = self.exec()?;
+        make_current(stream.device_id())?;
+        driver::graph::upload(e, stream.as_raw()).map_err(|e| explain(e, "Graph::upload"))
+    }
+
+    /// Gives this graph's executable the node parameters of `from` (a re-capture or
+    /// re-build of the same work, with other pointers or values), without
+    /// re-instantiating (`cuGraphExecUpdate`). The topology (nodes, node types,
+    /// edges, kernels' functions) must be the same; otherwise an error says what
+    /// differs and this executable is unchanged. This graph then keeps alive what
+    /// `from` refers to as well.
+    pub fn update(&mut self, from: &Graph) -> Result<()> {
+        let e = self.exec()?;
+        make_current(self.device)?;
+        match driver::graph::exec_update(e, from.as_raw())? {
+            Ok(()) => {
+                self.keep.extend(from.keep.iter().cloned());
+                Ok(())
+            }
+            Err(reason) => Err(Error::InvalidArgument(format!(
+                "Graph::update: the executable graph cannot take the other graph's \
+                 parameters: {}; instantiate the other graph instead",
+                update_reason(reason)
+            ))),
+        }
+    }
+
+    /// A copy of the graph (`cuGraphClone`), not yet instantiated, with the same
+    /// instantiate flags; it keeps alive what this graph keeps alive. An error for a
+    /// graph that owns allocations of its capture (their addresses belong to this
+    /// graph's executable).
+    pub fn try_clone(&self) -> Result<Graph> {
+        if !self.allocs.is_empty() {
+            return Err(Error::InvalidState(format!(
+                "Graph::try_clone: the graph owns {} allocation(s) made during its capture \
+                 and still referred to outside it; their addresses belong to this graph, \
+                 so it cannot be cloned (drop those pointers during the capture to make \
+                 them free inside the graph)",
+                self.allocs.len()
+            )));
+        }
+        make_current(self.device)?;
+        let raw = driver::graph::clone(self.as_raw())?;
+        let mut g = Self::from_parts(raw, self.device, self.flags);
+        g.keep = self.keep.clone();
+        Ok(g)
+    }
+
+    /// Ties `obj` (memory, an event, anything the graph's nodes refer to) to the
+    /// graph: it is dropped after the graph, once the graph's launches have finished.
+    pub fn keep_alive(&mut self, obj: Arc<dyn Any + Send + Sync>) {
+        self.keep.push(obj);
+    }
+
+    /// The graph's nodes (`cuGraphGetNodes`).
+    pub fn nodes(&self) -> Result<Vec<Node>> {
+        make_current(self.device)?;
+        Ok(driver::graph::nodes(self.as_raw())?
+            .into_iter()
+            .map(Node::from_raw)
+            .collect())
+    }
+
+    /// How many nodes the graph has.
+    pub fn node_count(&self) -> Result<usize> {
+        Ok(self.nodes()?.len())
+    }
+
+    /// Writes the graph in Graphviz DOT format to `path`, with every detail the
+    /// driver can print (`cuGraphDebugDotPrint`, verbose), for debugging.
+    pub fn debug_dot_print(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "the DOT path {} contains a NUL byte",
+                path.display()
+            ))
+        })?;
+        make_current(self.device)?;
+        driver::graph::debug_dot_print(
+            self.as_raw(),
+            &c,
+            sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.0,
+        )
+    }
+
+    /// The graph in DOT format as a string (through a temporary file).
+    pub fn to_dot(&self) -> Result<String> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "cuda-rt-graph-{}-{}.dot",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let r = self.debug_dot_print(&path).and_then(|()| {
+            std::fs::read_to_string(&path).map_err(|e| {
+                Error::InvalidState(format!("reading the DOT dump at {}: {e}", path.display()))
+            })
+        });
+        let _ = std::fs::remove_file(&path);
+        r
+    }
+
+    /// Marks the executable stale after the graph changed: the next launch
+    /// instantiates again.
+    fn changed(&mut self) {
+        self.drop_exec();
+    }
+}
+
+/// `cuGraphExecUpdate`'s reason, in words.
+fn update_reason(r: sys::CUgraphExecUpdateResult) -> &'static str {
+    use sys::CUgraphExecUpdateResult as U;
+    match r {
+        U::CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED => {
+            "the topology changed (nodes or edges were added or removed)"
+        }
+        U::CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED => "a node's type changed",
+        U::CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED => {
+            "a kernel node's function changed in a way an update cannot follow"
+        }
+        U::CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE => {
+            "a kernel node's function changed in an unsupported way"
+        }
+        U::CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED => {
+            "a node's parameters changed in a way an update cannot follow (e.g. a memcpy \
+             between other kinds of memory, or memory of another device)"
+        }
+        U::CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED => {
+            "a node cannot be updated (memory nodes, for instance)"
+        }
+        U::CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED => "a node's attributes changed",
+        _ => "the driver refused the update",
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let _ = make_current(self.device);
+        // What the graph keeps alive may be in use by queued launches: wait for them.
+        if !self.keep.is_empty() && self.launched.load(Ordering::Relaxed) {
+            let _ = driver::context::synchronize();
+        }
+        self.drop_exec();
+        let _ = driver::graph::destroy(self.as_raw());
+        // `keep` and `allocs` drop now; owned allocations free themselves once no
+        // pointer to them is left.
+    }
+}
+
+/// `AsStream::launch_host_func_repeatable`: a host node in the graph `s` captures
+/// into, or a plain one-off host function when `s` is not capturing.
+pub(crate) fn launch_repeatable_host_func<S: AsStream + ?Sized>(
+    s: &S,
+    f: Box<dyn Fn() + Send + Sync + 'static>,
+) -> Result<()> {
+    let (status, g) = capture_info(s)?;
+    match status {
+        CaptureStatus::None => driver::stream::launch_host_func(s.as_raw(), f),
+        CaptureStatus::Invalidated => Err(Error::Capture(format!(
+            "launch_host_func_repeatable on stream {:#x}: its capture was invalidated by an \
+             operation not allowed during a capture; end it and capture again",
+            s.as_raw() as usize
+        ))),
+        CaptureStatus::Active { .. } => {
+            let f = Arc::new(driver::graph::SharedHostFn(f));
+            // The graph owns a reference through a user object; the Graph that comes
+            // of the capture keeps one too.
+            keep_in_capture(s, f.clone())?;
+            driver::graph::launch_captured_host_fn(s.as_raw(), g, &f)
+        }
+    }
+}

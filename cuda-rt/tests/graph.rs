@@ -1,0 +1,465 @@
+//! CUDA graphs: capture and replay against eager results, fork/join, allocation during
+//! capture, host nodes, the capture errors, DOT dump, update, clone, explicit graphs.
+
+#[path = "common/kernels.rs"]
+mod kernels;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cuda_rt::graph::{CaptureMode, CaptureStatus, InstantiateFlags, KernelArgs, LaunchConfig};
+use cuda_rt::memory::{ClosureAllocator, MemoryPointer};
+use cuda_rt::{gpu_test, AsStream, Error, Event, EventFlags, Graph, Stream};
+use kernels::{add_one, axpy, Kernels};
+
+const N: usize = 4096;
+
+fn read(p: &MemoryPointer, n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    p.copy_to_host(&mut v).unwrap();
+    v
+}
+
+fn event() -> Event {
+    Event::with_flags(EventFlags::DISABLE_TIMING).unwrap()
+}
+
+/// The pipeline: with `x` in, `y` out, on `s1` forking to `s2` and joining back:
+/// t = x + 1 (s1), u = 3x (s2, allocated there), y = 0; y += t; y += 0.5 u, so
+/// y = 2.5x + 1. Temporaries are returned, to be dropped by the caller.
+fn pipeline(
+    k: &Kernels,
+    s1: &Stream,
+    s2: &Stream,
+    x: &MemoryPointer,
+    y: &MemoryPointer,
+    ran: &Arc<AtomicUsize>,
+) -> Vec<MemoryPointer> {
+    let bytes = N * 4;
+    let _on1 = s1.enter().unwrap();
+    let t = cuda_rt::alloc(bytes).unwrap();
+    t.copy_from_device_async(x, bytes, None).unwrap();
+    let fork = s1.record(Some(event())).unwrap();
+    s2.wait_event(&fork).unwrap();
+    add_one(k, s1, t.ptr(), N);
+    let u = {
+        let _on2 = s2.enter().unwrap();
+        let u = cuda_rt::alloc(bytes).unwrap();
+        u.copy_from_device_async(x, bytes, None).unwrap();
+        axpy(k, s2, u.ptr(), x.ptr(), 2.0, N);
+        u
+    };
+    let join = s2.record(Some(event())).unwrap();
+    s1.wait_event(&join).unwrap();
+    y.memset_async(0, bytes, None).unwrap();
+    axpy(k, s1, y.ptr(), t.ptr(), 1.0, N);
+    axpy(k, s1, y.ptr(), u.ptr(), 0.5, N);
+    let r = ran.clone();
+    s1.launch_host_func_repeatable(move || {
+        r.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    vec![t, u]
+}
+
+gpu_test!(
+    captured_fork_join_with_allocations_equals_eager_over_100_replays,
+    {
+        let k = Kernels::load();
+        let s1 = Stream::non_blocking().unwrap();
+        let s2 = Stream::non_blocking().unwrap();
+        let x = cuda_rt::alloc(N * 4).unwrap();
+        let y = cuda_rt::alloc(N * 4).unwrap();
+        let y_eager = cuda_rt::alloc(N * 4).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+
+        s1.begin_capture(CaptureMode::Global).unwrap();
+        assert!(s1.is_capturing().unwrap());
+        assert!(matches!(
+            s1.capture_status().unwrap(),
+            CaptureStatus::Active { .. }
+        ));
+        let temps = pipeline(&k, &s1, &s2, &x, &y, &ran);
+        {
+            let _on1 = s1.enter().unwrap();
+            drop(temps); // freed inside the graph (memory-free nodes)
+        }
+        let graph = s1.end_capture().unwrap();
+        assert!(!s1.is_capturing().unwrap());
+        assert_eq!(graph.owned_allocation_count(), 0);
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "captured, not run");
+
+        let eager_ran = Arc::new(AtomicUsize::new(0));
+        for i in 0..100 {
+            let input: Vec<f32> = (0..N).map(|j| (i * 7 + j) as f32 * 0.25 - 100.0).collect();
+            x.copy_from_host(&input).unwrap();
+            graph.launch(&s1).unwrap();
+            s1.synchronize().unwrap();
+            let got = read(&y, N);
+            // eager, with the same kernels and allocations from the allocator
+            let temps = pipeline(&k, &s1, &s2, &x, &y_eager, &eager_ran);
+            s1.synchronize().unwrap();
+            drop(temps);
+            let want = read(&y_eager, N);
+            assert_eq!(got, want, "replay {i} differs from eager");
+            for (j, (&g, &xi)) in got.iter().zip(&input).enumerate() {
+                let h = 2.5 * xi + 1.0;
+                assert!(
+                    (g - h).abs() <= 1e-3 * h.abs().max(1.0),
+                    "replay {i}[{j}]: {g} vs {h}"
+                );
+            }
+        }
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            100,
+            "host node ran once per launch"
+        );
+    }
+);
+
+gpu_test!(
+    allocation_kept_after_capture_is_owned_by_the_graph_and_valid_each_replay,
+    {
+        let k = Kernels::load();
+        let s = Stream::non_blocking().unwrap();
+        let out = {
+            let _on = s.enter().unwrap();
+            s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+            let out = cuda_rt::alloc(N * 4).unwrap();
+            out.memset_async(0, N * 4, None).unwrap();
+            add_one(&k, &s, out.ptr(), N);
+            add_one(&k, &s, out.ptr(), N);
+            out
+        };
+        let graph = s.end_capture().unwrap();
+        assert_eq!(graph.owned_allocation_count(), 1);
+        assert!(graph
+            .flags()
+            .contains(InstantiateFlags::AUTO_FREE_ON_LAUNCH));
+        for _ in 0..3 {
+            graph.launch(&s).unwrap();
+            s.synchronize().unwrap();
+            assert!(read(&out, N).iter().all(|&v| v == 2.0));
+        }
+        let e = graph.try_clone().unwrap_err();
+        assert!(e.to_string().contains("cannot be cloned"), "{e}");
+        drop(graph);
+        // the pointer outlives the graph: the last launch's block is still there
+        assert!(read(&out, N).iter().all(|&v| v == 2.0));
+    }
+);
+
+gpu_test!(
+    memory_dropped_during_capture_is_freed_only_after_the_graph,
+    {
+        let k = Kernels::load();
+        let frees = Arc::new(AtomicUsize::new(0));
+        let f2 = frees.clone();
+        let malloc = |size, _dev| {
+            let p = cuda_rt::memory::Memory::new(size)?;
+            let ptr = cuda_rt::memory::BaseMemory::ptr(&p);
+            std::mem::forget(p);
+            Ok(ptr)
+        };
+        let free = move |ptr, _size, _dev| {
+            f2.fetch_add(1, Ordering::SeqCst);
+            let api = cuda_rt::cuda_sys::driver::api().unwrap();
+            // SAFETY: `ptr` came from cuMemAlloc in `malloc` and is freed once here.
+            unsafe { api.cuMemFree_v2().unwrap()(ptr) };
+        };
+        // SAFETY: cuMemAlloc'd memory, freed once with cuMemFree by `free`.
+        let alloc = unsafe { ClosureAllocator::new(malloc, free) };
+        let m = cuda_rt::memory::using_allocator(
+            Some(cuda_rt::memory::Allocator::Closures(alloc)),
+            || cuda_rt::alloc(N * 4).unwrap(),
+        );
+        m.memset(0, N * 4).unwrap();
+        let s = Stream::non_blocking().unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        add_one(&k, &s, m.ptr(), N);
+        drop(m); // the graph uses it: it must not be freed yet
+        let graph = s.end_capture().unwrap();
+        assert_eq!(frees.load(Ordering::SeqCst), 0);
+        for _ in 0..3 {
+            graph.launch(&s).unwrap();
+        }
+        assert_eq!(frees.load(Ordering::SeqCst), 0);
+        drop(graph); // waits for its launches, then releases what it kept
+        assert_eq!(frees.load(Ordering::SeqCst), 1);
+    }
+);
+
+gpu_test!(captured_host_function_lives_as_long_as_the_graph, {
+    let s = Stream::non_blocking().unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    let m = n.clone();
+    s.begin_capture(CaptureMode::Global).unwrap();
+    s.launch_host_func_repeatable(move || {
+        m.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    // a run-once closure cannot be captured, and says what to use instead
+    let e = s.launch_host_func(|| {}).unwrap_err();
+    assert!(e.to_string().contains("launch_host_func_repeatable"), "{e}");
+    let graph = s.end_capture().unwrap();
+    let copy = graph.try_clone().unwrap();
+    drop(graph);
+    for _ in 0..5 {
+        copy.launch(&s).unwrap();
+    }
+    s.synchronize().unwrap();
+    assert_eq!(n.load(Ordering::SeqCst), 5);
+    drop(copy);
+    // the driver drops the closure (a user object) after the last reference goes
+    let t = Instant::now();
+    while Arc::strong_count(&n) > 1 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(Arc::strong_count(&n), 1, "the closure was released");
+});
+
+// ---- errors ----
+
+gpu_test!(begin_capture_on_the_legacy_default_stream_is_refused, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let e = Stream::null()
+        .begin_capture(CaptureMode::Relaxed)
+        .unwrap_err();
+    assert!(matches!(e, Error::Capture(_)), "{e}");
+    assert!(e.to_string().contains("legacy default stream"), "{e}");
+});
+
+gpu_test!(
+    synchronize_during_capture_is_a_capture_error_and_invalidates_it,
+    {
+        let s = Stream::non_blocking().unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        let e = s.synchronize().unwrap_err();
+        assert!(matches!(e, Error::Capture(_)), "{e}");
+        assert!(e.to_string().contains("capture is now invalid"), "{e}");
+        assert_eq!(s.capture_status().unwrap(), CaptureStatus::Invalidated);
+        let e = s.end_capture().unwrap_err();
+        assert!(matches!(e, Error::Capture(_)), "{e}");
+        assert!(e.to_string().contains("invalidated"), "{e}");
+        assert!(!s.is_capturing().unwrap());
+        assert!(!cuda_rt::graph::any_capture_active());
+    }
+);
+
+gpu_test!(synchronous_copy_during_capture_is_a_capture_error, {
+    let s = Stream::non_blocking().unwrap();
+    let p = cuda_rt::alloc(64).unwrap();
+    s.begin_capture(CaptureMode::Relaxed).unwrap();
+    {
+        let _on = s.enter().unwrap();
+        let e = p.copy_from_host(&[1u8; 64]).unwrap_err();
+        assert!(matches!(e, Error::Capture(_)), "{e}");
+        assert!(e.to_string().contains("capturing a graph"), "{e}");
+    }
+    // refused before reaching the driver: the capture is still good
+    s.end_capture().unwrap();
+});
+
+gpu_test!(
+    synchronous_legacy_copy_during_a_global_capture_is_a_capture_error,
+    {
+        let s = Stream::non_blocking().unwrap();
+        let p = cuda_rt::alloc(64).unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        // current stream: the legacy default one. Whether the driver refuses a
+        // plain synchronous copy during another stream's global capture is its call;
+        // when it does, the error must be a capture error in words.
+        let r = p.copy_from_host(&[1u8; 64]);
+        let _ = s.end_capture();
+        match r {
+            Ok(()) => eprintln!("note: the driver allowed a legacy copy during a global capture"),
+            Err(e) => {
+                assert!(matches!(e, Error::Capture(_)), "{e}");
+                assert!(e.to_string().contains("capturing a graph"), "{e}");
+            }
+        }
+    }
+);
+
+gpu_test!(end_capture_on_a_stream_not_capturing_is_an_error, {
+    let s = Stream::non_blocking().unwrap();
+    let e = s.end_capture().unwrap_err();
+    assert!(matches!(e, Error::Capture(_)), "{e}");
+    assert!(e.to_string().contains("not capturing"), "{e}");
+});
+
+gpu_test!(unjoined_fork_is_a_capture_error, {
+    let k = Kernels::load();
+    let s1 = Stream::non_blocking().unwrap();
+    let s2 = Stream::non_blocking().unwrap();
+    s1.begin_capture(CaptureMode::Global).unwrap();
+    let fork = s1.record(Some(event())).unwrap();
+    s2.wait_event(&fork).unwrap();
+    kernels::empty(&k, &s2); // never joined back into s1
+    let e = s1.end_capture().unwrap_err();
+    assert!(matches!(e, Error::Capture(_)), "{e}");
+    assert!(e.to_string().contains("never joined back"), "{e}");
+});
+
+// ---- DOT, update, clone, flags ----
+
+gpu_test!(dot_dump_contains_the_nodes, {
+    let k = Kernels::load();
+    let s = Stream::non_blocking().unwrap();
+    let p = cuda_rt::alloc(N * 4).unwrap();
+    s.begin_capture(CaptureMode::Global).unwrap();
+    add_one(&k, &s, p.ptr(), N);
+    axpy(&k, &s, p.ptr(), p.ptr(), 1.0, N);
+    let graph = s.end_capture().unwrap();
+    assert_eq!(graph.node_count().unwrap(), 2);
+    let dot = graph.to_dot().unwrap();
+    assert!(dot.contains("digraph"), "{dot}");
+    assert!(dot.contains("add_one"), "{dot}");
+    assert!(dot.contains("axpy"), "{dot}");
+    let path = std::env::temp_dir().join(format!("cuda-rt-test-{}.dot", std::process::id()));
+    graph.debug_dot_print(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(text.contains("add_one"));
+});
+
+fn capture_add_one(k: &Kernels, s: &Stream, p: &MemoryPointer, times: usize) -> Graph {
+    s.begin_capture(CaptureMode::Global).unwrap();
+    for _ in 0..times {
+        add_one(k, s, p.ptr(), N);
+    }
+    s.end_capture().unwrap()
+}
+
+gpu_test!(
+    update_takes_the_parameters_of_a_recapture_with_the_same_topology,
+    {
+        let k = Kernels::load();
+        let s = Stream::non_blocking().unwrap();
+        let a = cuda_rt::alloc(N * 4).unwrap();
+        let b = cuda_rt::alloc(N * 4).unwrap();
+        a.memset(0, N * 4).unwrap();
+        b.memset(0, N * 4).unwrap();
+        let mut g = capture_add_one(&k, &s, &a, 1);
+        let g_b = capture_add_one(&k, &s, &b, 1);
+        g.update(&g_b).unwrap();
+        g.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        assert!(read(&a, N).iter().all(|&v| v == 0.0), "a untouched");
+        assert!(read(&b, N).iter().all(|&v| v == 1.0), "b updated");
+        let two = capture_add_one(&k, &s, &a, 2);
+        let e = g.update(&two).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("topology"), "{e}");
+        // unchanged after the refusal
+        g.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        assert!(read(&b, N).iter().all(|&v| v == 2.0));
+    }
+);
+
+gpu_test!(clone_runs_like_the_original, {
+    let k = Kernels::load();
+    let s = Stream::non_blocking().unwrap();
+    let p = cuda_rt::alloc(N * 4).unwrap();
+    p.memset(0, N * 4).unwrap();
+    let g = capture_add_one(&k, &s, &p, 3);
+    let c = g.try_clone().unwrap();
+    assert!(!c.is_instantiated());
+    assert_eq!(c.node_count().unwrap(), 3);
+    g.launch(&s).unwrap();
+    c.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    assert!(read(&p, N).iter().all(|&v| v == 6.0));
+});
+
+gpu_test!(instantiate_flags_are_kept_and_uploaded_graphs_run, {
+    let k = Kernels::load();
+    let s = Stream::non_blocking().unwrap();
+    let p = cuda_rt::alloc(N * 4).unwrap();
+    p.memset(0, N * 4).unwrap();
+    s.begin_capture(CaptureMode::Relaxed).unwrap();
+    add_one(&k, &s, p.ptr(), N);
+    let flags = InstantiateFlags::USE_NODE_PRIORITY;
+    let mut g = s.end_capture_with(flags).unwrap();
+    assert_eq!(g.flags(), flags);
+    g.upload(&s).unwrap();
+    g.launch(&s).unwrap();
+    g.instantiate(InstantiateFlags::UPLOAD).unwrap();
+    g.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    assert!(read(&p, N).iter().all(|&v| v == 2.0));
+});
+
+// ---- explicit graphs ----
+
+gpu_test!(explicit_graph_of_every_node_type_runs, {
+    let k = Kernels::load();
+    let s = Stream::non_blocking().unwrap();
+    let a = cuda_rt::alloc(N * 4).unwrap();
+    let b = cuda_rt::alloc(N * 4).unwrap();
+    b.memset(0, N * 4).unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let ev = Arc::new(event());
+
+    // child: b += 1
+    let mut child = Graph::new().unwrap();
+    let mut args = KernelArgs::new();
+    args.push_ptr(&b).push(N as i32);
+    child
+        .add_kernel_node(
+            &[],
+            &k.add_one,
+            LaunchConfig::new(kernels::blocks(N), 256),
+            &args,
+        )
+        .unwrap();
+
+    let mut g = Graph::new().unwrap();
+    let set = g.add_memset_node(&[], &a, 1.0f32.to_bits(), 4, N).unwrap();
+    let mut args = KernelArgs::new();
+    args.push_ptr(&a).push(N as i32);
+    let cfg = LaunchConfig::new(kernels::blocks(N), 256);
+    let kern = g.add_kernel_node(&[set], &k.add_one, cfg, &args).unwrap(); // a = 2
+    let copy = g.add_memcpy_node(&[kern], &b, &a, N * 4).unwrap(); // b = 2
+    let rec = g.add_event_record_node(&[copy], ev.clone()).unwrap();
+    let wait = g.add_event_wait_node(&[rec], ev.clone()).unwrap();
+    let kid = g.add_child_graph_node(&[wait], &child).unwrap(); // b = 3
+    let host = g
+        .add_host_node(&[kid], move || {
+            h.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    let mut x = a.ptr();
+    let mut n = N as i32;
+    let raw = [
+        (&mut x as *mut u64).cast::<std::ffi::c_void>(),
+        (&mut n as *mut i32).cast::<std::ffi::c_void>(),
+    ];
+    // SAFETY: add_one(float*, int) with a pointer to a's address and to an int; the
+    // module is never unloaded and `a` outlives the graph.
+    let last = unsafe { g.add_kernel_node_raw(&[host], k.add_one.0, cfg, &raw) }.unwrap(); // a = 3
+    let _join = g.add_empty_node(&[last]).unwrap();
+    assert_eq!(g.node_count().unwrap(), 9);
+    let types: Vec<_> = g
+        .nodes()
+        .unwrap()
+        .iter()
+        .map(|n| n.node_type().unwrap())
+        .collect();
+    assert_eq!(types.len(), 9);
+
+    for round in 1..=2 {
+        g.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        assert!(read(&a, N).iter().all(|&v| v == 3.0), "round {round}");
+        assert!(read(&b, N).iter().all(|&v| v == 3.0), "round {round}");
+        assert_eq!(hits.load(Ordering::SeqCst), round);
+    }
+    // waiting on the event the graph records works outside it
+    s.wait_event(&ev).unwrap();
+    ev.synchronize().unwrap();
+});
