@@ -33,22 +33,10 @@ impl Default for PinnedFlags {
     }
 }
 
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// Plain-data element types for the typed views of pinned memory: every bit pattern
-/// is a valid value (integers and floats). Sealed; to be unified with the memory
-/// module's `Pod` trait.
-pub trait PinnedPod: sealed::Sealed + Copy + Send + Sync + 'static {}
-
-macro_rules! pinned_pod {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
-        impl PinnedPod for $t {}
-    )*};
-}
-pinned_pod!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64);
+/// Plain-data element types for the typed views of pinned memory: the memory
+/// module's [`Pod`](crate::memory::Pod) (integers, floats, [`F16`](crate::memory::F16),
+/// [`Bf16`](crate::memory::Bf16), arrays of them), under its former name here.
+pub use crate::memory::Pod as PinnedPod;
 
 /// One `cuMemHostAlloc` allocation, freed with `cuMemFreeHost` on drop (CuPy's
 /// `PinnedMemory`). Use it through a [`PinnedMemoryPointer`]
