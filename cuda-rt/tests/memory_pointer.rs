@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 
 use cuda_rt::memory::{alloc, Bf16, MemoryPointer, F16};
+use cuda_rt::stream::AsStream;
 use cuda_rt::{Error, Stream};
 
 fn pattern(n: usize) -> Vec<u8> {
@@ -223,3 +224,32 @@ fn pointer_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<MemoryPointer>();
 }
+
+cuda_rt::gpu_test!(large_sync_host_copies_are_staged_and_round_trip, {
+    // Above PAGEABLE_THRESHOLD: pageable memory goes through the pinned staging path,
+    // on the legacy default stream and on a current stream, at an offset, with an
+    // odd length and a wider element type.
+    let n = (3 << 20) / 4 + 7;
+    let src: Vec<u32> = (0..n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let p = alloc(n * 4 + 512).unwrap();
+    let q = p.checked_add(256).unwrap();
+    p.memset(0xab, 256).unwrap();
+    q.copy_from_host(&src).unwrap();
+    let mut back = vec![0u32; n];
+    q.copy_to_host(&mut back).unwrap();
+    assert_eq!(back, src);
+
+    let s = Stream::new().unwrap();
+    let _scope = s.enter().unwrap();
+    let twice: Vec<u32> = src.iter().map(|v| v ^ 0xffff_ffff).collect();
+    q.copy_from_host(&twice).unwrap();
+    let mut back = vec![0u32; n];
+    q.copy_to_host(&mut back).unwrap();
+    assert_eq!(back, twice);
+    // The bytes before the offset were not touched by the staged copies.
+    let mut head = vec![0u8; 256];
+    p.copy_to_host(&mut head).unwrap();
+    assert_eq!(head, vec![0xab; 256]);
+});

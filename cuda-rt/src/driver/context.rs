@@ -20,6 +20,9 @@ static PRIMARY: [OnceLock<Result<usize>>; MAX_DEVICES] = [const { OnceLock::new(
 thread_local! {
     /// The context cuda-rt last made current on this thread (0: unknown).
     static CURRENT: Cell<usize> = const { Cell::new(0) };
+    /// The device whose primary context [`make_current`] last made (or found) current
+    /// on this thread (-1: none known): the hot path's only check.
+    static CURRENT_DEVICE: Cell<i32> = const { Cell::new(-1) };
 }
 
 /// Device `id`'s primary context, retained on first use and never released (CuPy does
@@ -45,15 +48,28 @@ pub fn primary(id: i32) -> Result<sys::CUcontext> {
 /// already made it current here.
 #[inline]
 pub fn make_current(id: i32) -> Result<()> {
-    let ctx = primary(id)?;
-    if CURRENT.with(Cell::get) == ctx as usize {
+    // One thread-local load and compare when the device is already current (every
+    // hot path calls this): no primary-context lookup, no driver call.
+    if CURRENT_DEVICE.with(Cell::get) == id && id >= 0 {
         return Ok(());
     }
-    set_current(ctx)
+    make_current_slow(id)
+}
+
+#[cold]
+fn make_current_slow(id: i32) -> Result<()> {
+    let ctx = primary(id)?;
+    if CURRENT.with(Cell::get) != ctx as usize {
+        set_current(ctx)?;
+    }
+    CURRENT_DEVICE.with(|d| d.set(id));
+    Ok(())
 }
 
 /// `cuCtxSetCurrent`, and remembers it.
 pub fn set_current(ctx: sys::CUcontext) -> Result<()> {
+    // Unknown until the call succeeds (and for a context that is not a primary one).
+    CURRENT_DEVICE.with(|d| d.set(-1));
     // SAFETY: `ctx` is a context handle (the driver rejects invalid ones).
     drv!(cuCtxSetCurrent(ctx))?;
     CURRENT.with(|c| c.set(ctx as usize));
@@ -72,6 +88,7 @@ pub fn current() -> Result<sys::CUcontext> {
 /// [`make_current`] asks the driver again.
 pub fn forget_current() {
     CURRENT.with(|c| c.set(0));
+    CURRENT_DEVICE.with(|d| d.set(-1));
 }
 
 /// Free and total memory of the current context's device (`cuMemGetInfo`).

@@ -180,18 +180,18 @@ pub fn bytes_mut<O: ?Sized>(_owner: &mut O, addr: u64, len: usize) -> &mut [u8] 
 }
 
 /// `bytes` viewed as `T`s: `None` unless the start is aligned for `T` and the length
-/// a multiple of its size. `T: PinnedPod` has no invalid bit patterns.
+/// a multiple of its size. `T: Pod` has no invalid bit patterns.
 #[inline]
-pub fn typed<T: crate::pinned::PinnedPod>(b: &[u8]) -> Option<&[T]> {
-    // SAFETY: `T` is a plain-data type (sealed trait: integers and floats), every bit
-    // pattern is a valid `T`.
+pub fn typed<T: crate::memory::Pod>(b: &[u8]) -> Option<&[T]> {
+    // SAFETY: `T` is plain data (`Pod`, an unsafe trait: no padding, every bit
+    // pattern is a valid `T`).
     let (head, mid, tail) = unsafe { b.align_to::<T>() };
     (head.is_empty() && tail.is_empty()).then_some(mid)
 }
 
 /// Mutable version of [`typed`].
 #[inline]
-pub fn typed_mut<T: crate::pinned::PinnedPod>(b: &mut [u8]) -> Option<&mut [T]> {
+pub fn typed_mut<T: crate::memory::Pod>(b: &mut [u8]) -> Option<&mut [T]> {
     // SAFETY: as in `typed`; any value written through `T` is valid bytes.
     let (head, mid, tail) = unsafe { b.align_to_mut::<T>() };
     (head.is_empty() && tail.is_empty()).then_some(mid)

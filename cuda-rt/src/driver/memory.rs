@@ -107,6 +107,22 @@ pub fn is_page_locked<T: Pod>(buf: &[T]) -> bool {
     r.is_ok() && ty == sys::CUmemorytype::CU_MEMORYTYPE_HOST.0
 }
 
+/// The bytes of a slice of plain data.
+#[inline]
+pub fn as_bytes<T: Pod>(s: &[T]) -> &[u8] {
+    // SAFETY: `T: Pod` has no padding, so all `size_of_val(s)` bytes are initialised;
+    // the view borrows `s` and `u8` has alignment 1.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+/// The bytes of a mutable slice of plain data.
+#[inline]
+pub fn as_bytes_mut<T: Pod>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`; any bytes written are a valid `T` (`Pod`: every bit
+    // pattern is a value), and the view borrows `s` mutably.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
 // ---------------------------------------------------------------------------
 // Copies. Sizes are in bytes and were checked against both buffers by the caller;
 // host buffers are borrowed slices, whose byte length bounds every host access.

@@ -25,13 +25,15 @@
 //! # Data structure, and why
 //! Each arena is a [`Mutex`] around a slab of chunk records (`Vec` + free list of
 //! indices, so a hit never touches the heap) and a best-fit index:
-//! - *Size classes*: exact for sizes under 16 units (8 KiB), then 16 classes per power
-//!   of two (TLSF-style, 1024 classes cover every `u64` size). A two-level bitmap
-//!   (16 words + 1 summary word) finds the first non-empty class at or above the
+//! - *Size classes*: exact for sizes under 32 units (16 KiB), then 32 classes per power
+//!   of two (TLSF-style, 2048 classes cover every `u64` size). A two-level bitmap
+//!   (32 words + 1 summary word) finds the first non-empty class at or above the
 //!   request in a few instructions, whatever the number of chunks.
 //! - *Inside a class*, an intrusive treap keyed by `(size, addr)` (links live in the
 //!   slab records; priority = hash of the address, so no RNG state). The request's own
 //!   class is searched with a lower bound; any higher class gives its leftmost node.
+//!   Insert and remove are iterative (one descent, then one split or merge; no
+//!   recursion, no rotations).
 //!   This is exact best fit with ties by address, `O(log k)` in the chunks `k` of one
 //!   class (small: classes are narrow), and never allocates — a `BTreeSet` would
 //!   allocate and free nodes as it grows and shrinks, and CuPy-style exact bins by

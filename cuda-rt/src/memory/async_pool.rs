@@ -108,24 +108,8 @@ impl MemoryAsync {
             });
         }
         let size = round_up(size)?;
-        make_current_checked(device)?;
         let raw_pool = pool.filter(|p| p.inner.owned).map(|p| p.as_raw());
-        let attempt = || match raw_pool {
-            None => driver::memory::alloc_async(size, stream.as_raw()),
-            Some(p) => driver::memory::alloc_from_pool_async(size, p, stream.as_raw()),
-        };
-        let ptr = match attempt() {
-            Ok(p) => p,
-            Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
-                // Frees queued on other streams become reusable once they have run.
-                context::synchronize()?;
-                match attempt() {
-                    Ok(p) => p,
-                    Err(e) => return Err(async_oom(e, size, device, raw_pool)),
-                }
-            }
-            Err(e) => return Err(e),
-        };
+        let ptr = alloc_ptr(size, device, stream, raw_pool)?;
         Ok(MemoryAsync {
             ptr,
             size,
@@ -135,6 +119,48 @@ impl MemoryAsync {
             _pool: pool.filter(|p| p.inner.owned).cloned(),
         })
     }
+}
+
+/// `size` (rounded, non-zero) bytes on `stream` of `device`: from `pool`, or the
+/// device's current pool. The hot path is one thread-local check and one driver call.
+#[inline]
+fn alloc_ptr(
+    size: usize,
+    device: i32,
+    stream: StreamRef,
+    pool: Option<sys::CUmemoryPool>,
+) -> Result<u64> {
+    make_current_checked(device)?;
+    let r = match pool {
+        None => driver::memory::alloc_async(size, stream.as_raw()),
+        Some(p) => driver::memory::alloc_from_pool_async(size, p, stream.as_raw()),
+    };
+    match r {
+        Ok(p) => Ok(p),
+        Err(e) => alloc_retry(e, size, device, stream, pool),
+    }
+}
+
+/// A failed allocation: on out of memory, synchronize (frees queued on other streams
+/// become reusable once they have run) and retry once.
+#[cold]
+#[inline(never)]
+fn alloc_retry(
+    e: Error,
+    size: usize,
+    device: i32,
+    stream: StreamRef,
+    pool: Option<sys::CUmemoryPool>,
+) -> Result<u64> {
+    if e.driver_code() != Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) {
+        return Err(e);
+    }
+    context::synchronize()?;
+    let r = match pool {
+        None => driver::memory::alloc_async(size, stream.as_raw()),
+        Some(p) => driver::memory::alloc_from_pool_async(size, p, stream.as_raw()),
+    };
+    r.map_err(|e| async_oom(e, size, device, pool))
 }
 
 /// The out-of-memory error for a pool, with its used and reserved bytes.
@@ -180,23 +206,45 @@ impl Drop for MemoryAsync {
         if self.size == 0 {
             return;
         }
-        let _ = make_current(self.stream.device_id()).and_then(|()| {
-            driver::memory::free_async(self.ptr, self.stream.as_raw()).or_else(|_| {
-                // The stream is gone (see the module docs): finish all queued work,
-                // then free on the legacy default stream.
-                context::synchronize()?;
-                driver::memory::free_async(self.ptr, std::ptr::null_mut())
-            })
-        });
+        if make_current(self.stream.device_id()).is_err() {
+            return;
+        }
+        if driver::memory::free_async(self.ptr, self.stream.as_raw()).is_err() {
+            free_on_stale_stream(self.ptr);
+        }
     }
+}
+
+/// The stream is gone (see the module docs): finish all queued work, then free on the
+/// legacy default stream.
+#[cold]
+#[inline(never)]
+fn free_on_stale_stream(ptr: u64) {
+    let _ =
+        context::synchronize().and_then(|()| driver::memory::free_async(ptr, std::ptr::null_mut()));
 }
 
 /// `size` bytes (rounded up to 512) from the current device's current memory pool, on
 /// the current stream. Size 0 is a null pointer of size 0.
 pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
-    Ok(MemoryPointer::from_memory(Arc::new(MemoryAsync::new(
+    let stream = get_current_stream();
+    if size == 0 {
+        return Ok(MemoryPointer::from_memory(Arc::new(MemoryAsync::alloc(
+            0, stream, None, None,
+        )?)));
+    }
+    let size = round_up(size)?;
+    let device = stream.device_id();
+    let ptr = alloc_ptr(size, device, stream, None)?;
+    // Built in place in its `Arc`: no `Result<MemoryAsync>` to move around.
+    Ok(MemoryPointer::from_memory(Arc::new(MemoryAsync {
+        ptr,
         size,
-    )?)))
+        device,
+        stream,
+        _stream_owner: None,
+        _pool: None,
+    })))
 }
 
 struct PoolInner {

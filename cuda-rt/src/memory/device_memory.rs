@@ -152,6 +152,7 @@ pub(crate) fn check_device(id: i32) -> Result<()> {
 
 /// Makes `device`'s primary context current; an unknown device is
 /// [`Error::InvalidDevice`] rather than a raw driver code.
+#[inline]
 pub(crate) fn make_current_checked(device: i32) -> Result<()> {
     match make_current(device) {
         Ok(()) => Ok(()),

@@ -12,6 +12,12 @@
 //! call: a copy from or to page-locked host memory (whose transfer really runs after
 //! the call returns) waits for the stream before returning, and a host-slice copy into
 //! a capturing stream is refused, since the graph would touch the slice later.
+//!
+//! The synchronous host copies ([`MemoryPointer::copy_from_host`],
+//! [`MemoryPointer::copy_to_host`]) of pageable memory of at least
+//! [`PAGEABLE_THRESHOLD`](crate::pinned::PAGEABLE_THRESHOLD) bytes go through pinned
+//! staging buffers ([`crate::pinned::copy_host_to_device`]) on the same stream, at
+//! pinned speed; smaller ones and page-locked memory use the driver's copy.
 
 use std::fmt;
 use std::ops::{Add, Sub};
@@ -70,6 +76,26 @@ enum SyncVia {
     Legacy,
     /// Queued on the current stream, then waited for.
     Stream(StreamRef),
+}
+
+impl SyncVia {
+    /// The stream the operation runs on: the legacy default stream of `device` (the
+    /// pointer's) for [`SyncVia::Legacy`], else the current stream.
+    fn stream(&self, device: i32) -> StreamRef {
+        match self {
+            SyncVia::Legacy => StreamRef::legacy_default(device),
+            SyncVia::Stream(s) => *s,
+        }
+    }
+}
+
+/// Whether a synchronous copy to or from the host slice `buf` goes through the pinned
+/// staging buffers ([`crate::pinned::copy_host_to_device`]): pageable memory of at
+/// least [`PAGEABLE_THRESHOLD`](crate::pinned::PAGEABLE_THRESHOLD) bytes. Smaller
+/// copies, and page-locked memory (which the DMA engine reads directly), use the
+/// driver's copy.
+fn staged<T: Pod>(buf: &[T]) -> bool {
+    std::mem::size_of_val(buf) >= crate::pinned::PAGEABLE_THRESHOLD && !dm::is_page_locked(buf)
 }
 
 impl MemoryPointer {
@@ -208,7 +234,13 @@ impl MemoryPointer {
         if src.is_empty() || std::mem::size_of::<T>() == 0 {
             return Ok(());
         }
-        match sync_via(what)? {
+        let via = sync_via(what)?;
+        if staged(src) {
+            let s = via.stream(self.device_id());
+            return crate::pinned::copy_host_to_device(self.ptr(), dm::as_bytes(src), &s)
+                .map_err(|e| capture_error(what, e));
+        }
+        match via {
             SyncVia::Legacy => {
                 make_current(self.device_id())?;
                 dm::htod(self.ptr(), src).map_err(|e| capture_error(what, e))
@@ -253,7 +285,13 @@ impl MemoryPointer {
         if dst.is_empty() || std::mem::size_of::<T>() == 0 {
             return Ok(());
         }
-        match sync_via(what)? {
+        let via = sync_via(what)?;
+        if staged(dst) {
+            let s = via.stream(self.device_id());
+            return crate::pinned::copy_device_to_host(dm::as_bytes_mut(dst), self.ptr(), &s)
+                .map_err(|e| capture_error(what, e));
+        }
+        match via {
             SyncVia::Legacy => {
                 make_current(self.device_id())?;
                 dm::dtoh(dst, self.ptr()).map_err(|e| capture_error(what, e))

@@ -33,22 +33,10 @@ impl Default for PinnedFlags {
     }
 }
 
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// Plain-data element types for the typed views of pinned memory: every bit pattern
-/// is a valid value (integers and floats). Sealed; to be unified with the memory
-/// module's `Pod` trait.
-pub trait PinnedPod: sealed::Sealed + Copy + Send + Sync + 'static {}
-
-macro_rules! pinned_pod {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
-        impl PinnedPod for $t {}
-    )*};
-}
-pinned_pod!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64);
+/// Plain-data element types for the typed views of pinned memory: the memory
+/// module's [`Pod`](crate::memory::Pod) (integers, floats, [`F16`](crate::memory::F16),
+/// [`Bf16`](crate::memory::Bf16), arrays of them), under its former name here.
+pub use crate::memory::Pod as PinnedPod;
 
 /// One `cuMemHostAlloc` allocation, freed with `cuMemFreeHost` on drop (CuPy's
 /// `PinnedMemory`). Use it through a [`PinnedMemoryPointer`]
@@ -126,6 +114,53 @@ enum Kind {
         core: Arc<PinnedCore>,
         block: Option<Block>,
     },
+    /// No memory: an owner whose pool block went back, kept for reuse (see [`spare`]).
+    Spare,
+}
+
+/// Recycled owner allocations: when the last handle to a pool block goes, its
+/// `Arc<Owner>` (emptied: the block is back in the pool, the pool's `Arc` dropped)
+/// waits here for the thread's next pool `malloc`, so a cached malloc + free pair
+/// allocates nothing on the heap.
+mod spare {
+    use std::cell::Cell;
+    use std::sync::Arc;
+
+    use super::Owner;
+
+    const SLOTS: usize = 4;
+
+    thread_local! {
+        static SPARE: [Cell<Option<Arc<Owner>>>; SLOTS] =
+            const { [const { Cell::new(None) }; SLOTS] };
+    }
+
+    /// An emptied owner of this thread's, if there is one.
+    #[inline]
+    pub(super) fn take() -> Option<Arc<Owner>> {
+        SPARE
+            .try_with(|slots| slots.iter().find_map(Cell::take))
+            .ok()
+            .flatten()
+    }
+
+    /// Keeps an emptied owner for reuse (dropped when every slot is taken, or when the
+    /// thread is exiting).
+    #[inline]
+    pub(super) fn put(o: Arc<Owner>) {
+        let _ = SPARE.try_with(move |slots| {
+            let mut o = Some(o);
+            for slot in slots {
+                match slot.take() {
+                    None => {
+                        slot.set(o.take());
+                        return;
+                    }
+                    Some(full) => slot.set(Some(full)),
+                }
+            }
+        });
+    }
 }
 
 /// The shared owner of a range of pinned memory: the allocation and the fence of
@@ -138,6 +173,29 @@ struct Owner {
 }
 
 impl Owner {
+    /// Gives a pool block back now (after the copy in flight on it, through the pool's
+    /// deferred list) and empties the owner for reuse; `false` (nothing done) for an
+    /// owner of a direct allocation.
+    fn release(&mut self) -> bool {
+        if !matches!(self.kind, Kind::Pooled { .. }) {
+            return false;
+        }
+        let fence = self
+            .inflight
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Kind::Pooled {
+            core,
+            block: Some(b),
+        } = std::mem::replace(&mut self.kind, Kind::Spare)
+        {
+            core.free(b, fence);
+        }
+        (self.addr, self.size) = (0, 0);
+        true
+    }
+
     fn inflight(&self) -> MutexGuard<'_, Option<Fence>> {
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -176,6 +234,7 @@ impl Drop for Owner {
                     core.free(b, fence);
                 }
             }
+            Kind::Spare => {}
         }
     }
 }
@@ -204,6 +263,18 @@ impl std::fmt::Debug for PinnedMemoryPointer {
             .field("len", &self.len)
             .field("mem_size", &self.mem_size())
             .finish()
+    }
+}
+
+impl Drop for PinnedMemoryPointer {
+    fn drop(&mut self) {
+        // The last handle to a pool block: give the block back and keep the emptied
+        // owner for the next malloc (no heap traffic). Anything else drops as usual.
+        if let Some(mut o) = self.owner.take() {
+            if Arc::get_mut(&mut o).is_some_and(Owner::release) {
+                spare::put(o);
+            }
+        }
     }
 }
 
@@ -261,14 +332,26 @@ impl PinnedMemoryPointer {
             return PinnedMemoryPointer::empty();
         }
         let (addr, size) = (block.addr(), block.size());
+        let kind = Kind::Pooled {
+            core,
+            block: Some(block),
+        };
+        if let Some(mut spare) = spare::take() {
+            if let Some(o) = Arc::get_mut(&mut spare) {
+                // An emptied owner (Kind::Spare, no fence): refill it in place.
+                (o.addr, o.size, o.kind) = (addr, size, kind);
+                return PinnedMemoryPointer {
+                    owner: Some(spare),
+                    offset: 0,
+                    len: size,
+                };
+            }
+        }
         PinnedMemoryPointer::with_owner(Owner {
             addr,
             size,
             inflight: Mutex::new(None),
-            kind: Kind::Pooled {
-                core,
-                block: Some(block),
-            },
+            kind,
         })
     }
 

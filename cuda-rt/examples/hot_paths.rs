@@ -1,0 +1,50 @@
+//! Host-side cost of cuda-rt's hot paths, for instruction counting against a fake
+//! driver (`CUDA_RT_LIBCUDA=/path/to/fake/libcuda.so.1`): `malloc_async` + free pairs,
+//! the same through the raw entry points, and pinned pool malloc + free pairs.
+//! `valgrind --tool=callgrind target/release/examples/hot_paths [async|raw|pinned] N`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use cuda_rt::cuda_sys::driver as sys;
+
+fn main() {
+    let what = std::env::args().nth(1).unwrap_or_else(|| "async".into());
+    let n: usize = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    cuda_rt::device::set_device_id(0).unwrap();
+    let t = Instant::now();
+    match what.as_str() {
+        "async" => {
+            for _ in 0..n {
+                let p = cuda_rt::memory::malloc_async(black_box(1 << 20)).unwrap();
+                drop(black_box(p));
+            }
+        }
+        "raw" => {
+            let a = sys::api().unwrap().cuMemAllocAsync().unwrap();
+            let f = sys::api().unwrap().cuMemFreeAsync().unwrap();
+            for _ in 0..n {
+                let mut p: sys::CUdeviceptr = 0;
+                // SAFETY: valid out pointer, legacy default stream.
+                let rc = unsafe { a(&mut p, black_box(1 << 20), std::ptr::null_mut()) };
+                assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
+                // SAFETY: freeing what was just allocated.
+                let rc = unsafe { f(p, std::ptr::null_mut()) };
+                assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
+            }
+        }
+        _ => {
+            let pool = cuda_rt::pinned::PinnedMemoryPool::new();
+            drop(pool.malloc(1 << 20).unwrap());
+            for _ in 0..n {
+                let b = pool.malloc(black_box(1 << 20)).unwrap();
+                drop(black_box(b));
+            }
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    println!("{what}: {ns:.1} ns per pair");
+}

@@ -1,0 +1,27 @@
+// Build: gcc -O2 -shared -fPIC -o /tmp/fakecuda/libcuda.so.1 scripts/fake-libcuda.c
+// Use:   CUDA_RT_LIBCUDA=/tmp/fakecuda/libcuda.so.1 target/release/examples/hot_paths async
+// Minimal fake libcuda for host-side instruction counting: every call succeeds
+// and does (almost) nothing.
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+typedef int CUresult;
+static uint64_t next_ptr = 1ull << 40;
+static int ctx_dummy;
+CUresult cuInit(unsigned f) { return 0; }
+CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
+CUresult cuDeviceGet(int *d, int o) { *d = o; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = &ctx_dummy; return 0; }
+CUresult cuCtxSetCurrent(void *c) { return 0; }
+CUresult cuCtxGetCurrent(void **c) { *c = &ctx_dummy; return 0; }
+CUresult cuCtxSynchronize(void) { return 0; }
+CUresult cuMemAllocAsync(uint64_t *p, size_t n, void *s) { *p = next_ptr; return 0; }
+CUresult cuMemFreeAsync(uint64_t p, void *s) { return 0; }
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) { *p = aligned_alloc(4096, (n + 4095) & ~4095ul); return *p ? 0 : 2; }
+CUresult cuMemFreeHost(void *p) { free(p); return 0; }
+CUresult cuGetErrorName(CUresult e, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
+CUresult cuGetErrorString(CUresult e, const char **s) { *s = "fake"; return 0; }
+CUresult cuStreamIsCapturing(void *s, int *st) { *st = 0; return 0; }
+CUresult cuEventQuery(void *e) { return 0; }
+CUresult cuEventSynchronize(void *e) { return 0; }
