@@ -35,6 +35,23 @@ cuda_rt::gpu_test!(launch_macro_on_an_explicit_stream_matches_host, {
     }
 });
 
+cuda_rt::gpu_test!(memory_pointers_are_kernel_arguments, {
+    let k = saxpy();
+    let n = 3000i32;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let px = cuda_rt::alloc(4 * n as usize).unwrap();
+    let py = cuda_rt::alloc(4 * n as usize).unwrap();
+    px.copy_from_host(&x).unwrap();
+    py.copy_from_host(&vec![2.0f32; n as usize]).unwrap();
+    let cfg = LaunchConfig::new(Dim3::from((n as u32).div_ceil(256)), 256);
+    cuda_rt::launch!(k, &cfg, (0.5f32, px, py, n)).unwrap();
+    let mut got = vec![0.0f32; n as usize];
+    py.copy_to_host(&mut got).unwrap();
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(*g, 0.5 * x[i] + 2.0, "element {i}");
+    }
+});
+
 cuda_rt::gpu_test!(wrong_argument_count_is_an_error_before_launching, {
     let k = saxpy();
     if !driver_reports_param_sizes() {

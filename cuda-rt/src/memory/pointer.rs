@@ -37,6 +37,8 @@ use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HAND
 pub struct MemoryPointer {
     mem: Arc<dyn BaseMemory>,
     offset: usize,
+    /// `mem.ptr() + offset`, kept so a launch can take the address's bytes in place.
+    addr: u64,
 }
 
 impl fmt::Debug for MemoryPointer {
@@ -107,12 +109,18 @@ impl MemoryPointer {
                 mem.size()
             )));
         }
-        Ok(MemoryPointer { mem, offset })
+        let addr = mem.ptr() + offset as u64;
+        Ok(MemoryPointer { mem, offset, addr })
     }
 
     /// A pointer to the start of `mem`.
     pub fn from_memory(mem: Arc<dyn BaseMemory>) -> MemoryPointer {
-        MemoryPointer { mem, offset: 0 }
+        let addr = mem.ptr();
+        MemoryPointer {
+            mem,
+            offset: 0,
+            addr,
+        }
     }
 
     /// The null pointer of size 0 on `device` (what allocating 0 bytes gives).
@@ -123,7 +131,7 @@ impl MemoryPointer {
     /// The address (`CUdeviceptr`): the memory's start plus the offset.
     #[inline]
     pub fn ptr(&self) -> u64 {
-        self.mem.ptr() + self.offset as u64
+        self.addr
     }
 
     /// The byte offset into the memory.
@@ -168,6 +176,7 @@ impl MemoryPointer {
         Ok(MemoryPointer {
             mem: Arc::clone(&self.mem),
             offset: off,
+            addr: self.mem.ptr() + off as u64,
         })
     }
 
@@ -591,6 +600,19 @@ fn capture_error(what: &str, e: Error) -> Error {
              stream: {e}"
         )),
         _ => e,
+    }
+}
+
+// SAFETY: `param_ptr` points to the pointer's own `addr` field, 8 readable bytes laid
+// out as the kernel's `T*` parameter, valid while `self` is borrowed.
+unsafe impl crate::launch::KernelArg for MemoryPointer {
+    #[inline]
+    fn param_ptr(&self) -> *mut std::ffi::c_void {
+        &self.addr as *const u64 as *mut std::ffi::c_void
+    }
+    #[inline]
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<u64>()
     }
 }
 
