@@ -63,9 +63,19 @@ fn pipeline(
     vec![t, u]
 }
 
+/// Graph tests run one at a time: a capture in global mode (and CUDA's own checks
+/// during any capture) would make other tests' module loads and allocations fail.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 gpu_test!(
     captured_fork_join_with_allocations_equals_eager_over_100_replays,
     {
+        let _serial = serial();
         let k = Kernels::load();
         let s1 = Stream::non_blocking().unwrap();
         let s2 = Stream::non_blocking().unwrap();
@@ -122,6 +132,7 @@ gpu_test!(
 gpu_test!(
     allocation_kept_after_capture_is_owned_by_the_graph_and_valid_each_replay,
     {
+        let _serial = serial();
         let k = Kernels::load();
         let s = Stream::non_blocking().unwrap();
         let out = {
@@ -154,6 +165,7 @@ gpu_test!(
 gpu_test!(
     memory_dropped_during_capture_is_freed_only_after_the_graph,
     {
+        let _serial = serial();
         let k = Kernels::load();
         let frees = Arc::new(AtomicUsize::new(0));
         let f2 = frees.clone();
@@ -192,6 +204,7 @@ gpu_test!(
 );
 
 gpu_test!(captured_host_function_lives_as_long_as_the_graph, {
+    let _serial = serial();
     let s = Stream::non_blocking().unwrap();
     let n = Arc::new(AtomicUsize::new(0));
     let m = n.clone();
@@ -223,6 +236,7 @@ gpu_test!(captured_host_function_lives_as_long_as_the_graph, {
 // ---- errors ----
 
 gpu_test!(begin_capture_on_the_legacy_default_stream_is_refused, {
+    let _serial = serial();
     cuda_rt::device::set_device_id(0).unwrap();
     let e = Stream::null()
         .begin_capture(CaptureMode::Relaxed)
@@ -234,6 +248,7 @@ gpu_test!(begin_capture_on_the_legacy_default_stream_is_refused, {
 gpu_test!(
     synchronize_during_capture_is_a_capture_error_and_invalidates_it,
     {
+        let _serial = serial();
         let s = Stream::non_blocking().unwrap();
         s.begin_capture(CaptureMode::Global).unwrap();
         let e = s.synchronize().unwrap_err();
@@ -249,6 +264,7 @@ gpu_test!(
 );
 
 gpu_test!(synchronous_copy_during_capture_is_a_capture_error, {
+    let _serial = serial();
     let s = Stream::non_blocking().unwrap();
     let p = cuda_rt::alloc(64).unwrap();
     s.begin_capture(CaptureMode::Relaxed).unwrap();
@@ -265,6 +281,7 @@ gpu_test!(synchronous_copy_during_capture_is_a_capture_error, {
 gpu_test!(
     synchronous_legacy_copy_during_a_global_capture_is_a_capture_error,
     {
+        let _serial = serial();
         let s = Stream::non_blocking().unwrap();
         let p = cuda_rt::alloc(64).unwrap();
         s.begin_capture(CaptureMode::Global).unwrap();
@@ -284,6 +301,7 @@ gpu_test!(
 );
 
 gpu_test!(end_capture_on_a_stream_not_capturing_is_an_error, {
+    let _serial = serial();
     let s = Stream::non_blocking().unwrap();
     let e = s.end_capture().unwrap_err();
     assert!(matches!(e, Error::Capture(_)), "{e}");
@@ -291,6 +309,7 @@ gpu_test!(end_capture_on_a_stream_not_capturing_is_an_error, {
 });
 
 gpu_test!(unjoined_fork_is_a_capture_error, {
+    let _serial = serial();
     let k = Kernels::load();
     let s1 = Stream::non_blocking().unwrap();
     let s2 = Stream::non_blocking().unwrap();
@@ -306,6 +325,7 @@ gpu_test!(unjoined_fork_is_a_capture_error, {
 // ---- DOT, update, clone, flags ----
 
 gpu_test!(dot_dump_contains_the_nodes, {
+    let _serial = serial();
     let k = Kernels::load();
     let s = Stream::non_blocking().unwrap();
     let p = cuda_rt::alloc(N * 4).unwrap();
@@ -336,6 +356,7 @@ fn capture_add_one(k: &Kernels, s: &Stream, p: &MemoryPointer, times: usize) -> 
 gpu_test!(
     update_takes_the_parameters_of_a_recapture_with_the_same_topology,
     {
+        let _serial = serial();
         let k = Kernels::load();
         let s = Stream::non_blocking().unwrap();
         let a = cuda_rt::alloc(N * 4).unwrap();
@@ -361,6 +382,7 @@ gpu_test!(
 );
 
 gpu_test!(clone_runs_like_the_original, {
+    let _serial = serial();
     let k = Kernels::load();
     let s = Stream::non_blocking().unwrap();
     let p = cuda_rt::alloc(N * 4).unwrap();
@@ -376,6 +398,7 @@ gpu_test!(clone_runs_like_the_original, {
 });
 
 gpu_test!(instantiate_flags_are_kept_and_uploaded_graphs_run, {
+    let _serial = serial();
     let k = Kernels::load();
     let s = Stream::non_blocking().unwrap();
     let p = cuda_rt::alloc(N * 4).unwrap();
@@ -396,6 +419,7 @@ gpu_test!(instantiate_flags_are_kept_and_uploaded_graphs_run, {
 // ---- explicit graphs ----
 
 gpu_test!(explicit_graph_of_every_node_type_runs, {
+    let _serial = serial();
     let k = Kernels::load();
     let s = Stream::non_blocking().unwrap();
     let a = cuda_rt::alloc(N * 4).unwrap();
