@@ -25,3 +25,12 @@ CUresult cuGetErrorString(CUresult e, const char **s) { *s = "fake"; return 0; }
 CUresult cuStreamIsCapturing(void *s, int *st) { *st = 0; return 0; }
 CUresult cuEventQuery(void *e) { return 0; }
 CUresult cuEventSynchronize(void *e) { return 0; }
+// Device memory (caching pool) and events (event cache), for `hot_paths pool|event`.
+CUresult cuMemAlloc_v2(uint64_t *p, size_t n) { *p = next_ptr; next_ptr += (n + 4095) & ~4095ul; return 0; }
+CUresult cuMemFree_v2(uint64_t p) { return 0; }
+CUresult cuDeviceTotalMem_v2(size_t *b, int d) { *b = 1ull << 37; return 0; }
+CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = 1ull << 36; *t = 1ull << 37; return 0; }
+static int ev_dummy;
+CUresult cuEventCreate(void **e, unsigned f) { *e = &ev_dummy; return 0; }
+CUresult cuEventDestroy_v2(void *e) { return 0; }
+CUresult cuEventRecord(void *e, void *s) { return 0; }

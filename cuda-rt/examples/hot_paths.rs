@@ -1,7 +1,8 @@
 //! Host-side cost of cuda-rt's hot paths, for instruction counting against a fake
 //! driver (`CUDA_RT_LIBCUDA=/path/to/fake/libcuda.so.1`): `malloc_async` + free pairs,
-//! the same through the raw entry points, and pinned pool malloc + free pairs.
-//! `valgrind --tool=callgrind target/release/examples/hot_paths [async|raw|pinned] N`
+//! the same through the raw entry points, caching pool (`MemoryPool`) malloc + drop
+//! pairs, event create + drop pairs (the event cache) and pinned pool malloc + free pairs.
+//! `valgrind --tool=callgrind target/release/examples/hot_paths [async|raw|pool|event|pinned] N`
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -34,6 +35,22 @@ fn main() {
                 // SAFETY: freeing what was just allocated.
                 let rc = unsafe { f(p, std::ptr::null_mut()) };
                 assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
+            }
+        }
+        "pool" => {
+            // The default pool, as benches/pool.rs measures it.
+            let pool = cuda_rt::memory::get_default_memory_pool();
+            drop(pool.malloc(1 << 20).unwrap());
+            for _ in 0..n {
+                let p = pool.malloc(black_box(1 << 20)).unwrap();
+                drop(black_box(p));
+            }
+        }
+        "event" => {
+            drop(cuda_rt::event::Event::new(false, true, false).unwrap());
+            for _ in 0..n {
+                let e = cuda_rt::event::Event::new(false, black_box(true), false).unwrap();
+                drop(black_box(e));
             }
         }
         _ => {

@@ -7,7 +7,7 @@
 //! interprocess events, are destroyed. What is left in a thread's list is destroyed
 //! when the thread exits.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::device::get_device_id;
@@ -34,6 +34,12 @@ bitflags::bitflags! {
 /// Most released events a thread keeps for reuse (all devices and flags together).
 pub const EVENT_CACHE_CAPACITY: usize = 64;
 
+/// How many (device, flags) pairs a thread's cache holds handles of at once.
+const CACHE_KEYS: usize = 4;
+/// Most handles a thread keeps per (device, flags) pair: all of them, so one pair
+/// alone can fill the cache.
+const PER_KEY: usize = EVENT_CACHE_CAPACITY;
+
 /// A released event handle waiting for reuse.
 #[derive(Clone, Copy)]
 struct Cached {
@@ -42,51 +48,159 @@ struct Cached {
     handle: usize,
 }
 
-/// One thread's free list of event handles.
-struct EventCache {
-    free: Vec<Cached>,
+/// The handles of one (device, flags) pair: a stack of `len` handles (a slot with
+/// none is free for any pair).
+struct Slot {
+    device: Cell<i32>,
+    flags: Cell<u32>,
+    len: Cell<usize>,
+    handles: [Cell<usize>; PER_KEY],
 }
 
+/// One thread's free lists of event handles: a few fixed stacks of plain cells, so
+/// taking and giving back are a short scan and a few loads and stores, with no
+/// borrow flag, no allocation and no destructor check. The handles left at thread
+/// exit are destroyed by [`CacheGuard`], armed when the first handle is kept.
+struct EventCache {
+    slots: [Slot; CACHE_KEYS],
+    /// The handles kept, all slots together (at most [`EVENT_CACHE_CAPACITY`]).
+    total: Cell<usize>,
+    /// [`UNARMED`], [`ARMED`] or [`EXITING`].
+    state: Cell<u8>,
+}
+
+/// No handle kept yet: the exit guard is not registered.
+const UNARMED: u8 = 0;
+/// The exit guard is registered.
+const ARMED: u8 = 1;
+/// The thread is exiting: nothing more is kept.
+const EXITING: u8 = 2;
+
 impl EventCache {
-    fn take(&mut self, device: i32, flags: u32) -> Option<usize> {
-        let i = self
-            .free
-            .iter()
-            .rposition(|c| c.device == device && c.flags == flags)?;
-        Some(self.free.swap_remove(i).handle)
+    const fn new() -> EventCache {
+        EventCache {
+            slots: [const {
+                Slot {
+                    device: Cell::new(0),
+                    flags: Cell::new(0),
+                    len: Cell::new(0),
+                    handles: [const { Cell::new(0) }; PER_KEY],
+                }
+            }; CACHE_KEYS],
+            total: Cell::new(0),
+            state: Cell::new(UNARMED),
+        }
+    }
+
+    #[inline]
+    fn take(&self, device: i32, flags: u32) -> Option<usize> {
+        for s in &self.slots {
+            let n = s.len.get();
+            if n != 0 && s.device.get() == device && s.flags.get() == flags {
+                let h = s.handles.get(n - 1)?.get();
+                s.len.set(n - 1);
+                self.total.set(self.total.get().saturating_sub(1));
+                return Some(h);
+            }
+        }
+        None
     }
 
     /// Keeps `c` when there is room; otherwise hands it back to be destroyed.
-    fn give(&mut self, c: Cached) -> Option<Cached> {
-        if self.free.len() >= EVENT_CACHE_CAPACITY {
+    #[inline]
+    fn give(&self, c: Cached) -> Option<Cached> {
+        if self.state.get() != ARMED && !self.arm() {
             return Some(c);
         }
-        if self.free.capacity() == 0 {
-            self.free.reserve_exact(EVENT_CACHE_CAPACITY);
+        let total = self.total.get();
+        if total >= EVENT_CACHE_CAPACITY {
+            return Some(c);
         }
-        self.free.push(c);
+        // A slot keeps its pair while empty, so the usual take-then-give cycle finds
+        // its own slot first.
+        let mut empty = None;
+        for s in &self.slots {
+            let n = s.len.get();
+            if s.device.get() == c.device && s.flags.get() == c.flags {
+                return match s.handles.get(n) {
+                    Some(h) => {
+                        h.set(c.handle);
+                        s.len.set(n + 1);
+                        self.total.set(total + 1);
+                        None
+                    }
+                    None => Some(c),
+                };
+            }
+            if n == 0 && empty.is_none() {
+                empty = Some(s);
+            }
+        }
+        let Some((s, h)) = empty.and_then(|s| Some((s, s.handles.first()?))) else {
+            return Some(c);
+        };
+        s.device.set(c.device);
+        s.flags.set(c.flags);
+        h.set(c.handle);
+        s.len.set(1);
+        self.total.set(total + 1);
         None
+    }
+
+    /// Registers the exit guard on first use; `false` once the thread is exiting.
+    #[cold]
+    #[inline(never)]
+    fn arm(&self) -> bool {
+        if self.state.get() == EXITING {
+            return false;
+        }
+        if GUARD.try_with(|_| ()).is_err() {
+            self.state.set(EXITING);
+            return false;
+        }
+        self.state.set(ARMED);
+        true
+    }
+
+    fn len(&self) -> usize {
+        self.total.get()
+    }
+
+    /// Empties the cache, handing each handle to `f`.
+    fn drain(&self, mut f: impl FnMut(usize)) {
+        self.total.set(0);
+        for s in &self.slots {
+            let n = s.len.replace(0);
+            for h in s.handles.iter().take(n) {
+                f(h.get());
+            }
+        }
     }
 }
 
-impl Drop for EventCache {
+/// Destroys what is left in the thread's cache when the thread exits.
+struct CacheGuard;
+
+impl Drop for CacheGuard {
     fn drop(&mut self) {
-        for c in self.free.drain(..) {
+        let _ = CACHE.try_with(|c| {
+            c.state.set(EXITING);
             // At thread exit an error leaves nothing to do.
-            let _ = driver::event::destroy(c.handle as sys::CUevent);
-        }
+            c.drain(|h| {
+                let _ = driver::event::destroy(h as sys::CUevent);
+            });
+        });
     }
 }
 
 thread_local! {
-    static CACHE: RefCell<EventCache> = const { RefCell::new(EventCache { free: Vec::new() }) };
+    static CACHE: EventCache = const { EventCache::new() };
+    static GUARD: CacheGuard = const { CacheGuard };
 }
 
 /// How many released events this thread holds for reuse.
 pub fn cached_event_count() -> usize {
-    CACHE
-        .try_with(|c| c.try_borrow().map(|c| c.free.len()).unwrap_or(0))
-        .unwrap_or(0)
+    CACHE.try_with(EventCache::len).unwrap_or(0)
 }
 
 /// The 64 bytes that name an interprocess event to another process
@@ -131,6 +245,7 @@ impl Event {
     /// CuPy's `Event(block, disable_timing, interprocess)` on the current device.
     /// `interprocess` requires `disable_timing` (an error otherwise, before any CUDA
     /// call).
+    #[inline]
     pub fn new(block: bool, disable_timing: bool, interprocess: bool) -> Result<Event> {
         let mut flags = EventFlags::empty();
         flags.set(EventFlags::BLOCKING_SYNC, block);
@@ -140,31 +255,26 @@ impl Event {
     }
 
     /// An event with `flags` on the current device.
+    #[inline]
     pub fn with_flags(flags: EventFlags) -> Result<Event> {
         Event::on_device(get_device_id(), flags)
     }
 
     /// An event with `flags` on `device`.
+    #[inline]
     pub fn on_device(device: i32, flags: EventFlags) -> Result<Event> {
         check_flags(flags)?;
         let cached = if flags.contains(EventFlags::INTERPROCESS) {
             None
         } else {
             CACHE
-                .try_with(|c| {
-                    c.try_borrow_mut()
-                        .ok()
-                        .and_then(|mut c| c.take(device, flags.bits()))
-                })
+                .try_with(|c| c.take(device, flags.bits()))
                 .ok()
                 .flatten()
         };
         let handle = match cached {
             Some(h) => h,
-            None => {
-                make_current(device)?;
-                driver::event::create(flags.bits())? as usize
-            }
+            None => create_uncached(device, flags)?,
         };
         Ok(Event {
             handle,
@@ -326,20 +436,31 @@ impl Drop for Event {
         let left = if self.flags.contains(EventFlags::INTERPROCESS) {
             Some(c)
         } else {
-            CACHE
-                .try_with(|cache| match cache.try_borrow_mut() {
-                    Ok(mut cache) => cache.give(c),
-                    Err(_) => Some(c),
-                })
-                .unwrap_or(Some(c))
+            CACHE.try_with(|cache| cache.give(c)).unwrap_or(Some(c))
         };
         if let Some(c) = left {
-            // An error here (a context torn down at exit) leaves nothing to clean up.
-            let _ = driver::event::destroy(c.handle as sys::CUevent);
+            destroy_uncached(c.handle);
         }
     }
 }
 
+/// Creates a handle when the cache has none.
+#[cold]
+#[inline(never)]
+fn create_uncached(device: i32, flags: EventFlags) -> Result<usize> {
+    make_current(device)?;
+    Ok(driver::event::create(flags.bits())? as usize)
+}
+
+/// Destroys a handle the cache did not keep.
+#[cold]
+#[inline(never)]
+fn destroy_uncached(handle: usize) {
+    // An error here (a context torn down at exit) leaves nothing to clean up.
+    let _ = driver::event::destroy(handle as sys::CUevent);
+}
+
+#[inline]
 fn check_flags(flags: EventFlags) -> Result<()> {
     if flags.contains(EventFlags::INTERPROCESS) && !flags.contains(EventFlags::DISABLE_TIMING) {
         return Err(Error::InvalidArgument(
@@ -407,42 +528,43 @@ mod tests {
 
     #[test]
     fn event_cache_is_keyed_by_device_and_flags_and_bounded() {
-        let mut c = EventCache { free: Vec::new() };
-        assert!(c
-            .give(Cached {
-                device: 0,
-                flags: 1,
-                handle: 10
-            })
-            .is_none());
-        assert!(c
-            .give(Cached {
-                device: 1,
-                flags: 1,
-                handle: 11
-            })
-            .is_none());
+        let c = EventCache::new();
+        // Armed by hand: the fake handles must not reach the exit guard.
+        c.state.set(ARMED);
+        let cached = |device, flags, handle| Cached {
+            device,
+            flags,
+            handle,
+        };
+        assert!(c.give(cached(0, 1, 10)).is_none());
+        assert!(c.give(cached(1, 1, 11)).is_none());
         assert_eq!(c.take(0, 2), None, "other flags");
         assert_eq!(c.take(1, 1), Some(11));
         assert_eq!(c.take(1, 1), None);
         assert_eq!(c.take(0, 1), Some(10));
-        for i in 0..EVENT_CACHE_CAPACITY {
-            assert!(c
-                .give(Cached {
-                    device: 0,
-                    flags: 0,
-                    handle: 100 + i
-                })
-                .is_none());
+        assert_eq!(c.len(), 0);
+        for i in 0..EVENT_CACHE_CAPACITY - 3 {
+            assert!(c.give(cached(0, 0, 100 + i)).is_none());
         }
-        let over = c.give(Cached {
-            device: 0,
-            flags: 0,
-            handle: 1,
-        });
+        let last = 100 + EVENT_CACHE_CAPACITY - 4;
+        assert_eq!(c.take(0, 0), Some(last), "last in, first out");
+        for k in 1..CACHE_KEYS as u32 {
+            assert!(c.give(cached(0, k, 200)).is_none());
+        }
+        let other = c.give(cached(1, 0, 2));
+        let other = other.map(|c| c.handle);
+        assert_eq!(other, Some(2), "no slot free: handed back");
+        assert_eq!(c.len(), EVENT_CACHE_CAPACITY - 1);
+        assert!(
+            c.give(cached(0, 0, 3)).is_none(),
+            "one pair fills the cache"
+        );
+        assert_eq!(c.len(), EVENT_CACHE_CAPACITY);
+        let over = c.give(cached(0, 0, 1));
         assert_eq!(over.map(|c| c.handle), Some(1), "full: handed back");
-        // Handles are fake: forget them so the cache's Drop does not destroy them.
-        c.free.clear();
+        // Handles are fake: drop them without destroying.
+        c.drain(|_| ());
+        assert_eq!(c.len(), 0);
     }
 
     #[test]
