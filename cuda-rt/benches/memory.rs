@@ -168,31 +168,75 @@ fn d2d(figs: &mut Vec<Figure>) -> Res<()> {
     Ok(())
 }
 
+/// Seconds `f` takes, the context synchronized before starting the clock and before
+/// stopping it.
+fn timed(f: &mut impl FnMut() -> Res<()>) -> Res<f64> {
+    sync()?;
+    let start = Instant::now();
+    f()?;
+    sync()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Medians of `reps` interleaved runs of `ours` and `raw` after `warm` warm-up runs of
+/// each: every rep runs both, alternating which goes first, so both see the same
+/// pool growth / trim state and queue depth.
+fn interleaved_median_secs(
+    warm: usize,
+    reps: usize,
+    mut ours: impl FnMut() -> Res<()>,
+    mut raw: impl FnMut() -> Res<()>,
+) -> Res<(f64, f64)> {
+    for _ in 0..warm {
+        ours()?;
+        raw()?;
+    }
+    let (mut to, mut tr) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for i in 0..reps {
+        if i % 2 == 0 {
+            to.push(timed(&mut ours)?);
+            tr.push(timed(&mut raw)?);
+        } else {
+            tr.push(timed(&mut raw)?);
+            to.push(timed(&mut ours)?);
+        }
+    }
+    to.sort_by(f64::total_cmp);
+    tr.sort_by(f64::total_cmp);
+    Ok((to[reps / 2], tr[reps / 2]))
+}
+
 fn async_pairs(figs: &mut Vec<Figure>) -> Res<()> {
     const SIZE: usize = 1 << 20;
     const ITERS: usize = 20_000;
     let a = sys::api()?.cuMemAllocAsync()?;
     let f = sys::api()?.cuMemFreeAsync()?;
-    let ours = median_secs(1, 9, || {
-        for _ in 0..ITERS {
-            let p: MemoryPointer = malloc_async(SIZE)?;
-            drop(p);
-        }
-        Ok(())
-    })?;
-    let raw = median_secs(1, 9, || {
-        for _ in 0..ITERS {
-            let mut p: sys::CUdeviceptr = 0;
-            // SAFETY: valid out pointer, legacy default stream (the current stream).
-            check(
-                unsafe { a(&mut p, SIZE, std::ptr::null_mut()) },
-                "cuMemAllocAsync",
-            )?;
-            // SAFETY: freeing what was just allocated, on the same stream.
-            check(unsafe { f(p, std::ptr::null_mut()) }, "cuMemFreeAsync")?;
-        }
-        Ok(())
-    })?;
+    // The honest public path: malloc_async + drop, on the current stream (the legacy
+    // default stream here, as the raw pair uses).
+    let (ours, raw) = interleaved_median_secs(
+        3,
+        21,
+        || {
+            for _ in 0..ITERS {
+                let p: MemoryPointer = malloc_async(SIZE)?;
+                drop(p);
+            }
+            Ok(())
+        },
+        || {
+            for _ in 0..ITERS {
+                let mut p: sys::CUdeviceptr = 0;
+                // SAFETY: valid out pointer, legacy default stream (the current stream).
+                check(
+                    unsafe { a(&mut p, SIZE, std::ptr::null_mut()) },
+                    "cuMemAllocAsync",
+                )?;
+                // SAFETY: freeing what was just allocated, on the same stream.
+                check(unsafe { f(p, std::ptr::null_mut()) }, "cuMemFreeAsync")?;
+            }
+            Ok(())
+        },
+    )?;
     let (v, r) = (ours / ITERS as f64 * 1e9, raw / ITERS as f64 * 1e9);
     figs.push(Figure {
         name: "malloc_async_free_pair",
