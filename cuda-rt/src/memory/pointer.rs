@@ -114,8 +114,20 @@ impl MemoryPointer {
     }
 
     /// A pointer to the start of `mem`.
+    #[inline]
     pub fn from_memory(mem: Arc<dyn BaseMemory>) -> MemoryPointer {
         let addr = mem.ptr();
+        MemoryPointer {
+            mem,
+            offset: 0,
+            addr,
+        }
+    }
+
+    /// A pointer to the start of `mem`, whose address the caller already has
+    /// (`addr == mem.ptr()`): no virtual call on the allocation hot paths.
+    #[inline]
+    pub(crate) fn from_memory_at(mem: Arc<dyn BaseMemory>, addr: u64) -> MemoryPointer {
         MemoryPointer {
             mem,
             offset: 0,

@@ -516,17 +516,19 @@ impl MemoryPool {
             key,
             Location::caller(),
             |block| {
-                Arc::new(PooledMemory {
-                    ptr: block.addr(),
+                let ptr = block.addr();
+                let mem = Arc::new(PooledMemory {
+                    ptr,
                     size: block.size(),
                     block: Some(block),
                     core: core.clone(),
-                })
+                });
+                (mem, ptr)
             },
-            |m| Arc::as_ptr(m) as usize,
+            |(m, _)| Arc::as_ptr(m) as usize,
         );
         match r {
-            Ok(mem) => Ok(MemoryPointer::from_memory(mem)),
+            Ok((mem, ptr)) => Ok(MemoryPointer::from_memory_at(mem, ptr)),
             Err(e) => Err(malloc_error(e, size, device)),
         }
     }
