@@ -3,6 +3,7 @@
 //! free itself).
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::device::device_count;
 use crate::driver::{self, context::make_current, sys};
@@ -24,6 +25,15 @@ pub unsafe trait BaseMemory: Send + Sync + fmt::Debug + 'static {
     fn size(&self) -> usize;
     /// The device the memory belongs to.
     fn device_id(&self) -> i32;
+
+    /// Called by the last [`MemoryPointer`](crate::memory::MemoryPointer) to the
+    /// object as it goes (outside graph capture), with what may be the last reference:
+    /// the default drops it. An implementation may give its memory back and keep the
+    /// emptied allocation for reuse instead.
+    #[inline]
+    fn recycle(self: Arc<Self>) {
+        drop(self);
+    }
 }
 
 /// How a [`Memory`] gives its bytes back.

@@ -35,7 +35,9 @@ use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HAND
 /// Clones share the memory.
 #[derive(Clone)]
 pub struct MemoryPointer {
-    mem: Arc<dyn BaseMemory>,
+    /// Always `Some` but inside [`Drop::drop`], which may take it out to recycle the
+    /// memory object (see [`BaseMemory::recycle`]).
+    mem: Option<Arc<dyn BaseMemory>>,
     offset: usize,
     /// `mem.ptr() + offset`, kept so a launch can take the address's bytes in place.
     addr: u64,
@@ -46,7 +48,7 @@ impl fmt::Debug for MemoryPointer {
         f.debug_struct("MemoryPointer")
             .field("ptr", &format_args!("{:#x}", self.ptr()))
             .field("offset", &self.offset)
-            .field("mem", &self.mem)
+            .field("mem", self.m())
             .finish()
     }
 }
@@ -54,14 +56,31 @@ impl fmt::Debug for MemoryPointer {
 impl Drop for MemoryPointer {
     /// The last pointer to a memory object dropped while a capture is under way hands
     /// the object to the graph being captured, which may use it on every launch: it
-    /// is released only after the graph (see [`crate::graph`]). Otherwise nothing but
-    /// one relaxed atomic load.
+    /// is released only after the graph (see [`crate::graph`]). Otherwise the last
+    /// pointer hands the object to [`BaseMemory::recycle`].
     #[inline]
     fn drop(&mut self) {
-        if crate::graph::any_capture_active() && Arc::strong_count(&self.mem) == 1 {
-            crate::graph::keep_for_graph(&self.mem);
+        let Some(mem) = &self.mem else { return };
+        if Arc::strong_count(mem) != 1 {
+            return;
+        }
+        if crate::graph::any_capture_active() {
+            crate::graph::keep_for_graph(mem);
+        } else if let Some(mem) = self.mem.take() {
+            // The last pointer: the object gives its memory back now and may keep its
+            // emptied allocation for reuse (pooled memory does).
+            mem.recycle();
         }
     }
+}
+
+/// What [`MemoryPointer::m`] gives while the pointer is being dropped (never seen
+/// outside the drop).
+#[cold]
+fn gone() -> &'static Arc<dyn BaseMemory> {
+    static GONE: std::sync::LazyLock<Arc<dyn BaseMemory>> =
+        std::sync::LazyLock::new(|| Arc::new(Memory::null(0)));
+    &GONE
 }
 
 impl PartialEq for MemoryPointer {
@@ -110,7 +129,11 @@ impl MemoryPointer {
             )));
         }
         let addr = mem.ptr() + offset as u64;
-        Ok(MemoryPointer { mem, offset, addr })
+        Ok(MemoryPointer {
+            mem: Some(mem),
+            offset,
+            addr,
+        })
     }
 
     /// A pointer to the start of `mem`.
@@ -118,7 +141,7 @@ impl MemoryPointer {
     pub fn from_memory(mem: Arc<dyn BaseMemory>) -> MemoryPointer {
         let addr = mem.ptr();
         MemoryPointer {
-            mem,
+            mem: Some(mem),
             offset: 0,
             addr,
         }
@@ -129,7 +152,7 @@ impl MemoryPointer {
     #[inline]
     pub(crate) fn from_memory_at(mem: Arc<dyn BaseMemory>, addr: u64) -> MemoryPointer {
         MemoryPointer {
-            mem,
+            mem: Some(mem),
             offset: 0,
             addr,
         }
@@ -155,18 +178,27 @@ impl MemoryPointer {
     /// The bytes from this pointer to the end of its memory.
     #[inline]
     pub fn size(&self) -> usize {
-        self.mem.size() - self.offset
+        self.m().size() - self.offset
     }
 
     /// The device the memory belongs to.
     #[inline]
     pub fn device_id(&self) -> i32 {
-        self.mem.device_id()
+        self.m().device_id()
     }
 
     /// The memory object this pointer keeps alive.
     pub fn mem(&self) -> &Arc<dyn BaseMemory> {
-        &self.mem
+        self.m()
+    }
+
+    /// The memory object (a null one only while the pointer is being dropped).
+    #[inline]
+    fn m(&self) -> &Arc<dyn BaseMemory> {
+        match &self.mem {
+            Some(m) => m,
+            None => gone(),
+        }
     }
 
     /// The pointer `delta` bytes away; an error past either end of the memory.
@@ -174,7 +206,7 @@ impl MemoryPointer {
         let off = self
             .offset
             .checked_add_signed(delta)
-            .filter(|&o| o <= self.mem.size())
+            .filter(|&o| o <= self.m().size())
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "pointer arithmetic out of bounds: offset {} {} {} is outside the \
@@ -182,13 +214,13 @@ impl MemoryPointer {
                     self.offset,
                     if delta < 0 { '-' } else { '+' },
                     delta.unsigned_abs(),
-                    self.mem.size()
+                    self.m().size()
                 ))
             })?;
         Ok(MemoryPointer {
-            mem: Arc::clone(&self.mem),
+            mem: Some(Arc::clone(self.m())),
             offset: off,
-            addr: self.mem.ptr() + off as u64,
+            addr: self.m().ptr() + off as u64,
         })
     }
 
@@ -217,7 +249,7 @@ impl MemoryPointer {
                 self.size(),
                 self.ptr(),
                 self.offset,
-                self.mem.size()
+                self.m().size()
             )));
         }
         Ok(())

@@ -317,8 +317,9 @@ impl PooledMemory {
 }
 
 // SAFETY: the block is `size` bytes of `cuMemAlloc` memory of the device, handed out
-// by the pool to this object alone until its drop gives it back; the fields never
-// change.
+// by the pool to this object alone until its drop (or `recycle`) gives it back; the
+// fields change only while the object is uniquely owned (`Arc::get_mut`), when no
+// pointer to it exists: emptied by `recycle`, refilled by `wrap`.
 unsafe impl BaseMemory for PooledMemory {
     #[inline]
     fn ptr(&self) -> u64 {
@@ -331,6 +332,96 @@ unsafe impl BaseMemory for PooledMemory {
     #[inline]
     fn device_id(&self) -> i32 {
         self.core.device
+    }
+
+    /// The last pointer went: the block goes back to its arena now (as the drop would
+    /// do) and, for the default pool, the emptied object is kept for the thread's next
+    /// malloc.
+    #[inline]
+    fn recycle(mut self: Arc<Self>) {
+        let Some(m) = Arc::get_mut(&mut self) else {
+            return;
+        };
+        if !matches!(m.core, CoreRef::Static(_)) {
+            return;
+        }
+        if let Some(block) = m.block.take() {
+            let id = m as *const PooledMemory as usize;
+            m.core.free(block, id);
+        }
+        spare::put(self);
+    }
+}
+
+/// Recycled memory objects of the default pool: when the last pointer to one goes, its
+/// block goes back to its arena at once and the emptied `Arc<PooledMemory>` waits here
+/// for the thread's next malloc, so a cached malloc + free pair allocates nothing on
+/// the heap. (Objects of a [`MemoryPool::new`] pool hold their pool alive and are
+/// dropped as usual.)
+mod spare {
+    use std::cell::Cell;
+    use std::sync::Arc;
+
+    use super::PooledMemory;
+
+    const SLOTS: usize = 4;
+
+    thread_local! {
+        static SPARE: [Cell<Option<Arc<PooledMemory>>>; SLOTS] =
+            const { [const { Cell::new(None) }; SLOTS] };
+    }
+
+    /// An emptied object of this thread's, if there is one.
+    #[inline]
+    pub(super) fn take() -> Option<Arc<PooledMemory>> {
+        SPARE
+            .try_with(|slots| slots.iter().find_map(Cell::take))
+            .ok()
+            .flatten()
+    }
+
+    /// Keeps an emptied object for reuse (dropped when every slot is taken, or when
+    /// the thread is exiting).
+    #[inline]
+    pub(super) fn put(o: Arc<PooledMemory>) {
+        let _ = SPARE.try_with(move |slots| {
+            let mut o = Some(o);
+            for slot in slots {
+                match slot.take() {
+                    None => {
+                        slot.set(o.take());
+                        return;
+                    }
+                    Some(full) => slot.set(Some(full)),
+                }
+            }
+        });
+    }
+}
+
+impl PooledMemory {
+    /// `block` of `core` as a memory object: a recycled one of this thread's when
+    /// there is one (default pool only), else a new one.
+    #[inline]
+    fn wrap(core: &CoreRef, block: Block) -> Arc<PooledMemory> {
+        let (ptr, size) = (block.addr(), block.size());
+        if let CoreRef::Static(_) = core {
+            if let Some(mut o) = spare::take() {
+                if let Some(m) = Arc::get_mut(&mut o) {
+                    m.ptr = ptr;
+                    m.size = size;
+                    m.block = Some(block);
+                    m.core = core.clone();
+                    return o;
+                }
+            }
+        }
+        Arc::new(PooledMemory {
+            ptr,
+            size,
+            block: Some(block),
+            core: core.clone(),
+        })
     }
 }
 
@@ -517,13 +608,7 @@ impl MemoryPool {
             Location::caller(),
             |block| {
                 let ptr = block.addr();
-                let mem = Arc::new(PooledMemory {
-                    ptr,
-                    size: block.size(),
-                    block: Some(block),
-                    core: core.clone(),
-                });
-                (mem, ptr)
+                (PooledMemory::wrap(core, block), ptr)
             },
             |(m, _)| Arc::as_ptr(m) as usize,
         );
