@@ -187,8 +187,10 @@ fn async_oom(e: Error, size: usize, device: i32, pool: Option<sys::CUmemoryPool>
     }))
 }
 
-// SAFETY: `ptr..ptr+size` is a pool allocation owned until drop (stream-ordered: work
-// queued on the allocation stream before the drop may use it); fields never change.
+// SAFETY: `ptr..ptr+size` is a pool allocation owned until drop or `recycle`
+// (stream-ordered: work queued on the allocation stream before may use it); fields
+// change only while the object is uniquely owned (`Arc::get_mut`): emptied by
+// `recycle`, refilled by `malloc_async`.
 unsafe impl BaseMemory for MemoryAsync {
     fn ptr(&self) -> u64 {
         self.ptr
@@ -199,11 +201,78 @@ unsafe impl BaseMemory for MemoryAsync {
     fn device_id(&self) -> i32 {
         self.device
     }
+
+    /// The last pointer went: the memory is freed on its stream now (as the drop
+    /// would do) and an object of [`malloc_async`] (no stream or pool to keep alive)
+    /// is kept, emptied, for the thread's next `malloc_async`.
+    #[inline]
+    fn recycle(mut self: Arc<Self>) {
+        let Some(m) = Arc::get_mut(&mut self) else {
+            return;
+        };
+        m.release();
+        if m._stream_owner.is_none() && m._pool.is_none() {
+            spare::put(self);
+        }
+    }
+}
+
+/// Recycled [`malloc_async`] objects: an emptied `Arc<MemoryAsync>` waits here for
+/// the thread's next `malloc_async`, so a malloc + free pair allocates nothing on the
+/// heap.
+mod spare {
+    use std::cell::Cell;
+    use std::sync::Arc;
+
+    use super::MemoryAsync;
+
+    const SLOTS: usize = 4;
+
+    thread_local! {
+        static SPARE: [Cell<Option<Arc<MemoryAsync>>>; SLOTS] =
+            const { [const { Cell::new(None) }; SLOTS] };
+    }
+
+    /// An emptied object of this thread's, if there is one.
+    #[inline]
+    pub(super) fn take() -> Option<Arc<MemoryAsync>> {
+        SPARE
+            .try_with(|slots| slots.iter().find_map(Cell::take))
+            .ok()
+            .flatten()
+    }
+
+    /// Keeps an emptied object for reuse (dropped when every slot is taken, or when
+    /// the thread is exiting).
+    #[inline]
+    pub(super) fn put(o: Arc<MemoryAsync>) {
+        let _ = SPARE.try_with(move |slots| {
+            let mut o = Some(o);
+            for slot in slots {
+                match slot.take() {
+                    None => {
+                        slot.set(o.take());
+                        return;
+                    }
+                    Some(full) => slot.set(Some(full)),
+                }
+            }
+        });
+    }
 }
 
 impl Drop for MemoryAsync {
     fn drop(&mut self) {
-        if self.size == 0 {
+        self.release();
+    }
+}
+
+impl MemoryAsync {
+    /// Frees the memory on its stream (once: the object is empty afterwards).
+    #[inline]
+    fn release(&mut self) {
+        let size = std::mem::replace(&mut self.size, 0);
+        if size == 0 {
             return;
         }
         if make_current(self.stream.device_id()).is_err() {
@@ -236,6 +305,13 @@ pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
     let size = round_up(size)?;
     let device = stream.device_id();
     let ptr = alloc_ptr(size, device, stream, None)?;
+    if let Some(mut o) = spare::take() {
+        if let Some(m) = Arc::get_mut(&mut o) {
+            // An emptied object (size 0, nothing held): refill it in place.
+            (m.ptr, m.size, m.device, m.stream) = (ptr, size, device, stream);
+            return Ok(MemoryPointer::from_memory_at(o, ptr));
+        }
+    }
     // Built in place in its `Arc`: no `Result<MemoryAsync>` to move around.
     Ok(MemoryPointer::from_memory(Arc::new(MemoryAsync {
         ptr,
