@@ -29,14 +29,20 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// Runs `ours` and `raw` (each returning ns per op) interleaved: one warm-up pair,
-/// then `REPS` pairs; the medians.
+/// then `REPS` pairs, alternating which runs first (so neither always pays for work
+/// the other left behind, such as deferred stream destruction); the medians.
 fn pair(mut ours: impl FnMut() -> f64, mut raw: impl FnMut() -> f64) -> (f64, f64) {
     ours();
     raw();
     let (mut o, mut r) = (Vec::new(), Vec::new());
-    for _ in 0..REPS {
-        r.push(raw());
-        o.push(ours());
+    for rep in 0..REPS {
+        if rep % 2 == 0 {
+            r.push(raw());
+            o.push(ours());
+        } else {
+            o.push(ours());
+            r.push(raw());
+        }
     }
     (median(o), median(r))
 }

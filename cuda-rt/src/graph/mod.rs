@@ -71,7 +71,9 @@ bitflags::bitflags! {
         /// Free memory the graph allocated and did not free before it is launched
         /// again (set by cuda-rt on graphs that own allocations, see the module docs).
         const AUTO_FREE_ON_LAUNCH = 1;
-        /// Upload the graph at instantiation (on the stream of its first use).
+        /// Upload the graph before its first launch, on that launch's stream. (The
+        /// driver takes this flag only with an upload stream at instantiation, so
+        /// cuda-rt keeps it and calls `cuGraphUpload` itself.)
         const UPLOAD = 2;
         /// The graph can be launched from the device (kernels only, no host nodes).
         const DEVICE_LAUNCH = 4;
@@ -198,7 +200,7 @@ impl Graph {
         }
         make_current(self.device)?;
         self.drop_exec();
-        let e = driver::graph::instantiate(self.as_raw(), flags.bits())
+        let e = driver::graph::instantiate(self.as_raw(), driver_flags(flags))
             .map_err(|e| explain(e, "Graph::instantiate"))?;
         self.flags = flags;
         let _ = self.exec.set(e as usize);
@@ -224,7 +226,7 @@ impl Graph {
     #[cold]
     fn instantiate_lazily(&self) -> Result<sys::CUgraphExec> {
         make_current(self.device)?;
-        let e = driver::graph::instantiate(self.as_raw(), self.flags.bits())
+        let e = driver::graph::instantiate(self.as_raw(), driver_flags(self.flags))
             .map_err(|e| explain(e, "Graph::instantiate"))?;
         if let Err(e) = self.exec.set(e as usize) {
             // Another thread instantiated first: keep its executable.
@@ -242,13 +244,24 @@ impl Graph {
     pub fn launch<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
         let e = self.exec()?;
         make_current(stream.device_id())?;
-        driver::graph::launch(e, stream.as_raw()).map_err(|e| explain(e, "Graph::launch"))?;
         if !self.launched.load(Ordering::Relaxed) {
-            self.launched.store(true, Ordering::Relaxed);
+            self.first_launch(e, stream.as_raw())?;
         }
+        driver::graph::launch(e, stream.as_raw()).map_err(|e| explain(e, "Graph::launch"))?;
         if !self.allocs.is_empty() {
             self.launches.launched_on(stream.as_stream_ref());
         }
+        Ok(())
+    }
+
+    /// Before the first launch: the upload [`InstantiateFlags::UPLOAD`] asks for, and
+    /// the mark that there is work to wait for on drop.
+    #[cold]
+    fn first_launch(&self, e: sys::CUgraphExec, stream: sys::CUstream) -> Result<()> {
+        if self.flags.contains(InstantiateFlags::UPLOAD) {
+            driver::graph::upload(e, stream).map_err(|e| explain(e, "Graph::launch (upload)"))?;
+        }
+        self.launched.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -427,4 +440,10 @@ pub(crate) fn launch_repeatable_host_func<S: AsStream + ?Sized>(
             driver::graph::launch_captured_host_fn(s.as_raw(), g, &f)
         }
     }
+}
+
+/// The flags the driver's `cuGraphInstantiateWithFlags` accepts: all but `UPLOAD`,
+/// which cuda-rt carries out itself at the first launch.
+fn driver_flags(flags: InstantiateFlags) -> u64 {
+    (flags - InstantiateFlags::UPLOAD).bits()
 }
