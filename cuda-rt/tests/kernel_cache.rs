@@ -11,7 +11,10 @@ use std::sync::{Arc, Barrier};
 
 use common::{nvrtc_or_skip, unique, TempDir, SAXPY};
 use cuda_rt::compiler::cache::{cache_key, decode, KernelCache};
-use cuda_rt::compiler::{nvrtc_version, Output, Program, RawKernel, RawModule, Target};
+use cuda_rt::compiler::facts::nvrtc_facts;
+use cuda_rt::compiler::{
+    nvrtc_call_count, nvrtc_version, Output, Program, RawKernel, RawModule, Target,
+};
 
 const TARGET: Target = Target::cubin(90);
 
@@ -31,7 +34,7 @@ fn cache_file(dir: &Path, program: &Program<'_>) -> std::path::PathBuf {
     dir.join(cache_key(program, TARGET, nvrtc_version().unwrap()).file_name())
 }
 
-fn files_in(dir: &Path) -> Vec<String> {
+fn all_files_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|r| {
             r.filter_map(|e| e.ok())
@@ -41,6 +44,14 @@ fn files_in(dir: &Path) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// The kernel files (not the NVRTC facts file) in `dir`.
+fn files_in(dir: &Path) -> Vec<String> {
+    all_files_in(dir)
+        .into_iter()
+        .filter(|f| !f.ends_with(".facts"))
+        .collect()
 }
 
 nvrtc_test!(warm_disk_cache_answers_a_new_cache_without_compiling, {
@@ -235,11 +246,122 @@ nvrtc_test!(two_processes_racing_on_one_key_agree, {
     let after = KernelCache::new(Some(dir.path()));
     assert_eq!(after.compile(&Program::new(&src), TARGET).unwrap(), mine);
     assert_eq!(after.compile_count(), 0);
-    let leftovers: Vec<_> = files_in(&dir.0)
+    let leftovers: Vec<_> = all_files_in(&dir.0)
         .into_iter()
         .filter(|f| f.ends_with(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+});
+
+const WARM_DIR_VAR: &str = "CUDA_RT_TEST_WARM_DIR";
+const WARM_SRC_VAR: &str = "CUDA_RT_TEST_WARM_SRC";
+
+/// Not a test of its own: the body of the child process of
+/// `warm_disk_cache_in_a_new_process_makes_no_nvrtc_call`, a no-op unless that test
+/// starts it. Prints `nvrtc-calls=N hits=H compiles=C micros=T`.
+#[test]
+fn warm_child_process() {
+    let (Ok(dir), Ok(src)) = (std::env::var(WARM_DIR_VAR), std::env::var(WARM_SRC_VAR)) else {
+        return;
+    };
+    let before = nvrtc_call_count();
+    let t = std::time::Instant::now();
+    let cache = KernelCache::new(Some(dir.into()));
+    let c = cache.compile(&Program::new(&src), TARGET).unwrap();
+    let micros = t.elapsed().as_micros();
+    assert!(!c.image.is_empty());
+    println!(
+        "nvrtc-calls={} hits={} compiles={} micros={micros}",
+        nvrtc_call_count() - before,
+        cache.disk_hit_count(),
+        cache.compile_count()
+    );
+}
+
+fn run_warm_child(dir: &Path, src: &str) -> (u64, u64, u64, u64) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "warm_child_process",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(WARM_DIR_VAR, dir)
+        .env(WARM_SRC_VAR, src)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {text}");
+    // libtest prints `test warm_child_process ... ` on the same line first.
+    let line = text
+        .lines()
+        .find_map(|l| l.find("nvrtc-calls=").map(|i| &l[i..]))
+        .unwrap_or_else(|| panic!("no report from the child: {text}"));
+    let n: Vec<u64> = line
+        .split(' ')
+        .map(|f| f.split('=').nth(1).unwrap().parse().unwrap())
+        .collect();
+    (n[0], n[1], n[2], n[3])
+}
+
+nvrtc_test!(warm_disk_cache_in_a_new_process_makes_no_nvrtc_call, {
+    let dir = TempDir::new("warm-proc");
+    let src = unique(SAXPY);
+    // Cold: this process compiles, and records NVRTC's facts beside the kernel.
+    let cold = KernelCache::new(Some(dir.path()));
+    cold.compile(&Program::new(&src), TARGET).unwrap();
+    assert_eq!(cold.compile_count(), 1);
+    let facts: Vec<_> = all_files_in(&dir.0)
+        .into_iter()
+        .filter(|f| f.ends_with(".facts"))
+        .collect();
+    if facts.is_empty() {
+        // The loader would find libnvrtc by bare name through ld.so.cache: its file
+        // cannot be told without opening it, so NVRTC is asked (still correct).
+        eprintln!("skipped: libnvrtc's file cannot be identified without opening it");
+        return;
+    }
+    // A new process, warm folder: a disk hit with no NVRTC call at all.
+    let (calls, hits, compiles, micros) = run_warm_child(&dir.0, &src);
+    eprintln!("warm first use in a new process: {micros} us");
+    assert_eq!((hits, compiles), (1, 0));
+    assert_eq!(calls, 0, "a warm hit called NVRTC");
+    // Without the facts file the child must ask NVRTC (and still hits the disk).
+    for f in &facts {
+        std::fs::remove_file(dir.0.join(f)).unwrap();
+    }
+    let (calls, hits, compiles, _) = run_warm_child(&dir.0, &src);
+    assert_eq!((hits, compiles), (1, 0));
+    assert!(calls > 0, "no facts file, yet NVRTC was not asked");
+    // ... and it wrote the facts back, so the next process is silent again.
+    let (calls, hits, _, _) = run_warm_child(&dir.0, &src);
+    assert_eq!((calls, hits), (0, 1));
+    // A corrupt facts file is ignored: NVRTC is asked, the answer is right.
+    let name = all_files_in(&dir.0)
+        .into_iter()
+        .find(|f| f.ends_with(".facts"))
+        .unwrap();
+    std::fs::write(dir.0.join(&name), b"garbage").unwrap();
+    let (calls, hits, compiles, _) = run_warm_child(&dir.0, &src);
+    assert!(calls > 0);
+    assert_eq!((hits, compiles), (1, 0));
+});
+
+nvrtc_test!(facts_match_what_nvrtc_says, {
+    let dir = TempDir::new("facts");
+    let f = nvrtc_facts(Some(&dir.0)).unwrap();
+    assert_eq!(f.version, nvrtc_version().unwrap());
+    assert_eq!(f.archs, cuda_rt::compiler::supported_archs().unwrap());
+    // Once known, a warm hit in this process makes no NVRTC call either.
+    let src = unique(SAXPY);
+    KernelCache::new(Some(dir.path()))
+        .compile(&Program::new(&src), TARGET)
+        .unwrap();
+    let before = nvrtc_call_count();
+    let warm = KernelCache::new(Some(dir.path()));
+    warm.compile(&Program::new(&src), TARGET).unwrap();
+    assert_eq!(warm.disk_hit_count(), 1);
+    assert_eq!(nvrtc_call_count(), before);
 });
 
 cuda_rt::gpu_test!(

@@ -18,6 +18,10 @@
 //! rename a complete, identical file. A file that is truncated, corrupt, for another
 //! key or another format is a miss: the kernel is compiled again and the file
 //! rewritten.
+//!
+//! The NVRTC version in the key comes from a small facts file in the same folder
+//! when NVRTC has been asked once before (see [`super::facts`]), so a warm hit in a
+//! new process makes no NVRTC call at all.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -28,8 +32,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
 
+use super::facts::nvrtc_facts;
 use super::raw::RawModule;
-use super::{nvrtc_version, Compiled, Output, Program, Target};
+use super::{Compiled, Output, Program, Target};
 use crate::error::Result;
 
 /// Variable naming the disk cache folder.
@@ -430,7 +435,9 @@ impl KernelCache {
         let Some(dir) = self.disk_dir() else {
             return self.compile_now(program, target);
         };
-        let key = cache_key(program, target, nvrtc_version()?);
+        // The NVRTC version from the facts file when there is one: a warm hit opens
+        // no `libnvrtc` at all.
+        let key = cache_key(program, target, nvrtc_facts(Some(&dir))?.version);
         let path = dir.join(key.file_name());
         if let Ok(bytes) = std::fs::read(&path) {
             match decode(&bytes, &key) {
@@ -500,10 +507,16 @@ impl KernelCache {
 /// Writes `bytes` to `dir/<key>.kcache` through a temporary file in the same folder and
 /// a rename, so the file appears whole or not at all.
 pub fn write_atomically(dir: &Path, key: &CacheKey, bytes: &[u8]) -> std::io::Result<()> {
+    write_file_atomically(dir, &key.file_name(), bytes)
+}
+
+/// Writes `bytes` to `dir/name` through a temporary file in the same folder and a
+/// rename, so the file appears whole or not at all.
+pub fn write_file_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
         ".{}.{}.{}.tmp",
-        key.to_hex(),
+        name,
         std::process::id(),
         TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
@@ -512,7 +525,7 @@ pub fn write_atomically(dir: &Path, key: &CacheKey, bytes: &[u8]) -> std::io::Re
         f.write_all(bytes)?;
         f.sync_data()?;
         drop(f);
-        std::fs::rename(&tmp, dir.join(key.file_name()))
+        std::fs::rename(&tmp, dir.join(name))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -17,6 +17,7 @@
 //! ```
 
 pub mod cache;
+pub mod facts;
 mod raw;
 
 use std::sync::OnceLock;
@@ -197,6 +198,12 @@ impl<'a> Program<'a> {
     }
 }
 
+/// How many NVRTC entry points this process has called (the first one opens
+/// `libnvrtc`). A warm disk-cache hit adds none.
+pub fn nvrtc_call_count() -> u64 {
+    nvrtc::call_count()
+}
+
 /// The loaded NVRTC's version `(major, minor)`, asked once.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     static V: OnceLock<Result<(i32, i32)>> = OnceLock::new();
@@ -234,7 +241,8 @@ pub fn arch_for_device(device: i32) -> Result<u32> {
         let (major, minor) = crate::Device::new(device)?.compute_capability()?;
         let cc = u32::try_from(major * 10 + minor)
             .map_err(|_| Error::InvalidState(format!("compute capability {major}.{minor}")))?;
-        let supported = supported_archs()?;
+        let dir = KernelCache::global().disk_dir();
+        let supported = facts::nvrtc_facts(dir.as_deref())?.archs.clone();
         cap_arch(cc, &supported).ok_or_else(|| {
             Error::NotSupported(format!(
                 "device {device} is sm_{cc} but the loaded NVRTC compiles only for {supported:?}"

@@ -3,6 +3,7 @@
 
 use std::ffi::{c_char, CStr, CString};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use cuda_sys::nvrtc::{self as nv, nvrtcProgram, nvrtcResult};
@@ -20,10 +21,28 @@ macro_rules! nvrtc {
     }};
 }
 
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times this process went to NVRTC: every NVRTC entry point called (and the
+/// first one opens `libnvrtc`) goes through [`api`], which counts it.
+pub fn call_count() -> u64 {
+    CALLS.load(Ordering::Relaxed)
+}
+
+/// The path `libnvrtc` was opened from (a bare name when the system loader found it),
+/// if it is open already. Opens nothing and is not counted.
+pub fn loaded_path() -> Option<String> {
+    if call_count() == 0 {
+        return None;
+    }
+    nv::api().ok().map(|a| a.library().path().to_owned())
+}
+
 /// NVRTC's entry-point table (opens `libnvrtc` on first use, and preloads its
-/// builtins library, see [`preload_builtins`]).
+/// builtins library, see [`preload_builtins`]). Each call is counted ([`call_count`]).
 #[inline]
 pub fn api() -> Result<&'static nv::Api> {
+    CALLS.fetch_add(1, Ordering::Relaxed);
     let api = nv::api().map_err(Error::Load)?;
     static BUILTINS: OnceLock<()> = OnceLock::new();
     BUILTINS.get_or_init(|| preload_builtins(api.library().path()));
