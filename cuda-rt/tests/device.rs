@@ -272,3 +272,9 @@ gpu_test!(device_can_access_peer_answers_for_two_devices, {
     a.can_access_peer(&b).unwrap();
     b.can_access_peer(&a).unwrap();
 });
+
+#[test]
+fn device_attribute_from_name_with_multibyte_text_is_none_not_a_panic() {
+    assert_eq!(DeviceAttribute::from_name("CU_DEVICE_ATTRIBUTEé_X"), None);
+    assert_eq!(DeviceAttribute::from_name("ééééééééééééééééééééé"), None);
+}

@@ -9,10 +9,11 @@ const PREFIX: &str = "CU_DEVICE_ATTRIBUTE_";
 /// case is ignored.
 fn same_name(name: &str, target: &str) -> bool {
     let strip = |s: &'_ str| -> String {
-        let s = if s.len() >= PREFIX.len() && s[..PREFIX.len()].eq_ignore_ascii_case(PREFIX) {
-            &s[PREFIX.len()..]
-        } else {
-            s
+        // `get` rather than indexing: a name with a multi-byte character at the cut is
+        // simply not prefixed, never a panic.
+        let s = match (s.get(..PREFIX.len()), s.get(PREFIX.len()..)) {
+            (Some(head), Some(rest)) if head.eq_ignore_ascii_case(PREFIX) => rest,
+            _ => s,
         };
         s.chars()
             .filter(|&c| c != '_')
