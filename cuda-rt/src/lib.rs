@@ -30,6 +30,7 @@ pub mod memory;
 pub mod module;
 pub mod pinned;
 pub mod profiler;
+mod spare;
 pub mod stream;
 #[doc(hidden)]
 pub mod testing;

@@ -217,49 +217,10 @@ unsafe impl BaseMemory for MemoryAsync {
     }
 }
 
-/// Recycled [`malloc_async`] objects: an emptied `Arc<MemoryAsync>` waits here for
-/// the thread's next `malloc_async`, so a malloc + free pair allocates nothing on the
-/// heap.
-mod spare {
-    use std::cell::Cell;
-    use std::sync::Arc;
-
-    use super::MemoryAsync;
-
-    const SLOTS: usize = 4;
-
-    thread_local! {
-        static SPARE: [Cell<Option<Arc<MemoryAsync>>>; SLOTS] =
-            const { [const { Cell::new(None) }; SLOTS] };
-    }
-
-    /// An emptied object of this thread's, if there is one.
-    #[inline]
-    pub(super) fn take() -> Option<Arc<MemoryAsync>> {
-        SPARE
-            .try_with(|slots| slots.iter().find_map(Cell::take))
-            .ok()
-            .flatten()
-    }
-
-    /// Keeps an emptied object for reuse (dropped when every slot is taken, or when
-    /// the thread is exiting).
-    #[inline]
-    pub(super) fn put(o: Arc<MemoryAsync>) {
-        let _ = SPARE.try_with(move |slots| {
-            let mut o = Some(o);
-            for slot in slots {
-                match slot.take() {
-                    None => {
-                        slot.set(o.take());
-                        return;
-                    }
-                    Some(full) => slot.set(Some(full)),
-                }
-            }
-        });
-    }
-}
+// Recycled [`malloc_async`] objects: an emptied `Arc<MemoryAsync>` waits here for
+// the thread's next `malloc_async`, so a malloc + free pair allocates nothing on the
+// heap.
+crate::spare::spare_list!(MemoryAsync);
 
 impl Drop for MemoryAsync {
     fn drop(&mut self) {

@@ -353,51 +353,12 @@ unsafe impl BaseMemory for PooledMemory {
     }
 }
 
-/// Recycled memory objects of the default pool: when the last pointer to one goes, its
-/// block goes back to its arena at once and the emptied `Arc<PooledMemory>` waits here
-/// for the thread's next malloc, so a cached malloc + free pair allocates nothing on
-/// the heap. (Objects of a [`MemoryPool::new`] pool hold their pool alive and are
-/// dropped as usual.)
-mod spare {
-    use std::cell::Cell;
-    use std::sync::Arc;
-
-    use super::PooledMemory;
-
-    const SLOTS: usize = 4;
-
-    thread_local! {
-        static SPARE: [Cell<Option<Arc<PooledMemory>>>; SLOTS] =
-            const { [const { Cell::new(None) }; SLOTS] };
-    }
-
-    /// An emptied object of this thread's, if there is one.
-    #[inline]
-    pub(super) fn take() -> Option<Arc<PooledMemory>> {
-        SPARE
-            .try_with(|slots| slots.iter().find_map(Cell::take))
-            .ok()
-            .flatten()
-    }
-
-    /// Keeps an emptied object for reuse (dropped when every slot is taken, or when
-    /// the thread is exiting).
-    #[inline]
-    pub(super) fn put(o: Arc<PooledMemory>) {
-        let _ = SPARE.try_with(move |slots| {
-            let mut o = Some(o);
-            for slot in slots {
-                match slot.take() {
-                    None => {
-                        slot.set(o.take());
-                        return;
-                    }
-                    Some(full) => slot.set(Some(full)),
-                }
-            }
-        });
-    }
-}
+// Recycled memory objects of the default pool: when the last pointer to one goes, its
+// block goes back to its arena at once and the emptied `Arc<PooledMemory>` waits here
+// for the thread's next malloc, so a cached malloc + free pair allocates nothing on
+// the heap. (Objects of a [`MemoryPool::new`] pool hold their pool alive and are
+// dropped as usual.)
+crate::spare::spare_list!(PooledMemory);
 
 impl PooledMemory {
     /// `block` of `core` as a memory object: a recycled one of this thread's when

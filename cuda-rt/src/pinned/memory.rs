@@ -118,50 +118,11 @@ enum Kind {
     Spare,
 }
 
-/// Recycled owner allocations: when the last handle to a pool block goes, its
-/// `Arc<Owner>` (emptied: the block is back in the pool, the pool's `Arc` dropped)
-/// waits here for the thread's next pool `malloc`, so a cached malloc + free pair
-/// allocates nothing on the heap.
-mod spare {
-    use std::cell::Cell;
-    use std::sync::Arc;
-
-    use super::Owner;
-
-    const SLOTS: usize = 4;
-
-    thread_local! {
-        static SPARE: [Cell<Option<Arc<Owner>>>; SLOTS] =
-            const { [const { Cell::new(None) }; SLOTS] };
-    }
-
-    /// An emptied owner of this thread's, if there is one.
-    #[inline]
-    pub(super) fn take() -> Option<Arc<Owner>> {
-        SPARE
-            .try_with(|slots| slots.iter().find_map(Cell::take))
-            .ok()
-            .flatten()
-    }
-
-    /// Keeps an emptied owner for reuse (dropped when every slot is taken, or when the
-    /// thread is exiting).
-    #[inline]
-    pub(super) fn put(o: Arc<Owner>) {
-        let _ = SPARE.try_with(move |slots| {
-            let mut o = Some(o);
-            for slot in slots {
-                match slot.take() {
-                    None => {
-                        slot.set(o.take());
-                        return;
-                    }
-                    Some(full) => slot.set(Some(full)),
-                }
-            }
-        });
-    }
-}
+// Recycled owner allocations: when the last handle to a pool block goes, its
+// `Arc<Owner>` (emptied: the block is back in the pool, the pool's `Arc` dropped)
+// waits here for the thread's next pool `malloc`, so a cached malloc + free pair
+// allocates nothing on the heap.
+crate::spare::spare_list!(Owner);
 
 /// The shared owner of a range of pinned memory: the allocation and the fence of
 /// the last asynchronous copy that uses it.
