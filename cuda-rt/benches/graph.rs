@@ -21,6 +21,9 @@ use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::graph::CaptureMode;
 use cuda_rt::{AsStream, Stream};
 
+mod common;
+use common::interleaved;
+
 const REPS: usize = 11;
 const NODES: usize = 1000;
 
@@ -30,29 +33,6 @@ struct Figure {
     raw: f64,
     raw_name: &'static str,
     target: &'static str,
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
-
-/// `ours` and `raw` (each returning ns per op) interleaved: a warm-up pair, then
-/// `REPS` pairs, alternating which goes first; the medians.
-fn pair(mut ours: impl FnMut() -> f64, mut raw: impl FnMut() -> f64) -> (f64, f64) {
-    ours();
-    raw();
-    let (mut o, mut r) = (Vec::new(), Vec::new());
-    for i in 0..REPS {
-        if i % 2 == 0 {
-            r.push(raw());
-            o.push(ours());
-        } else {
-            o.push(ours());
-            r.push(raw());
-        }
-    }
-    (median(o), median(r))
 }
 
 fn main() {
@@ -103,7 +83,8 @@ fn run() -> cuda_rt::Result<()> {
         s.synchronize().unwrap();
         t.elapsed().as_nanos() as f64 / (LAUNCHES * NODES) as f64
     };
-    let (value, rawv) = pair(
+    let (value, rawv) = interleaved(
+        REPS,
         || per_node(&|| graph.launch(&s).unwrap()),
         || per_node(&|| raw("cuGraphLaunch")),
     );
@@ -130,7 +111,8 @@ fn run() -> cuda_rt::Result<()> {
         }
         total as f64 / (ROUNDS * BATCH) as f64
     };
-    let (value, rawv) = pair(
+    let (value, rawv) = interleaved(
+        REPS,
         || host_call(&|| graph.launch(&s).unwrap()),
         || host_call(&|| raw("cuGraphLaunch")),
     );

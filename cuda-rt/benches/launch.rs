@@ -12,6 +12,9 @@ use cuda_rt::compiler::{KernelCache, Output, Program, RawKernel, RawModule};
 use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::{AsStream, LaunchConfig, Stream};
 
+mod common;
+use common::median;
+
 const LAUNCHES: usize = 100_000;
 const REPS: usize = 5;
 
@@ -26,11 +29,6 @@ struct Row {
     unit: &'static str,
     raw: f64,
     raw_name: &'static str,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn per_launch_us(stream: &Stream, mut body: impl FnMut()) -> f64 {

@@ -11,6 +11,9 @@ use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::pinned::{self, PinnedMemoryPointer, PinnedMemoryPool};
 use cuda_rt::Stream;
 
+mod common;
+use common::median;
+
 const SIZE: usize = 256 << 20;
 const REPS: usize = 9;
 
@@ -26,11 +29,6 @@ struct Row {
 
 fn rate(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// Median seconds of `reps` runs of `f` after one warm-up.

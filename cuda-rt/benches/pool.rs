@@ -21,6 +21,9 @@ use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::memory::{self, get_default_memory_pool, MemoryPool};
 use cuda_rt::stream::{AsStream, Stream};
 
+mod common;
+use common::median;
+
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const SIZES: [usize; 3] = [256, 1 << 20, 64 << 20];
@@ -49,11 +52,6 @@ fn check(rc: sys::CUresult, call: &str) -> Res<()> {
     } else {
         Err(format!("{call} failed: {rc:?}").into())
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// Median seconds of `REPS` runs of `f`, after one warm-up run.

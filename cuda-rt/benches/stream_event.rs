@@ -9,6 +9,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+mod common;
+use common::interleaved;
+
 use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::{AsStream, Device, Event, Stream};
 
@@ -20,31 +23,6 @@ struct Figure {
     raw: f64,
     raw_name: &'static str,
     target: &'static str,
-}
-
-/// The median of `xs`.
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
-
-/// Runs `ours` and `raw` (each returning ns per op) interleaved: one warm-up pair,
-/// then `REPS` pairs, alternating which runs first (so neither always pays for work
-/// the other left behind, such as deferred stream destruction); the medians.
-fn pair(mut ours: impl FnMut() -> f64, mut raw: impl FnMut() -> f64) -> (f64, f64) {
-    ours();
-    raw();
-    let (mut o, mut r) = (Vec::new(), Vec::new());
-    for rep in 0..REPS {
-        if rep % 2 == 0 {
-            r.push(raw());
-            o.push(ours());
-        } else {
-            o.push(ours());
-            r.push(raw());
-        }
-    }
-    (median(o), median(r))
 }
 
 /// Mean ns per operation of `f`, which runs `iters` operations.
@@ -95,7 +73,8 @@ fn run() -> cuda_rt::Result<()> {
     let mut our_evs: Vec<Event> = Vec::with_capacity(BATCH);
 
     // Event create, alone.
-    let (o, r) = pair(
+    let (o, r) = interleaved(
+        REPS,
         || {
             let mut total = 0.0;
             for _ in 0..BATCHES {
@@ -136,7 +115,8 @@ fn run() -> cuda_rt::Result<()> {
     });
 
     // Event destroy, alone.
-    let (o, r) = pair(
+    let (o, r) = interleaved(
+        REPS,
         || {
             let mut total = 0.0;
             for _ in 0..BATCHES {
@@ -176,7 +156,8 @@ fn run() -> cuda_rt::Result<()> {
 
     // Event create + destroy pair.
     const N: usize = 20_000;
-    let (o, r) = pair(
+    let (o, r) = interleaved(
+        REPS,
         || {
             per_op(N, || {
                 for _ in 0..N {
@@ -207,7 +188,8 @@ fn run() -> cuda_rt::Result<()> {
     // Record, on the same idle stream, the same event.
     let ev = Event::new(false, true, false)?;
     let e_raw = ev.as_raw();
-    let (o, r) = pair(
+    let (o, r) = interleaved(
+        REPS,
         || {
             per_op(N, || {
                 for _ in 0..N {
@@ -234,7 +216,8 @@ fn run() -> cuda_rt::Result<()> {
 
     // Query of a completed event.
     ev.synchronize()?;
-    let (o, r) = pair(
+    let (o, r) = interleaved(
+        REPS,
         || {
             per_op(N, || {
                 for _ in 0..N {
@@ -261,7 +244,8 @@ fn run() -> cuda_rt::Result<()> {
 
     // Stream create + destroy.
     const NS: usize = 2_000;
-    let (o, r) = pair(
+    let (o, r) = interleaved(
+        REPS,
         || {
             per_op(NS, || {
                 for _ in 0..NS {
@@ -291,7 +275,8 @@ fn run() -> cuda_rt::Result<()> {
 
     // Current-stream lookup: no driver call; paired with the cheapest driver query.
     const NL: usize = 1_000_000;
-    let (o, r) = pair(
+    let (o, r) = interleaved(
+        REPS,
         || {
             per_op(NL, || {
                 for _ in 0..NL {
@@ -321,7 +306,8 @@ fn run() -> cuda_rt::Result<()> {
     // Device scope enter + exit when the device is current: no driver call; paired with
     // the push/pop a naive scope would make.
     let ctx = dev.primary_context()?;
-    let (o, r) = pair(
+    let (o, r) = interleaved(
+        REPS,
         || {
             per_op(NL, || {
                 for _ in 0..NL {
