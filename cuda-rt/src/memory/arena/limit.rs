@@ -40,18 +40,6 @@ pub fn limit_from_fraction(fraction: f64, total_device_bytes: u64) -> Result<u64
     Ok((total_device_bytes as f64 * fraction) as u64)
 }
 
-/// A byte count in words, binary units with 2 decimals past KiB:
-/// `1610612736` -> `"1.50 GiB"`, `512` -> `"512 B"`.
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut v = bytes as f64 / 1024.0;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.2} {}", UNITS[u])
-}
+/// A byte count in words (`1610612736` -> `"1.50 GiB"`, `512` -> `"512 B"`): the
+/// crate's one formatter, named here as the pool's error messages use it.
+pub use crate::error::human_bytes as format_bytes;
