@@ -204,6 +204,13 @@ pub fn nvrtc_call_count() -> u64 {
     nvrtc::call_count()
 }
 
+/// How many NVRTC entry points the calling thread has called: the same count as
+/// [`nvrtc_call_count`], blind to other threads compiling at the same time (what a
+/// test that runs beside others should assert on).
+pub fn nvrtc_call_count_on_this_thread() -> u64 {
+    nvrtc::thread_call_count()
+}
+
 /// The loaded NVRTC's version `(major, minor)`, asked once.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     static V: OnceLock<Result<(i32, i32)>> = OnceLock::new();

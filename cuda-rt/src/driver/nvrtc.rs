@@ -29,6 +29,16 @@ pub fn call_count() -> u64 {
     CALLS.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    static THREAD_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Like [`call_count`], for the calling thread only: unaffected by other threads
+/// compiling at the same time.
+pub fn thread_call_count() -> u64 {
+    THREAD_CALLS.with(|c| c.get())
+}
+
 /// The path `libnvrtc` was opened from (a bare name when the system loader found it),
 /// if it is open already. Opens nothing and is not counted.
 pub fn loaded_path() -> Option<String> {
@@ -43,6 +53,7 @@ pub fn loaded_path() -> Option<String> {
 #[inline]
 pub fn api() -> Result<&'static nv::Api> {
     CALLS.fetch_add(1, Ordering::Relaxed);
+    THREAD_CALLS.with(|c| c.set(c.get() + 1));
     let api = nv::api().map_err(Error::Load)?;
     static BUILTINS: OnceLock<()> = OnceLock::new();
     BUILTINS.get_or_init(|| preload_builtins(api.library().path()));
