@@ -719,3 +719,104 @@ fn dropping_the_pool_with_everything_free_returns_all_memory() {
     }
     assert_eq!(backend.counters().live_bytes, 0);
 }
+
+/// CuPy's algorithm written the slow, obvious way: free chunks in a list, best fit by
+/// `(size, addr)`, split keeps the lower part, free merges neighbours of the same
+/// backend allocation.
+#[derive(Default)]
+struct Model {
+    /// `(addr, size, allocation)` of every free chunk.
+    free: Vec<(u64, u64, usize)>,
+    /// `addr -> (size, allocation)` of every chunk handed out.
+    used: BTreeMap<u64, (u64, usize)>,
+    allocations: usize,
+}
+
+impl Model {
+    /// The address best fit gives for `size` (rounded), if a free chunk fits.
+    fn predict(&self, size: u64) -> Option<u64> {
+        self.free
+            .iter()
+            .filter(|c| c.1 >= size)
+            .min_by_key(|c| (c.1, c.0))
+            .map(|c| c.0)
+    }
+
+    fn malloc(&mut self, addr: u64, size: u64, hit: bool) {
+        if hit {
+            let i = self.free.iter().position(|c| c.0 == addr).unwrap();
+            let (a, s, alloc) = self.free.swap_remove(i);
+            if s > size {
+                self.free.push((a + size, s - size, alloc));
+            }
+            self.used.insert(addr, (size, alloc));
+        } else {
+            self.allocations += 1;
+            self.used.insert(addr, (size, self.allocations));
+        }
+    }
+
+    fn free(&mut self, addr: u64) {
+        let (mut size, alloc) = self.used.remove(&addr).unwrap();
+        let mut start = addr;
+        if let Some(i) = self
+            .free
+            .iter()
+            .position(|c| c.2 == alloc && c.0 + c.1 == start)
+        {
+            let c = self.free.swap_remove(i);
+            start = c.0;
+            size += c.1;
+        }
+        if let Some(i) = self
+            .free
+            .iter()
+            .position(|c| c.2 == alloc && c.0 == start + size)
+        {
+            size += self.free.swap_remove(i).1;
+        }
+        self.free.push((start, size, alloc));
+    }
+}
+
+#[test]
+fn every_malloc_returns_the_address_plain_best_fit_would() {
+    let steps = if cfg!(miri) { 300 } else { 20_000 };
+    let (backend, pool) = fake_pool();
+    let mut model = Model::default();
+    let mut live: Vec<Block> = Vec::new();
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // Few distinct sizes, so equal sizes (address ties), splits and merges are common.
+    let sizes = [512u64, 1024, 1536, 4096, 8192, 64 * 1024, 1 << 20];
+    for step in 0..steps {
+        let r = next();
+        if live.len() < 48 && (live.is_empty() || r % 100 < 55) {
+            let size = sizes[(r >> 8) as usize % sizes.len()] as usize;
+            let predicted = model.predict(size as u64);
+            let b = pool.malloc(size, 7).unwrap();
+            if let Some(p) = predicted {
+                assert_eq!(b.addr(), p, "step {step}: malloc({size}) left best fit");
+            }
+            model.malloc(b.addr(), b.size() as u64, predicted.is_some());
+            live.push(b);
+        } else {
+            let b = live.swap_remove((r >> 8) as usize % live.len());
+            model.free(b.addr());
+            pool.free(b).unwrap();
+        }
+        assert_eq!(pool.n_free_blocks(), model.free.len() as u64, "step {step}");
+        if step % 64 == 0 {
+            assert_consistent(&pool, &backend);
+        }
+    }
+    for b in live {
+        pool.free(b).unwrap();
+    }
+    assert_consistent(&pool, &backend);
+}

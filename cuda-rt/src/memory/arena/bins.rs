@@ -1,7 +1,16 @@
 //! One arena's chunks: a slab of chunk records, address-neighbour links inside each
 //! backend allocation, and the best-fit index (size classes with a two-level bitmap,
-//! a treap keyed by `(size, addr)` per class). Everything here runs under the
-//! arena's mutex; nothing here allocates except the slab growing past its high mark.
+//! a treap keyed by `(size, addr)` per class, and one *hot* free chunk outside the
+//! treaps). Everything here runs under the arena's mutex; nothing here allocates
+//! except the slab growing past its high mark.
+//!
+//! The hot chunk is the last chunk filed by a free. The common cached pair (free a
+//! block, malloc the same size again) then touches no treap: the free parks the chunk
+//! in the slot, the malloc finds it there. It stays exact best fit: the slot is one
+//! more candidate compared with the treaps' best, and the treap search is skipped
+//! only when the hot chunk has exactly the wanted size and that size's class is
+//! empty, so no other chunk could win or tie. A free that finds the slot taken moves
+//! the previous hot chunk into its treap.
 
 /// "No chunk" in every `u32` link.
 pub(super) const NIL: u32 = u32::MAX;
@@ -39,7 +48,7 @@ fn priority(addr: u64) -> u32 {
 enum State {
     /// Slab slot not in use; `next` links the vacant list.
     Vacant,
-    /// In the best-fit index.
+    /// In the best-fit index (a treap, or the hot slot).
     Free,
     /// Handed out.
     Used,
@@ -101,6 +110,8 @@ pub(super) struct Bins {
     roots: [u32; N_CLASSES],
     words: [u64; N_WORDS],
     summary: u64,
+    /// The hot free chunk, in no treap (NIL: none). See the module doc.
+    hot: u32,
     pub counters: ArenaCounters,
 }
 
@@ -112,6 +123,7 @@ impl Bins {
             roots: [NIL; N_CLASSES],
             words: [0; N_WORDS],
             summary: 0,
+            hot: NIL,
             counters: ArenaCounters::default(),
         }
     }
@@ -281,6 +293,20 @@ impl Bins {
 
     // ---- best-fit index ----
 
+    /// Files free chunk `i` as the hot chunk; the previous hot chunk goes to its treap.
+    #[inline]
+    fn index_insert_hot(&mut self, i: u32) {
+        let old = self.hot;
+        if old != NIL {
+            self.counters.n_free -= 1;
+            self.index_insert(old);
+        }
+        self.cm(i).state = State::Free;
+        self.hot = i;
+        self.counters.n_free += 1;
+    }
+
+    /// Files free chunk `i` in its class's treap.
     fn index_insert(&mut self, i: u32) {
         let (size, addr) = self.key(i);
         let class = class_of(size / super::ALLOCATION_UNIT as u64);
@@ -295,7 +321,17 @@ impl Bins {
         self.counters.n_free += 1;
     }
 
+    #[inline]
     fn index_remove(&mut self, i: u32) {
+        if i == self.hot {
+            self.hot = NIL;
+            self.counters.n_free -= 1;
+            return;
+        }
+        self.tree_remove_chunk(i);
+    }
+
+    fn tree_remove_chunk(&mut self, i: u32) {
         let key = self.key(i);
         let class = class_of(key.0 / super::ALLOCATION_UNIT as u64);
         self.roots[class] = self.tree_remove(self.roots[class], key);
@@ -336,6 +372,24 @@ impl Bins {
     #[inline]
     fn find(&self, want: u64) -> u32 {
         let class = class_of(want / super::ALLOCATION_UNIT as u64);
+        let hot = self.hot;
+        if hot != NIL && self.c(hot).size == want && self.roots[class] == NIL {
+            // Nothing smaller fits and nothing else of this size exists.
+            return hot;
+        }
+        let best = self.find_in_trees(class, want);
+        if hot == NIL || self.c(hot).size < want {
+            return best;
+        }
+        if best == NIL || self.key(hot) < self.key(best) {
+            hot
+        } else {
+            best
+        }
+    }
+
+    /// [`find`](Self::find) among the treaps only; `class` is `want`'s.
+    fn find_in_trees(&self, class: usize, want: u64) -> u32 {
         let root = self.roots[class];
         if root != NIL {
             let i = self.tree_lower_bound(root, (want, 0));
@@ -449,7 +503,7 @@ impl Bins {
             }
             self.vacate(n);
         }
-        self.index_insert(i);
+        self.index_insert_hot(i);
         Ok(())
     }
 
@@ -531,6 +585,12 @@ impl Bins {
             ));
         }
         let mut in_trees = 0u64;
+        if self.hot != NIL {
+            if self.c(self.hot).state != State::Free {
+                return Err(format!("hot chunk {} is not free", self.hot));
+            }
+            in_trees += 1;
+        }
         for class in 0..N_CLASSES {
             let root = self.roots[class];
             let bit = self.words[class / 64] >> (class % 64) & 1 == 1;
