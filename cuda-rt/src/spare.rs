@@ -3,8 +3,9 @@
 //! gets its own list through [`spare_list!`].
 
 /// Declares, in the invoking module, `mod spare` with `take() -> Option<Arc<$ty>>`
-/// (an emptied object of this thread's, if any) and `put(Arc<$ty>)` (keeps one for
-/// reuse; dropped when all four slots are taken or the thread is exiting).
+/// (an emptied object of this thread's, if any), `take_where(pred)` (one that passes
+/// `pred`) and `put(Arc<$ty>)` (keeps one for reuse; dropped when all four slots are
+/// taken or the thread is exiting).
 macro_rules! spare_list {
     ($ty:ty) => {
         mod spare {
@@ -22,10 +23,31 @@ macro_rules! spare_list {
             }
 
             /// An emptied object of this thread's, if there is one.
+            #[allow(dead_code)]
             #[inline]
             pub(super) fn take() -> Option<Arc<$ty>> {
                 SPARE
                     .try_with(|slots| slots.iter().find_map(Cell::take))
+                    .ok()
+                    .flatten()
+            }
+
+            /// An emptied object of this thread's that passes `pred`, if there is one.
+            #[allow(dead_code)]
+            #[inline]
+            pub(super) fn take_where(pred: impl Fn(&$ty) -> bool) -> Option<Arc<$ty>> {
+                SPARE
+                    .try_with(|slots| {
+                        slots.iter().find_map(|slot| {
+                            let o = slot.take()?;
+                            if pred(&o) {
+                                Some(o)
+                            } else {
+                                slot.set(Some(o));
+                                None
+                            }
+                        })
+                    })
                     .ok()
                     .flatten()
             }

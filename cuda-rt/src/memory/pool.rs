@@ -30,7 +30,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::ops::Deref;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::device::get_device_id;
@@ -40,7 +40,7 @@ use crate::error::{DriverError, Error, OutOfMemory, Result};
 use crate::memory::allocator::Allocate;
 use crate::memory::arena::{
     limit_from_fraction, parse_limit, round_size, Backend, BackendError, Block, MallocError, Pool,
-    PoolStats,
+    PoolStats, RawBlock,
 };
 use crate::memory::device_memory::{check_device, BaseMemory};
 use crate::memory::hook;
@@ -291,19 +291,27 @@ impl Deref for CoreRef {
 /// goes), whatever stream is current then. Its size is the request rounded up to 512
 /// bytes.
 pub struct PooledMemory {
-    ptr: u64,
-    size: usize,
-    block: Option<Block>,
+    // The block, in relaxed atomics (plain loads and stores on every target) rather
+    // than plain fields, so that a recycled object is emptied and refilled through
+    // `&self`: `Arc::get_mut` would cost an atomic read-modify-write on each side of
+    // a cached malloc + free pair. They change only while the object is provably
+    // unreachable from anywhere else (see `recycle` and `wrap`).
+    addr: AtomicU64,
+    /// 0: no block (emptied, waiting in a spare list).
+    size: AtomicU64,
+    key: AtomicU64,
+    /// `chunk | arena << 32` of the block's `RawBlock`.
+    slot: AtomicU64,
     core: CoreRef,
 }
 
 impl fmt::Debug for PooledMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PooledMemory")
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("size", &self.size)
+            .field("ptr", &format_args!("{:#x}", self.ptr()))
+            .field("size", &self.size())
             .field("device", &self.core.device)
-            .field("stream_key", &self.block.as_ref().map(Block::stream_key))
+            .field("stream_key", &self.stream_key())
             .finish()
     }
 }
@@ -312,22 +320,72 @@ impl PooledMemory {
     /// The arena key of the stream the memory was allocated under (the stream handle,
     /// or a per-thread key for the per-thread default stream).
     pub fn stream_key(&self) -> u64 {
-        self.block.as_ref().map_or(0, Block::stream_key)
+        self.key.load(Ordering::Relaxed)
+    }
+
+    fn new(core: CoreRef, raw: RawBlock) -> PooledMemory {
+        let m = PooledMemory {
+            addr: AtomicU64::new(0),
+            size: AtomicU64::new(0),
+            key: AtomicU64::new(0),
+            slot: AtomicU64::new(0),
+            core,
+        };
+        m.fill(raw);
+        m
+    }
+
+    /// Stores `raw` as this object's block. Only on an object nothing else can reach.
+    #[inline]
+    fn fill(&self, raw: RawBlock) {
+        self.addr.store(raw.addr, Ordering::Relaxed);
+        self.size.store(raw.size, Ordering::Relaxed);
+        self.key.store(raw.key, Ordering::Relaxed);
+        let slot = u64::from(raw.chunk) | u64::from(raw.arena) << 32;
+        self.slot.store(slot, Ordering::Relaxed);
+    }
+
+    /// Takes the block out (none if emptied already). Only on an object nothing else
+    /// can reach, or in its drop.
+    #[inline]
+    fn take_block(&self) -> Option<Block> {
+        let size = self.size.load(Ordering::Relaxed);
+        if size == 0 {
+            return None;
+        }
+        self.size.store(0, Ordering::Relaxed);
+        let slot = self.slot.load(Ordering::Relaxed);
+        Some(self.core.pool.block_from_raw(RawBlock {
+            addr: self.addr.load(Ordering::Relaxed),
+            size,
+            key: self.key.load(Ordering::Relaxed),
+            chunk: slot as u32,
+            arena: (slot >> 32) as u32,
+        }))
+    }
+
+    /// Gives the block back to its arena, if the object still has one.
+    #[inline]
+    fn release(&self) {
+        if let Some(block) = self.take_block() {
+            self.core.free(block, self as *const PooledMemory as usize);
+        }
     }
 }
 
 // SAFETY: the block is `size` bytes of `cuMemAlloc` memory of the device, handed out
 // by the pool to this object alone until its drop (or `recycle`) gives it back; the
-// fields change only while the object is uniquely owned (`Arc::get_mut`), when no
-// pointer to it exists: emptied by `recycle`, refilled by `wrap`.
+// fields change only while nothing else can reach the object: in `recycle` (the last
+// strong reference, no weak one), in a thread's spare list, and in `wrap` before the
+// object is handed out again.
 unsafe impl BaseMemory for PooledMemory {
     #[inline]
     fn ptr(&self) -> u64 {
-        self.ptr
+        self.addr.load(Ordering::Relaxed)
     }
     #[inline]
     fn size(&self) -> usize {
-        self.size
+        self.size.load(Ordering::Relaxed) as usize
     }
     #[inline]
     fn device_id(&self) -> i32 {
@@ -338,17 +396,18 @@ unsafe impl BaseMemory for PooledMemory {
     /// do) and, for the default pool, the emptied object is kept for the thread's next
     /// malloc.
     #[inline]
-    fn recycle(mut self: Arc<Self>) {
-        let Some(m) = Arc::get_mut(&mut self) else {
-            return;
-        };
-        if !matches!(m.core, CoreRef::Static(_)) {
+    fn recycle(self: Arc<Self>) {
+        if !matches!(self.core, CoreRef::Static(_)) {
             return;
         }
-        if let Some(block) = m.block.take() {
-            let id = m as *const PooledMemory as usize;
-            m.core.free(block, id);
+        // The caller's reference is the only strong one; with no weak one either,
+        // nothing else can reach the object or get to it (plain loads, where
+        // `Arc::get_mut` would pay a compare-exchange).
+        if Arc::strong_count(&self) != 1 || Arc::weak_count(&self) != 0 {
+            return;
         }
+        fence(Ordering::Acquire);
+        self.release();
         spare::put(self);
     }
 }
@@ -361,38 +420,28 @@ unsafe impl BaseMemory for PooledMemory {
 crate::spare::spare_list!(PooledMemory);
 
 impl PooledMemory {
-    /// `block` of `core` as a memory object: a recycled one of this thread's when
-    /// there is one (default pool only), else a new one.
+    /// `block` of `core` as a memory object: a recycled one of this thread's for the
+    /// same device pool when there is one (default pool only), else a new one.
     #[inline]
     fn wrap(core: &CoreRef, block: Block) -> Arc<PooledMemory> {
-        let (ptr, size) = (block.addr(), block.size());
-        if let CoreRef::Static(_) = core {
-            if let Some(mut o) = spare::take() {
-                if let Some(m) = Arc::get_mut(&mut o) {
-                    m.ptr = ptr;
-                    m.size = size;
-                    m.block = Some(block);
-                    m.core = core.clone();
-                    return o;
-                }
+        let raw = block.into_raw();
+        if let CoreRef::Static(c) = core {
+            let same =
+                |o: &PooledMemory| matches!(o.core, CoreRef::Static(oc) if std::ptr::eq(oc, *c));
+            if let Some(o) = spare::take_where(same) {
+                // Emptied by `recycle` and held by this thread's list alone since.
+                o.fill(raw);
+                return o;
             }
         }
-        Arc::new(PooledMemory {
-            ptr,
-            size,
-            block: Some(block),
-            core: core.clone(),
-        })
+        Arc::new(PooledMemory::new(core.clone(), raw))
     }
 }
 
 impl Drop for PooledMemory {
     #[inline]
     fn drop(&mut self) {
-        if let Some(block) = self.block.take() {
-            let id = self as *const PooledMemory as usize;
-            self.core.free(block, id);
-        }
+        self.release();
     }
 }
 
