@@ -134,3 +134,41 @@ gpu_test!(
         pinned::set_pinned_memory_allocator(Some(pinned::get_default_pinned_memory_pool()));
     }
 );
+
+/// Whether `addr` is pinned memory the driver still holds (`cuMemHostGetFlags`
+/// refuses an address that was freed).
+fn driver_holds(addr: u64) -> bool {
+    let api = cuda_rt::cuda_sys::driver::api().unwrap();
+    let mut flags = 0u32;
+    // SAFETY: a valid out pointer; the driver only looks the address up.
+    let rc = unsafe { api.cuMemHostGetFlags().unwrap()(&mut flags, addr as *mut _) };
+    rc == cuda_rt::cuda_sys::driver::CUresult::CUDA_SUCCESS
+}
+
+gpu_test!(
+    dropping_the_pool_gives_its_memory_back_despite_recycled_handles,
+    {
+        // A handle dropped before the pool is kept (emptied) for reuse and still names
+        // the pool; the pool's memory must go back when the pool goes all the same.
+        let pool = PinnedMemoryPool::new();
+        let cached = pool.malloc(1 << 20).unwrap();
+        let live = pool.malloc(1 << 20).unwrap();
+        let (cached_addr, live_addr) = (cached.ptr(), live.ptr());
+        drop(cached);
+        assert!(driver_holds(cached_addr) && driver_holds(live_addr));
+        drop(pool);
+        assert!(!driver_holds(cached_addr), "cached block outlived its pool");
+        assert!(driver_holds(live_addr), "a live block must stay");
+        drop(live);
+        assert!(
+            !driver_holds(live_addr),
+            "a block freed after its pool went is released"
+        );
+        // A new pool of the same size works as usual, recycled handles or not.
+        let again = PinnedMemoryPool::new();
+        let a = again.malloc(1 << 20).unwrap();
+        let addr = a.ptr();
+        drop(a);
+        assert_eq!(again.malloc(1 << 20).unwrap().ptr(), addr);
+    }
+);

@@ -3,13 +3,14 @@
 //! [`PinnedMemory`] or a pool) with offset arithmetic, byte and typed views, and
 //! asynchronous copies that protect the memory until they have finished.
 
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::fence::{Fence, Pending};
 use super::pool::PinnedCore;
 use crate::driver::{context, host};
 use crate::error::{Error, Result};
-use crate::memory::arena::Block;
+use crate::memory::arena::{Block, RawBlock};
 use crate::stream::AsStream;
 
 bitflags::bitflags! {
@@ -110,51 +111,105 @@ impl Drop for PinnedMemory {
 enum Kind {
     /// Held for its drop (`cuMemFreeHost`).
     Direct(#[allow(dead_code)] PinnedMemory),
+    /// A block of a pool (none while the owner waits in a spare list: size 0).
     Pooled {
         core: Arc<PinnedCore>,
-        block: Option<Block>,
+        key: AtomicU64,
+        /// `chunk | arena << 32` of the block's `RawBlock`.
+        slot: AtomicU64,
     },
-    /// No memory: an owner whose pool block went back, kept for reuse (see [`spare`]).
-    Spare,
 }
 
-// Recycled owner allocations: when the last handle to a pool block goes, its
-// `Arc<Owner>` (emptied: the block is back in the pool, the pool's `Arc` dropped)
-// waits here for the thread's next pool `malloc`, so a cached malloc + free pair
-// allocates nothing on the heap.
+// Recycled owners of pool blocks: when the last handle to a block goes, the block
+// goes back to its pool and the emptied `Arc<Owner>` (still naming its pool's core)
+// waits here for the thread's next malloc from that pool, so a cached malloc + free
+// pair allocates nothing on the heap and touches no shared count.
 crate::spare::spare_list!(Owner);
 
 /// The shared owner of a range of pinned memory: the allocation and the fence of
 /// the last asynchronous copy that uses it.
 struct Owner {
-    addr: u64,
-    size: usize,
+    // The range, in relaxed atomics (plain loads and stores) so that a recycled owner
+    // is emptied and refilled through `&self`, without `Arc::get_mut`'s atomic
+    // read-modify-write. They change only while nothing else can reach the owner: in
+    // `recycle` (the last strong reference, no weak one), in a thread's spare list,
+    // and in `pooled` before it is handed out again.
+    addr: AtomicU64,
+    size: AtomicU64,
     inflight: Mutex<Option<Fence>>,
+    /// Set (under `inflight`'s lock) when a copy records a fence, so an owner that
+    /// never had a copy in flight is emptied without taking that lock.
+    fenced: AtomicBool,
     kind: Kind,
 }
 
 impl Owner {
-    /// Gives a pool block back now (after the copy in flight on it, through the pool's
-    /// deferred list) and empties the owner for reuse; `false` (nothing done) for an
-    /// owner of a direct allocation.
-    fn release(&mut self) -> bool {
-        if !matches!(self.kind, Kind::Pooled { .. }) {
+    #[inline]
+    fn addr(&self) -> u64 {
+        self.addr.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn size(&self) -> usize {
+        self.size.load(Ordering::Relaxed) as usize
+    }
+
+    /// Stores `raw` as a pooled owner's block. Only on an owner nothing else can reach.
+    #[inline]
+    fn fill(&self, raw: RawBlock) {
+        if let Kind::Pooled { key, slot, .. } = &self.kind {
+            self.addr.store(raw.addr, Ordering::Relaxed);
+            self.size.store(raw.size, Ordering::Relaxed);
+            key.store(raw.key, Ordering::Relaxed);
+            let s = u64::from(raw.chunk) | u64::from(raw.arena) << 32;
+            slot.store(s, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes a pooled owner's block out (none if emptied already, or for a direct
+    /// allocation). Only on an owner nothing else can reach, or in its drop.
+    #[inline]
+    fn take_block(&self) -> Option<(&Arc<PinnedCore>, Block)> {
+        let Kind::Pooled { core, key, slot } = &self.kind else {
+            return None;
+        };
+        let size = self.size.load(Ordering::Relaxed);
+        if size == 0 {
+            return None;
+        }
+        self.size.store(0, Ordering::Relaxed);
+        let s = slot.load(Ordering::Relaxed);
+        let raw = RawBlock {
+            addr: self.addr.load(Ordering::Relaxed),
+            size,
+            key: key.load(Ordering::Relaxed),
+            chunk: s as u32,
+            arena: (s >> 32) as u32,
+        };
+        self.addr.store(0, Ordering::Relaxed);
+        Some((core, core.pool().block_from_raw(raw)))
+    }
+
+    /// The fence of the last copy, taken out. Only on an owner nothing else can reach.
+    #[inline]
+    fn take_fence(&self) -> Option<Fence> {
+        if !self.fenced.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.fenced.store(false, Ordering::Relaxed);
+        self.inflight().take()
+    }
+
+    /// The last handle to a pool block went (this owner is unreachable from anywhere
+    /// else): gives the block back now (after the copy in flight on it, through the
+    /// pool's deferred list); `true` when the emptied owner may be kept for reuse.
+    #[inline]
+    fn recycle(&self) -> bool {
+        let Some((core, block)) = self.take_block() else {
             return false;
-        }
-        let fence = self
-            .inflight
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Kind::Pooled {
-            core,
-            block: Some(b),
-        } = std::mem::replace(&mut self.kind, Kind::Spare)
-        {
-            core.free(b, fence);
-        }
-        (self.addr, self.size) = (0, 0);
-        true
+        };
+        core.free(block, self.take_fence());
+        !core.after_free()
     }
 
     fn inflight(&self) -> MutexGuard<'_, Option<Fence>> {
@@ -182,7 +237,7 @@ impl Drop for Owner {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        match &mut self.kind {
+        match &self.kind {
             Kind::Direct(_) => {
                 // The allocation is freed right after this (field drop): the copy
                 // must be over first.
@@ -190,12 +245,12 @@ impl Drop for Owner {
                     f.wait();
                 }
             }
-            Kind::Pooled { core, block } => {
-                if let Some(b) = block.take() {
-                    core.free(b, fence);
+            Kind::Pooled { .. } => {
+                if let Some((core, block)) = self.take_block() {
+                    core.free(block, fence);
+                    core.after_free();
                 }
             }
-            Kind::Spare => {}
         }
     }
 }
@@ -231,9 +286,14 @@ impl Drop for PinnedMemoryPointer {
     fn drop(&mut self) {
         // The last handle to a pool block: give the block back and keep the emptied
         // owner for the next malloc (no heap traffic). Anything else drops as usual.
-        if let Some(mut o) = self.owner.take() {
-            if Arc::get_mut(&mut o).is_some_and(Owner::release) {
-                spare::put(o);
+        // One strong reference (this one) and no weak one: nothing else can reach the
+        // owner (plain loads, where `Arc::get_mut` would pay a compare-exchange).
+        if let Some(o) = self.owner.take() {
+            if Arc::strong_count(&o) == 1 && Arc::weak_count(&o) == 0 {
+                fence(Ordering::Acquire);
+                if o.recycle() {
+                    spare::put(o);
+                }
             }
         }
     }
@@ -256,11 +316,12 @@ impl From<PinnedMemory> for PinnedMemoryPointer {
         if mem.size == 0 {
             return PinnedMemoryPointer::empty();
         }
-        let (addr, size) = (mem.addr, mem.size);
+        let (addr, size) = (mem.addr, mem.size as u64);
         PinnedMemoryPointer::with_owner(Owner {
-            addr,
-            size,
+            addr: AtomicU64::new(addr),
+            size: AtomicU64::new(size),
             inflight: Mutex::new(None),
+            fenced: AtomicBool::new(false),
             kind: Kind::Direct(mem),
         })
     }
@@ -268,7 +329,7 @@ impl From<PinnedMemory> for PinnedMemoryPointer {
 
 impl PinnedMemoryPointer {
     fn with_owner(owner: Owner) -> Self {
-        let len = owner.size;
+        let len = owner.size();
         PinnedMemoryPointer {
             owner: Some(Arc::new(owner)),
             offset: 0,
@@ -287,33 +348,36 @@ impl PinnedMemoryPointer {
 
     /// A pool block as a handle (the block's rounded size is the allocation size;
     /// the handle's length is also the rounded size, as in CuPy).
-    pub(crate) fn pooled(core: Arc<PinnedCore>, block: Block) -> Self {
+    pub(crate) fn pooled(core: &Arc<PinnedCore>, block: Block) -> Self {
         if block.is_null() {
             core.free(block, None);
             return PinnedMemoryPointer::empty();
         }
-        let (addr, size) = (block.addr(), block.size());
-        let kind = Kind::Pooled {
-            core,
-            block: Some(block),
+        let size = block.size();
+        let raw = block.into_raw();
+        let same =
+            |o: &Owner| matches!(&o.kind, Kind::Pooled { core: c, .. } if Arc::ptr_eq(c, core));
+        let owner = match spare::take_where(same) {
+            // Emptied by `recycle` and held by this thread's list alone since.
+            Some(o) => o,
+            None => Arc::new(Owner {
+                addr: AtomicU64::new(0),
+                size: AtomicU64::new(0),
+                inflight: Mutex::new(None),
+                fenced: AtomicBool::new(false),
+                kind: Kind::Pooled {
+                    core: core.clone(),
+                    key: AtomicU64::new(0),
+                    slot: AtomicU64::new(0),
+                },
+            }),
         };
-        if let Some(mut spare) = spare::take() {
-            if let Some(o) = Arc::get_mut(&mut spare) {
-                // An emptied owner (Kind::Spare, no fence): refill it in place.
-                (o.addr, o.size, o.kind) = (addr, size, kind);
-                return PinnedMemoryPointer {
-                    owner: Some(spare),
-                    offset: 0,
-                    len: size,
-                };
-            }
+        owner.fill(raw);
+        PinnedMemoryPointer {
+            owner: Some(owner),
+            offset: 0,
+            len: size,
         }
-        PinnedMemoryPointer::with_owner(Owner {
-            addr,
-            size,
-            inflight: Mutex::new(None),
-            kind,
-        })
     }
 
     /// The host address of the start of the range (0 for an empty handle).
@@ -321,7 +385,7 @@ impl PinnedMemoryPointer {
     pub fn ptr(&self) -> u64 {
         self.owner
             .as_ref()
-            .map_or(0, |o| o.addr + self.offset as u64)
+            .map_or(0, |o| o.addr() + self.offset as u64)
     }
 
     /// Length of the range in bytes.
@@ -345,7 +409,7 @@ impl PinnedMemoryPointer {
     /// Size of the whole allocation (or pool block) the range lies in.
     #[inline]
     pub fn mem_size(&self) -> usize {
-        self.owner.as_ref().map_or(0, |o| o.size)
+        self.owner.as_ref().map_or(0, |o| o.size())
     }
 
     /// A handle `n` bytes further on, to the rest of the range (CuPy's `ptr + n`);
@@ -401,7 +465,7 @@ impl PinnedMemoryPointer {
             None => Ok(&[]),
             Some(o) => {
                 o.wait(false)?;
-                Ok(host::bytes(self, o.addr + self.offset as u64, self.len))
+                Ok(host::bytes(self, o.addr() + self.offset as u64, self.len))
             }
         }
     }
@@ -413,7 +477,7 @@ impl PinnedMemoryPointer {
             None => return Ok(&mut []),
             Some(o) => {
                 o.wait(true)?;
-                (o.addr + self.offset as u64, self.len)
+                (o.addr() + self.offset as u64, self.len)
             }
         };
         Ok(host::bytes_mut(self, addr, len))
@@ -445,7 +509,7 @@ impl PinnedMemoryPointer {
         if self.len == 0 {
             return Ok(());
         }
-        let src = o.addr + self.offset as u64;
+        let src = o.addr() + self.offset as u64;
         Self::enqueue(o, stream, false, |s| {
             host::htod_async(dst, src, self.len, s)
         })
@@ -464,7 +528,7 @@ impl PinnedMemoryPointer {
         if len == 0 {
             return Ok(());
         }
-        let dst = o.addr + offset;
+        let dst = o.addr() + offset;
         Self::enqueue(o, stream, true, |s| host::dtoh_async(dst, src, len, s))
     }
 
@@ -480,6 +544,7 @@ impl PinnedMemoryPointer {
         context::make_current(device)?;
         let s = stream.as_raw();
         let mut g = o.inflight();
+        o.fenced.store(true, Ordering::Relaxed);
         let earlier_writes = match g.as_ref() {
             Some(f) if !f.is_done() => {
                 host::stream_wait_event(s, f.event())?;

@@ -18,7 +18,7 @@
 //! [`PinnedMemoryPool::free_all_blocks`] and the pool's drop wait for all of them
 //! before giving memory back to the driver.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::fence::{Fence, Pending};
@@ -61,6 +61,9 @@ pub(crate) struct Core<B: Backend, P: Pending> {
     pool: Pool<B>,
     deferred: Mutex<Vec<(Block, P)>>,
     n_deferred: AtomicUsize,
+    /// Set when the last user handle of the pool went: memory given back from then
+    /// on goes to the driver, not the cache (see [`orphan`](Self::orphan)).
+    orphaned: AtomicBool,
 }
 
 impl<B: Backend, P: Pending> Core<B, P> {
@@ -69,6 +72,7 @@ impl<B: Backend, P: Pending> Core<B, P> {
             pool: Pool::new(backend),
             deferred: Mutex::new(Vec::new()),
             n_deferred: AtomicUsize::new(0),
+            orphaned: AtomicBool::new(false),
         }
     }
 
@@ -152,6 +156,29 @@ impl<B: Backend, P: Pending> Core<B, P> {
         self.reclaim(true);
         self.pool.free_all_blocks(None);
     }
+
+    /// The pool's last user handle went. Recycled handles of this thread and others
+    /// may still hold the core (they keep it to refill without touching a shared
+    /// count), so dropping it is not what returns the memory: everything cached goes
+    /// back to the driver now (after the copies in flight), and
+    /// [`after_free`](Self::after_free) does the same for each block freed later.
+    pub(crate) fn orphan(&self) {
+        self.orphaned.store(true, Ordering::SeqCst);
+        self.free_all_blocks();
+    }
+
+    /// Called after a block went back: for an orphaned pool, gives the cache to the
+    /// driver; `true` when the pool is orphaned (a recycled handle must not be kept).
+    #[inline]
+    pub(crate) fn after_free(&self) -> bool {
+        // SeqCst pairs with `orphan`: either this load sees the flag, or `orphan`'s
+        // release takes the lock after this free and finds the block cached.
+        if !self.orphaned.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.free_all_blocks();
+        true
+    }
 }
 
 impl<B: Backend, P: Pending> Drop for Core<B, P> {
@@ -171,14 +198,25 @@ pub(crate) type PinnedCore = Core<PinnedBackend, Fence>;
 /// request) and the protection of memory used by copies in flight.
 #[derive(Clone)]
 pub struct PinnedMemoryPool {
+    handle: Arc<Handle>,
+}
+
+/// What the user's pool handles share: its drop (the last handle) orphans the core.
+struct Handle {
     core: Arc<PinnedCore>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.core.orphan();
+    }
 }
 
 impl std::fmt::Debug for PinnedMemoryPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PinnedMemoryPool")
             .field("stats", &self.stats())
-            .field("deferred", &self.core.n_deferred())
+            .field("deferred", &self.core().n_deferred())
             .finish()
     }
 }
@@ -195,16 +233,23 @@ impl PinnedMemoryPool {
         Self::with_flags(PinnedFlags::PORTABLE)
     }
 
+    #[inline]
+    fn core(&self) -> &Arc<PinnedCore> {
+        &self.handle.core
+    }
+
     /// An empty pool whose memory is allocated with `flags`.
     pub fn with_flags(flags: PinnedFlags) -> Self {
         PinnedMemoryPool {
-            core: Arc::new(Core::new(PinnedBackend { flags })),
+            handle: Arc::new(Handle {
+                core: Arc::new(Core::new(PinnedBackend { flags })),
+            }),
         }
     }
 
     /// The flags the pool allocates with.
     pub fn flags(&self) -> PinnedFlags {
-        self.core.pool().backend().flags
+        self.core().pool().backend().flags
     }
 
     /// `size` bytes of pinned memory (a block of `size` rounded up to 512 bytes).
@@ -212,8 +257,8 @@ impl PinnedMemoryPool {
     /// to [`free`](Self::free)), and not before any copy in flight on it has finished.
     /// `size == 0` gives an empty pointer (address 0) that holds nothing.
     pub fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer> {
-        match self.core.malloc(size) {
-            Ok(block) => Ok(PinnedMemoryPointer::pooled(self.core.clone(), block)),
+        match self.core().malloc(size) {
+            Ok(block) => Ok(PinnedMemoryPointer::pooled(self.core(), block)),
             Err(e) => Err(self.malloc_error(size, e)),
         }
     }
@@ -252,52 +297,52 @@ impl PinnedMemoryPool {
     /// Gives every cached block that is a whole `cuMemHostAlloc` allocation back to
     /// the driver, after waiting for copies in flight on deferred blocks.
     pub fn free_all_blocks(&self) {
-        self.core.free_all_blocks();
+        self.core().free_all_blocks();
     }
 
     /// Free (cached) chunks, CuPy's `n_free_blocks`.
     pub fn n_free_blocks(&self) -> u64 {
-        self.core.pool().n_free_blocks()
+        self.core().pool().n_free_blocks()
     }
 
     /// Bytes handed out (rounded sizes; deferred blocks count until taken back).
     pub fn used_bytes(&self) -> u64 {
-        self.core.pool().used_bytes()
+        self.core().pool().used_bytes()
     }
 
     /// Bytes of pinned memory the pool holds from the driver.
     pub fn total_bytes(&self) -> u64 {
-        self.core.pool().total_bytes()
+        self.core().pool().total_bytes()
     }
 
     /// Cached bytes: `total_bytes - used_bytes`.
     pub fn free_bytes(&self) -> u64 {
-        self.core.pool().free_bytes()
+        self.core().pool().free_bytes()
     }
 
     /// Blocks freed while a copy still used them, not yet back in the cache.
     pub fn n_deferred_blocks(&self) -> usize {
-        self.core.n_deferred()
+        self.core().n_deferred()
     }
 
     /// All statistics (hits, misses, peaks, driver calls...).
     pub fn stats(&self) -> PoolStats {
-        self.core.pool().stats()
+        self.core().pool().stats()
     }
 
     /// Limits the bytes held from the driver (0: no limit).
     pub fn set_limit(&self, bytes: u64) {
-        self.core.pool().set_limit(bytes);
+        self.core().pool().set_limit(bytes);
     }
 
     /// The limit on bytes held from the driver (0: none).
     pub fn limit(&self) -> u64 {
-        self.core.pool().limit()
+        self.core().pool().limit()
     }
 
     /// Whether `self` and `other` are the same pool.
     pub fn same_pool(&self, other: &PinnedMemoryPool) -> bool {
-        Arc::ptr_eq(&self.core, &other.core)
+        Arc::ptr_eq(self.core(), other.core())
     }
 }
 
@@ -323,6 +368,25 @@ mod tests {
 
     fn core() -> Core<Arc<HostBackend>, FakeFence> {
         Core::new(Arc::new(HostBackend::new()))
+    }
+
+    #[test]
+    fn an_orphaned_core_gives_cached_and_later_freed_blocks_to_the_backend() {
+        let c = core();
+        let cached = c.malloc(1000).unwrap();
+        let live = c.malloc(1000).unwrap();
+        c.free(cached, None);
+        assert!(!c.after_free(), "not orphaned yet: the block stays cached");
+        assert_eq!(c.pool().total_bytes(), 2048);
+        c.orphan();
+        assert_eq!(c.pool().total_bytes(), 1024, "the cached block went back");
+        c.free(live, None);
+        assert!(
+            c.after_free(),
+            "orphaned: a recycled handle must not be kept"
+        );
+        assert_eq!(c.pool().total_bytes(), 0);
+        assert_eq!(c.pool().stats().backend_frees, 2);
     }
 
     #[test]
