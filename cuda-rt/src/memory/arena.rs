@@ -587,6 +587,22 @@ impl<B: Backend> Pool<B> {
         }
     }
 
+    /// [`free`](Self::free) of the block `raw` came from, without rebuilding it: for an
+    /// owner that knows `raw` is a block of this pool ([`Block::into_raw`]) that it
+    /// gives back once. A `raw` that names no live chunk is ignored (`false`).
+    #[inline]
+    pub(crate) fn free_raw(&self, raw: RawBlock) -> bool {
+        if raw.size == 0 {
+            return true;
+        }
+        match self.arenas.get(raw.arena) {
+            Some(arena) => lock(&arena.bins)
+                .free(raw.chunk, raw.addr, raw.size)
+                .is_ok(),
+            None => false,
+        }
+    }
+
     /// Gives the backend every cached chunk that is a whole backend allocation (split
     /// pieces stay): in every arena with `None`, else only in `stream`'s arena.
     pub fn free_all_blocks(&self, stream: Option<u64>) {

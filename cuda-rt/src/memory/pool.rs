@@ -243,15 +243,15 @@ impl<B: Backend> Core<B> {
         Ok(r)
     }
 
-    /// Gives `block` back to its arena; `pmem_id` as at malloc.
+    /// Gives the block `raw` came from ([`Block::into_raw`] of a block of this pool)
+    /// back to its arena, once; `pmem_id` as at malloc.
     #[inline]
-    pub(crate) fn free(&self, block: Block, pmem_id: usize) {
+    pub(crate) fn free_raw(&self, raw: RawBlock, pmem_id: usize) {
         if !hook::has_hooks() {
-            // Blocks reach here only from this pool: `free` cannot refuse them.
-            let _ = self.pool.free(block);
+            self.pool.free_raw(raw);
             return;
         }
-        self.free_hooked(block, pmem_id);
+        self.free_hooked(self.pool.block_from_raw(raw), pmem_id);
     }
 
     #[cold]
@@ -351,27 +351,28 @@ impl PooledMemory {
     /// Takes the block out (none if emptied already). Only on an object nothing else
     /// can reach, or in its drop.
     #[inline]
-    fn take_block(&self) -> Option<Block> {
+    fn take_raw(&self) -> Option<RawBlock> {
         let size = self.size.load(Ordering::Relaxed);
         if size == 0 {
             return None;
         }
         self.size.store(0, Ordering::Relaxed);
         let slot = self.slot.load(Ordering::Relaxed);
-        Some(self.core.pool.block_from_raw(RawBlock {
+        Some(RawBlock {
             addr: self.addr.load(Ordering::Relaxed),
             size,
             key: self.key.load(Ordering::Relaxed),
             chunk: slot as u32,
             arena: (slot >> 32) as u32,
-        }))
+        })
     }
 
     /// Gives the block back to its arena, if the object still has one.
     #[inline]
     fn release(&self) {
-        if let Some(block) = self.take_block() {
-            self.core.free(block, self as *const PooledMemory as usize);
+        if let Some(raw) = self.take_raw() {
+            self.core
+                .free_raw(raw, self as *const PooledMemory as usize);
         }
     }
 }
@@ -870,7 +871,7 @@ mod tests {
     #[allow(clippy::boxed_local)] // the box is the pooled object whose address is pmem_id
     fn free(core: &Core<HostBackend>, mut b: Box<Option<Block>>) {
         let id = &*b as *const Option<Block> as usize;
-        core.free(b.take().unwrap(), id);
+        core.free_raw(b.take().unwrap().into_raw(), id);
     }
 
     #[test]

@@ -411,6 +411,9 @@ impl Bins {
     /// full) nothing changed.
     #[inline]
     pub fn malloc_cached(&mut self, size: u64) -> Result<Option<(u32, u64)>, SlabFull> {
+        if let Some(hit) = self.take_hot_exact(size) {
+            return Ok(Some(hit));
+        }
         let i = self.find(size);
         if i == NIL {
             return Ok(None);
@@ -442,6 +445,25 @@ impl Bins {
         self.count_malloc(size);
         self.counters.hits += 1;
         Ok(Some((i, c.addr)))
+    }
+
+    /// The cached pair's path: the hot chunk, when it has exactly `size` bytes and
+    /// its class treap is empty (so it is the best fit, see the module doc), handed
+    /// out with no search and no split.
+    #[inline]
+    fn take_hot_exact(&mut self, size: u64) -> Option<(u32, u64)> {
+        let i = self.hot;
+        let c = self.chunks.get(i as usize)?;
+        if c.size != size || self.roots[class_of(size / super::ALLOCATION_UNIT as u64)] != NIL {
+            return None;
+        }
+        let addr = c.addr;
+        self.hot = NIL;
+        self.counters.n_free -= 1;
+        self.cm(i).state = State::Used;
+        self.count_malloc(size);
+        self.counters.hits += 1;
+        Some((i, addr))
     }
 
     #[inline]
