@@ -60,6 +60,13 @@
 //! - Reserved bytes (checked against the limit), backend call counts and OOM retries
 //!   are atomics touched only on misses and releases, which call the backend anyway.
 //! - The backend is never called with an arena lock held.
+//! - *Parked frees* (crate-internal, used by the default device pools and the pinned
+//!   pools; see `parked`): a thread's last freed block may wait in a per-thread slot
+//!   and enter its arena under the lock of the thread's next malloc, which then takes
+//!   one lock per cached pair instead of two. Every observer ([`Pool::stats`],
+//!   [`Pool::free_all_blocks`], [`Pool::check`], a malloc about to grow, the drop)
+//!   settles all slots first, so figures, limits and growth are as without parking,
+//!   and one thread alone sees exactly the unparked algorithm.
 //!
 //! # Peaks
 //! `peak_total_bytes` (reserved) is exact: one atomic, updated on each growth.
@@ -96,12 +103,14 @@
 mod backend;
 mod bins;
 mod limit;
+pub(crate) mod parked;
 mod table;
 
 use std::cell::Cell;
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use spin::mutex::{SpinMutex, SpinMutexGuard};
 
@@ -109,6 +118,7 @@ pub use backend::{Backend, BackendCounters, BackendError, FakeBackend, HostBacke
 pub use limit::{format_bytes, limit_from_fraction, parse_limit};
 
 use bins::{Bins, SlabFull, NIL};
+use parked::{Parked, Taken};
 use table::Table;
 
 /// Every size is rounded up to a multiple of this many bytes (CuPy's 512).
@@ -467,6 +477,8 @@ pub struct Pool<B: Backend> {
     backend_frees: AtomicU64,
     oom_retries: AtomicU64,
     release_on_miss: AtomicBool,
+    /// The slots of the threads that park blocks of this pool (see [`parked`]).
+    parked: Mutex<Vec<&'static Parked>>,
 }
 
 impl<B: Backend> fmt::Debug for Pool<B> {
@@ -492,6 +504,7 @@ impl<B: Backend> Pool<B> {
             backend_frees: AtomicU64::new(0),
             oom_retries: AtomicU64::new(0),
             release_on_miss: AtomicBool::new(false),
+            parked: Mutex::new(Vec::new()),
         }
     }
 
@@ -520,6 +533,19 @@ impl<B: Backend> Pool<B> {
     /// for the limit and out-of-memory retries). `size == 0` gives the null block.
     #[inline]
     pub fn malloc(&self, size: usize, stream: u64) -> Result<Block, MallocError> {
+        self.malloc_parked(size, stream, None)
+    }
+
+    /// [`malloc`](Self::malloc) by a thread whose slot `parked` may hold a block of
+    /// this pool: under the arena's lock the parked block (if it is of this arena)
+    /// goes back first, so the malloc sees what the unparked algorithm would.
+    #[inline]
+    pub(crate) fn malloc_parked(
+        &self,
+        size: usize,
+        stream: u64,
+        parked: Option<&Parked>,
+    ) -> Result<Block, MallocError> {
         if size == 0 {
             return Ok(Block::null(stream));
         }
@@ -533,12 +559,49 @@ impl<B: Backend> Pool<B> {
         };
         let rounded = rounded as u64;
         let arena = self.arena(stream)?;
+        {
+            let mut bins = lock(&arena.bins);
+            if let Some(Taken::Block(raw)) = parked.map(|p| p.take_in(arena.index)) {
+                // Ours to give back; it names a live chunk of this arena. The cached
+                // pair's case: it is exactly what this malloc would get back.
+                if raw.size == rounded && bins.reuse_exact(raw.chunk, raw.addr, raw.size) {
+                    return Ok(self.block(arena, raw.chunk, raw.addr, rounded));
+                }
+                let _ = bins.free(raw.chunk, raw.addr, raw.size);
+            }
+            if let Some(b) = self.hit(&mut bins, arena, rounded)? {
+                return Ok(b);
+            }
+        }
+        self.missed(arena, size, rounded)
+    }
+
+    /// A cache hit of `rounded` bytes in `arena` (whose lock `bins` is), if any.
+    #[inline]
+    fn hit(
+        &self,
+        bins: &mut Bins,
+        arena: &Arena,
+        rounded: u64,
+    ) -> Result<Option<Block>, MallocError> {
+        match bins.malloc_cached(rounded) {
+            Ok(Some((chunk, addr))) => Ok(Some(self.block(arena, chunk, addr, rounded))),
+            Ok(None) => Ok(None),
+            Err(SlabFull) => Err(MallocError::TooMany(TOO_MANY_CHUNKS)),
+        }
+    }
+
+    /// The cache had no fit: blocks parked by any thread go back first (one may fit),
+    /// then the pool grows.
+    #[cold]
+    fn missed(&self, arena: &Arena, size: usize, rounded: u64) -> Result<Block, MallocError> {
+        let settled = self.settle_all();
         let release = {
             let mut bins = lock(&arena.bins);
-            match bins.malloc_cached(rounded) {
-                Ok(Some((chunk, addr))) => return Ok(self.block(arena, chunk, addr, rounded)),
-                Ok(None) => {}
-                Err(SlabFull) => return Err(MallocError::TooMany(TOO_MANY_CHUNKS)),
+            if settled {
+                if let Some(b) = self.hit(&mut bins, arena, rounded)? {
+                    return Ok(b);
+                }
             }
             bins.counters.misses += 1;
             self.release_on_miss.load(Ordering::Relaxed) && {
@@ -549,6 +612,75 @@ impl<B: Backend> Pool<B> {
             }
         };
         self.grow(arena, size, rounded, release)
+    }
+
+    // ---- parked frees (see the `parked` module) ----
+
+    /// Starts tracking the calling thread's new parking slot `p`.
+    pub(crate) fn register_parked(&self, p: &'static Parked) {
+        self.parked_list().push(p);
+    }
+
+    /// Settles `p` and stops tracking it.
+    pub(crate) fn forget_parked(&self, p: &'static Parked) {
+        self.settle(p);
+        self.parked_list().retain(|q| !std::ptr::eq(*q, p));
+    }
+
+    fn parked_list(&self) -> std::sync::MutexGuard<'_, Vec<&'static Parked>> {
+        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives `p`'s parked block back to its arena; `true` if there was one.
+    pub(crate) fn settle(&self, p: &Parked) -> bool {
+        // A stale arena index (the slot refilled meanwhile) is seen under the lock as
+        // `Elsewhere`: read it again. Only the slot's thread refills it, so this ends.
+        for _ in 0..4 {
+            if !p.is_full() {
+                return false;
+            }
+            let index = p.arena();
+            let Some(arena) = self.arenas.get(index) else {
+                return false;
+            };
+            let mut bins = lock(&arena.bins);
+            match p.take_in(index) {
+                Taken::Empty => return false,
+                Taken::Elsewhere => continue,
+                Taken::Block(raw) => {
+                    let _ = bins.free(raw.chunk, raw.addr, raw.size);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Settles every thread's parked block; `true` if any went back.
+    pub(crate) fn settle_all(&self) -> bool {
+        let list = self.parked_list();
+        let mut any = false;
+        for p in list.iter() {
+            any |= self.settle(p);
+        }
+        any
+    }
+
+    /// Parks `raw` (a block of this pool given back once) in the calling thread's
+    /// slot `p`; the block parked there before goes back to its arena first.
+    #[inline]
+    pub(crate) fn park(&self, p: &Parked, raw: RawBlock) {
+        if raw.size == 0 {
+            return;
+        }
+        if p.is_full() {
+            self.settle(p);
+            if p.is_full() {
+                self.free_raw(raw);
+                return;
+            }
+        }
+        p.put(raw);
     }
 
     #[inline]
@@ -606,6 +738,7 @@ impl<B: Backend> Pool<B> {
     /// Gives the backend every cached chunk that is a whole backend allocation (split
     /// pieces stay): in every arena with `None`, else only in `stream`'s arena.
     pub fn free_all_blocks(&self, stream: Option<u64>) {
+        self.settle_all();
         let mut out = Vec::new();
         let mut release = |arena: &Arena| {
             lock(&arena.bins).release_whole(&mut out);
@@ -648,6 +781,7 @@ impl<B: Backend> Pool<B> {
 
     /// Statistics, summed over arenas.
     pub fn stats(&self) -> PoolStats {
+        self.settle_all();
         let mut s = PoolStats::default();
         let mut peak_used = 0u64;
         // Sums of snapshots taken at different times: saturating, as they could only
@@ -711,6 +845,7 @@ impl<B: Backend> Pool<B> {
     /// The free chunks of `stream`'s arena as `(addr, size)`, sorted by address
     /// (empty if the key was never used). For tests and debugging.
     pub fn free_chunks(&self, stream: u64) -> Vec<(u64, u64)> {
+        self.settle_all();
         let arena = self.arenas.find(stream).and_then(|i| self.arenas.get(i));
         let mut v = arena
             .map(|a| lock(&a.bins).free_chunks())
@@ -722,6 +857,7 @@ impl<B: Backend> Pool<B> {
     /// Checks every internal invariant of every arena (links, merge state, best-fit
     /// index, counters: used + cached chunks == reserved). `O(chunks)`; for tests.
     pub fn check(&self) -> Result<(), String> {
+        self.settle_all();
         for arena in self.arenas.iter() {
             lock(&arena.bins)
                 .check()
@@ -876,8 +1012,15 @@ enum Growth {
     Backend(BackendError),
 }
 
+impl<B: Backend + 'static> parked::Home for Pool<B> {
+    fn forget(&self, p: &'static Parked) {
+        self.forget_parked(p);
+    }
+}
+
 impl<B: Backend> Drop for Pool<B> {
     fn drop(&mut self) {
+        self.settle_all();
         let mut out = Vec::new();
         for arena in self.arenas.iter_mut() {
             arena.bins.get_mut().release_whole(&mut out);

@@ -23,8 +23,12 @@
 //! plain store to release). Memory of the default pool ([`get_default_memory_pool`])
 //! refers to its device pool by a `'static` reference, so threads share no reference
 //! count, and its emptied memory objects are recycled per thread, refilled through
-//! relaxed atomics: a cached malloc + free pair allocates nothing on the heap and
-//! makes two atomic read-modify-writes in all (the two lock acquisitions). Memory of
+//! relaxed atomics. Its frees are *parked*: the block waits in the thread's slot
+//! and goes back into its arena under the lock of the thread's next malloc (any
+//! observer, and any malloc about to grow, settles every thread's parked block
+//! first; a single thread sees exactly the unparked algorithm; see
+//! [`arena`](super::arena)). A cached malloc + free pair so allocates nothing on the
+//! heap and makes one atomic read-modify-write in all: the malloc's lock. Memory of
 //! a pool made with [`MemoryPool::new`] holds an `Arc` of its device pool, which
 //! therefore lives until the last of its memory is freed, and its `Arc` memory
 //! object is allocated per malloc.
@@ -41,6 +45,7 @@ use crate::driver::context::{make_current, MAX_DEVICES};
 use crate::driver::{self, sys};
 use crate::error::{DriverError, Error, OutOfMemory, Result};
 use crate::memory::allocator::Allocate;
+use crate::memory::arena::parked::{self, HomeRef};
 use crate::memory::arena::{
     limit_from_fraction, parse_limit, round_size, Backend, BackendError, Block, MallocError, Pool,
     PoolStats, RawBlock,
@@ -205,20 +210,43 @@ impl<B: Backend> Core<B> {
     }
 
     /// Mallocs `size` (> 0) bytes in `key`'s arena and wraps the block with `wrap`;
-    /// `id` names the wrapped object for the hooks (`pmem_id`).
+    /// `id` names the wrapped object for the hooks (`pmem_id`). With `parking`, the
+    /// block this thread parked (see [`park_raw`](Self::park_raw)) goes back first.
     #[inline]
     pub(crate) fn malloc<R>(
         &self,
         size: usize,
         key: u64,
+        parking: bool,
         site: &'static Location<'static>,
         wrap: impl FnOnce(Block) -> R,
         id: impl FnOnce(&R) -> usize,
     ) -> std::result::Result<R, MallocError> {
         if !hook::has_hooks() {
-            return self.pool.malloc(size, key).map(wrap);
+            return self.pool_malloc(size, key, parking).map(wrap);
         }
-        self.malloc_hooked(size, key, site, wrap, id)
+        self.malloc_hooked(size, key, parking, site, wrap, id)
+    }
+
+    /// The identity of this pool among a thread's parking slots.
+    #[inline]
+    fn home_id(&self) -> usize {
+        &self.pool as *const Pool<Hooked<B>> as usize
+    }
+
+    #[inline]
+    fn pool_malloc(
+        &self,
+        size: usize,
+        key: u64,
+        parking: bool,
+    ) -> std::result::Result<Block, MallocError> {
+        let slot = if parking {
+            parked::slot(self.home_id())
+        } else {
+            None
+        };
+        self.pool.malloc_parked(size, key, slot)
     }
 
     #[cold]
@@ -227,6 +255,7 @@ impl<B: Backend> Core<B> {
         &self,
         size: usize,
         key: u64,
+        parking: bool,
         site: &'static Location<'static>,
         wrap: impl FnOnce(Block) -> R,
         id: impl FnOnce(&R) -> usize,
@@ -235,7 +264,7 @@ impl<B: Backend> Core<B> {
         let dev = self.device;
         let mem_size = round_size(size).unwrap_or(usize::MAX);
         hook::each(|h| h.malloc_pre(dev, size, mem_size));
-        let block = self.pool.malloc(size, key)?;
+        let block = self.pool_malloc(size, key, parking)?;
         let (ptr, mem_size) = (block.addr(), block.size());
         let r = wrap(block);
         let pmem = id(&r);
@@ -252,6 +281,29 @@ impl<B: Backend> Core<B> {
             return;
         }
         self.free_hooked(self.pool.block_from_raw(raw), pmem_id);
+    }
+
+    /// Gives the block `raw` came from back through this thread's parking slot: it
+    /// waits there and returns to its arena under the lock of the thread's next
+    /// malloc (or any observer's; see `arena::parked`). With hooks registered, or when
+    /// the thread cannot park, it goes back at once.
+    #[inline]
+    pub(crate) fn park_raw(&'static self, raw: RawBlock, pmem_id: usize) {
+        if hook::has_hooks() {
+            self.free_hooked(self.pool.block_from_raw(raw), pmem_id);
+            return;
+        }
+        let pool = &self.pool;
+        let slot = parked::slot_or_register(self.home_id(), |p| {
+            pool.register_parked(p);
+            HomeRef::Static(pool)
+        });
+        match slot {
+            Some(p) => pool.park(p, raw),
+            None => {
+                pool.free_raw(raw);
+            }
+        }
     }
 
     #[cold]
@@ -411,7 +463,9 @@ unsafe impl BaseMemory for PooledMemory {
             return;
         }
         fence(Ordering::Acquire);
-        self.release();
+        if let (CoreRef::Static(core), Some(raw)) = (&self.core, self.take_raw()) {
+            core.park_raw(raw, Arc::as_ptr(&self) as usize);
+        }
         spare::put(self);
     }
 }
@@ -619,6 +673,7 @@ impl MemoryPool {
         let r = core.malloc(
             size,
             key,
+            matches!(core, CoreRef::Static(_)),
             Location::caller(),
             |block| {
                 let ptr = block.addr();
@@ -861,6 +916,7 @@ mod tests {
         core.malloc(
             size,
             0,
+            false,
             Location::caller(),
             |b| Box::new(Some(b)),
             |b| &**b as *const Option<Block> as usize,
@@ -940,7 +996,7 @@ mod tests {
             }),
         )
         .unwrap();
-        let r = core.malloc(8192, 0, Location::caller(), |b| b, |_| 0);
+        let r = core.malloc(8192, 0, false, Location::caller(), |b| b, |_| 0);
         assert!(matches!(r, Err(MallocError::OutOfMemory(_))));
         // The pool asked twice (release-and-retry): two alloc_pre, no alloc_post.
         assert_eq!(

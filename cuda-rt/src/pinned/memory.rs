@@ -169,7 +169,7 @@ impl Owner {
     /// Takes a pooled owner's block out (none if emptied already, or for a direct
     /// allocation). Only on an owner nothing else can reach, or in its drop.
     #[inline]
-    fn take_block(&self) -> Option<(&Arc<PinnedCore>, Block)> {
+    fn take_raw(&self) -> Option<(&Arc<PinnedCore>, RawBlock)> {
         let Kind::Pooled { core, key, slot } = &self.kind else {
             return None;
         };
@@ -187,7 +187,7 @@ impl Owner {
             arena: (s >> 32) as u32,
         };
         self.addr.store(0, Ordering::Relaxed);
-        Some((core, core.pool().block_from_raw(raw)))
+        Some((core, raw))
     }
 
     /// The fence of the last copy, taken out. Only on an owner nothing else can reach.
@@ -205,11 +205,10 @@ impl Owner {
     /// pool's deferred list); `true` when the emptied owner may be kept for reuse.
     #[inline]
     fn recycle(&self) -> bool {
-        let Some((core, block)) = self.take_block() else {
+        let Some((core, raw)) = self.take_raw() else {
             return false;
         };
-        core.free(block, self.take_fence());
-        !core.after_free()
+        !core.free_parking(raw, self.take_fence())
     }
 
     fn inflight(&self) -> MutexGuard<'_, Option<Fence>> {
@@ -246,8 +245,8 @@ impl Drop for Owner {
                 }
             }
             Kind::Pooled { .. } => {
-                if let Some((core, block)) = self.take_block() {
-                    core.free(block, fence);
+                if let Some((core, raw)) = self.take_raw() {
+                    core.free(core.pool().block_from_raw(raw), fence);
                     core.after_free();
                 }
             }

@@ -17,6 +17,20 @@
 //! takes back the deferred blocks whose events have completed (a query, no wait), and
 //! [`PinnedMemoryPool::free_all_blocks`] and the pool's drop wait for all of them
 //! before giving memory back to the driver.
+//!
+//! # Hot path
+//! A cached malloc + free pair allocates nothing on the heap (the emptied handle
+//! owner is kept per thread and refilled through relaxed atomics) and makes one
+//! atomic read-modify-write: a block with no copy in flight is *parked* in the
+//! thread's slot and goes back into the cache under the lock of the thread's next
+//! malloc (statistics, `free_all_blocks` and a malloc about to grow settle every
+//! thread's parked block first; see `memory::arena`).
+//!
+//! # Dropping the pool
+//! Recycled handle owners and parking slots keep the pool's core alive, so the pool
+//! does not wait for them: when its last user handle goes, everything cached goes
+//! back to the driver (after the copies in flight), and so does each block freed
+//! after that.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,7 +39,8 @@ use super::fence::{Fence, Pending};
 use super::memory::{PinnedFlags, PinnedMemoryPointer};
 use crate::driver::{context, host, sys};
 use crate::error::{Error, OutOfMemory, Result};
-use crate::memory::arena::{Backend, BackendError, Block, MallocError, Pool, PoolStats};
+use crate::memory::arena::parked::{self, HomeRef};
+use crate::memory::arena::{Backend, BackendError, Block, MallocError, Pool, PoolStats, RawBlock};
 
 pub use crate::memory::arena::ALLOCATION_UNIT;
 
@@ -87,13 +102,26 @@ impl<B: Backend, P: Pending> Core<B, P> {
         if self.n_deferred.load(Ordering::Acquire) != 0 {
             self.reclaim(false);
         }
-        match self.pool.malloc(size, 0) {
+        match self.pool_malloc(size) {
             Err(MallocError::OutOfMemory(_)) if self.n_deferred.load(Ordering::Acquire) != 0 => {
                 self.reclaim(true);
-                self.pool.malloc(size, 0)
+                self.pool_malloc(size)
             }
             r => r,
         }
+    }
+
+    /// The identity of this pool among a thread's parking slots.
+    #[inline]
+    fn home_id(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// A malloc that first takes back the block this thread parked, if any.
+    #[inline]
+    fn pool_malloc(&self, size: usize) -> std::result::Result<Block, MallocError> {
+        self.pool
+            .malloc_parked(size, 0, parked::slot(self.home_id()))
     }
 
     /// Gives `block` back: to the cache at once, or to the deferred list while
@@ -157,6 +185,38 @@ impl<B: Backend, P: Pending> Core<B, P> {
         self.pool.free_all_blocks(None);
     }
 
+    /// Gives back the block `raw` came from (a block of this pool, once) the way
+    /// [`free`](Self::free) does, except that a block with no copy in flight waits in
+    /// the calling thread's parking slot (see `arena::parked`) until the thread's next
+    /// malloc. Returns [`after_free`](Self::after_free)'s answer.
+    #[inline]
+    pub(crate) fn free_parking(self: &Arc<Self>, raw: RawBlock, pending: Option<P>) -> bool
+    where
+        Self: parked::Home + 'static,
+    {
+        match pending {
+            Some(p) if !p.is_done() => self.free(self.pool.block_from_raw(raw), Some(p)),
+            _ if self.orphaned.load(Ordering::Relaxed) => {
+                self.pool.free_raw(raw);
+            }
+            _ => {
+                let pool = &self.pool;
+                let slot = parked::slot_or_register(self.home_id(), |p| {
+                    pool.register_parked(p);
+                    let h: Arc<dyn parked::Home> = self.clone();
+                    HomeRef::Shared(h)
+                });
+                match slot {
+                    Some(p) => pool.park(p, raw),
+                    None => {
+                        pool.free_raw(raw);
+                    }
+                }
+            }
+        }
+        self.after_free()
+    }
+
     /// The pool's last user handle went. Recycled handles of this thread and others
     /// may still hold the core (they keep it to refill without touching a shared
     /// count), so dropping it is not what returns the memory: everything cached goes
@@ -178,6 +238,16 @@ impl<B: Backend, P: Pending> Core<B, P> {
         }
         self.free_all_blocks();
         true
+    }
+}
+
+impl<B: Backend + 'static, P: Pending + 'static> parked::Home for Core<B, P> {
+    fn forget(&self, p: &'static parked::Parked) {
+        self.pool.forget_parked(p);
+    }
+
+    fn closed(&self) -> bool {
+        self.orphaned.load(Ordering::Acquire)
     }
 }
 
@@ -387,6 +457,35 @@ mod tests {
         );
         assert_eq!(c.pool().total_bytes(), 0);
         assert_eq!(c.pool().stats().backend_frees, 2);
+    }
+
+    #[test]
+    fn a_parked_block_counts_as_free_and_goes_back_when_the_pool_is_orphaned() {
+        let c = Arc::new(core());
+        let a = c.malloc(1000).unwrap();
+        let addr = a.addr();
+        assert!(
+            !c.free_parking(a.into_raw(), None),
+            "not orphaned: keep the handle"
+        );
+        let s = c.pool().stats();
+        assert_eq!((s.used_bytes, s.n_free_blocks), (0, 1));
+        // This thread's next malloc takes its parked block back: the same address.
+        let b = c.malloc(1000).unwrap();
+        assert_eq!(b.addr(), addr);
+        assert!(!c.free_parking(b.into_raw(), None));
+        let live = c.malloc(4096).unwrap();
+        c.orphan();
+        assert_eq!(
+            c.pool().total_bytes(),
+            4096,
+            "the parked block went back to the host"
+        );
+        assert!(
+            c.free_parking(live.into_raw(), None),
+            "orphaned: drop the handle"
+        );
+        assert_eq!(c.pool().total_bytes(), 0);
     }
 
     #[test]

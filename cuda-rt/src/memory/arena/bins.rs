@@ -474,6 +474,34 @@ impl Bins {
         k.mallocs += 1;
     }
 
+    /// A free of chunk `i` (handed out at `addr` with `size`) followed by a malloc of
+    /// the same `size`, fused: when the free would file the chunk unmerged as the hot
+    /// chunk and the malloc would then take it (no free neighbour, no other hot chunk,
+    /// nothing else in its class), the chunk simply stays handed out and only the
+    /// counters move. `false` (nothing changed) otherwise.
+    #[inline]
+    pub fn reuse_exact(&mut self, i: u32, addr: u64, size: u64) -> bool {
+        let Some(c) = self.chunks.get(i as usize) else {
+            return false;
+        };
+        let free = |j: u32| j != NIL && self.c(j).state == State::Free;
+        if c.state != State::Used
+            || c.addr != addr
+            || c.size != size
+            || self.hot != NIL
+            || free(c.prev)
+            || free(c.next)
+            || self.roots[class_of(size / super::ALLOCATION_UNIT as u64)] != NIL
+        {
+            return false;
+        }
+        let k = &mut self.counters;
+        k.frees += 1;
+        k.mallocs += 1;
+        k.hits += 1;
+        true
+    }
+
     /// Records a fresh backend allocation of `size` bytes at `addr`, handed out whole.
     /// On `Err` (slab full) nothing changed: the caller gives the memory back.
     pub fn add_allocation(&mut self, addr: u64, size: u64) -> Result<u32, SlabFull> {
