@@ -377,6 +377,82 @@ pub(crate) struct RawBlock {
     pub(crate) arena: u32,
 }
 
+/// A [`RawBlock`] in relaxed atomics (plain loads and stores on every target): how
+/// recycled memory objects and parking slots hold a block, so that they can be
+/// emptied and refilled through `&self` (no `Arc::get_mut`, an atomic
+/// read-modify-write). Whoever writes one makes sure nothing reads it meanwhile.
+#[derive(Debug, Default)]
+pub(crate) struct AtomicBlock {
+    addr: AtomicU64,
+    /// 0: no block.
+    size: AtomicU64,
+    key: AtomicU64,
+    /// `chunk | arena << 32`.
+    loc: AtomicU64,
+}
+
+impl AtomicBlock {
+    /// An empty one (size 0).
+    pub(crate) fn empty() -> Self {
+        Self::default()
+    }
+
+    /// Holds `raw` from now on.
+    #[inline]
+    pub(crate) fn store(&self, raw: RawBlock) {
+        self.addr.store(raw.addr, Ordering::Relaxed);
+        self.size.store(raw.size, Ordering::Relaxed);
+        self.key.store(raw.key, Ordering::Relaxed);
+        let loc = u64::from(raw.chunk) | u64::from(raw.arena) << 32;
+        self.loc.store(loc, Ordering::Relaxed);
+    }
+
+    /// The block held (size 0 when empty).
+    #[inline]
+    pub(crate) fn load(&self) -> RawBlock {
+        let loc = self.loc.load(Ordering::Relaxed);
+        RawBlock {
+            addr: self.addr(),
+            size: self.size(),
+            key: self.key.load(Ordering::Relaxed),
+            chunk: loc as u32,
+            arena: (loc >> 32) as u32,
+        }
+    }
+
+    /// The block taken out (`None` when empty); empty afterwards.
+    #[inline]
+    pub(crate) fn take(&self) -> Option<RawBlock> {
+        let raw = self.load();
+        if raw.size == 0 {
+            return None;
+        }
+        self.size.store(0, Ordering::Relaxed);
+        Some(raw)
+    }
+
+    #[inline]
+    pub(crate) fn addr(&self) -> u64 {
+        self.addr.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub(crate) fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub(crate) fn key(&self) -> u64 {
+        self.key.load(Ordering::Relaxed)
+    }
+
+    /// The arena index of the block held.
+    #[inline]
+    pub(crate) fn arena(&self) -> u32 {
+        (self.loc.load(Ordering::Relaxed) >> 32) as u32
+    }
+}
+
 impl Block {
     /// The block as integers (its pool is the owner's to remember).
     #[inline]

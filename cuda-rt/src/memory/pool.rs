@@ -47,8 +47,8 @@ use crate::error::{DriverError, Error, OutOfMemory, Result};
 use crate::memory::allocator::Allocate;
 use crate::memory::arena::parked::{self, HomeRef};
 use crate::memory::arena::{
-    limit_from_fraction, parse_limit, round_size, Backend, BackendError, Block, MallocError, Pool,
-    PoolStats, RawBlock,
+    limit_from_fraction, parse_limit, round_size, AtomicBlock, Backend, BackendError, Block,
+    MallocError, Pool, PoolStats, RawBlock,
 };
 use crate::memory::device_memory::{check_device, BaseMemory};
 use crate::memory::hook;
@@ -346,17 +346,10 @@ impl Deref for CoreRef {
 /// goes), whatever stream is current then. Its size is the request rounded up to 512
 /// bytes.
 pub struct PooledMemory {
-    // The block, in relaxed atomics (plain loads and stores on every target) rather
-    // than plain fields, so that a recycled object is emptied and refilled through
-    // `&self`: `Arc::get_mut` would cost an atomic read-modify-write on each side of
-    // a cached malloc + free pair. They change only while the object is provably
-    // unreachable from anywhere else (see `recycle` and `wrap`).
-    addr: AtomicU64,
-    /// 0: no block (emptied, waiting in a spare list).
-    size: AtomicU64,
-    key: AtomicU64,
-    /// `chunk | arena << 32` of the block's `RawBlock`.
-    slot: AtomicU64,
+    // In atomics so that a recycled object is emptied and refilled through `&self`;
+    // written only while the object is provably unreachable from anywhere else (see
+    // `recycle` and `wrap`). Size 0: emptied, waiting in a spare list.
+    block: AtomicBlock,
     core: CoreRef,
 }
 
@@ -375,54 +368,22 @@ impl PooledMemory {
     /// The arena key of the stream the memory was allocated under (the stream handle,
     /// or a per-thread key for the per-thread default stream).
     pub fn stream_key(&self) -> u64 {
-        self.key.load(Ordering::Relaxed)
+        self.block.key()
     }
 
     fn new(core: CoreRef, raw: RawBlock) -> PooledMemory {
         let m = PooledMemory {
-            addr: AtomicU64::new(0),
-            size: AtomicU64::new(0),
-            key: AtomicU64::new(0),
-            slot: AtomicU64::new(0),
+            block: AtomicBlock::empty(),
             core,
         };
-        m.fill(raw);
+        m.block.store(raw);
         m
-    }
-
-    /// Stores `raw` as this object's block. Only on an object nothing else can reach.
-    #[inline]
-    fn fill(&self, raw: RawBlock) {
-        self.addr.store(raw.addr, Ordering::Relaxed);
-        self.size.store(raw.size, Ordering::Relaxed);
-        self.key.store(raw.key, Ordering::Relaxed);
-        let slot = u64::from(raw.chunk) | u64::from(raw.arena) << 32;
-        self.slot.store(slot, Ordering::Relaxed);
-    }
-
-    /// Takes the block out (none if emptied already). Only on an object nothing else
-    /// can reach, or in its drop.
-    #[inline]
-    fn take_raw(&self) -> Option<RawBlock> {
-        let size = self.size.load(Ordering::Relaxed);
-        if size == 0 {
-            return None;
-        }
-        self.size.store(0, Ordering::Relaxed);
-        let slot = self.slot.load(Ordering::Relaxed);
-        Some(RawBlock {
-            addr: self.addr.load(Ordering::Relaxed),
-            size,
-            key: self.key.load(Ordering::Relaxed),
-            chunk: slot as u32,
-            arena: (slot >> 32) as u32,
-        })
     }
 
     /// Gives the block back to its arena, if the object still has one.
     #[inline]
     fn release(&self) {
-        if let Some(raw) = self.take_raw() {
+        if let Some(raw) = self.block.take() {
             self.core
                 .free_raw(raw, self as *const PooledMemory as usize);
         }
@@ -437,11 +398,11 @@ impl PooledMemory {
 unsafe impl BaseMemory for PooledMemory {
     #[inline]
     fn ptr(&self) -> u64 {
-        self.addr.load(Ordering::Relaxed)
+        self.block.addr()
     }
     #[inline]
     fn size(&self) -> usize {
-        self.size.load(Ordering::Relaxed) as usize
+        self.block.size() as usize
     }
     #[inline]
     fn device_id(&self) -> i32 {
@@ -463,7 +424,7 @@ unsafe impl BaseMemory for PooledMemory {
             return;
         }
         fence(Ordering::Acquire);
-        if let (CoreRef::Static(core), Some(raw)) = (&self.core, self.take_raw()) {
+        if let (CoreRef::Static(core), Some(raw)) = (&self.core, self.block.take()) {
             core.park_raw(raw, Arc::as_ptr(&self) as usize);
         }
         spare::put(self);
@@ -488,7 +449,7 @@ impl PooledMemory {
                 |o: &PooledMemory| matches!(o.core, CoreRef::Static(oc) if std::ptr::eq(oc, *c));
             if let Some(o) = spare::take_where(same) {
                 // Emptied by `recycle` and held by this thread's list alone since.
-                o.fill(raw);
+                o.block.store(raw);
                 return o;
             }
         }

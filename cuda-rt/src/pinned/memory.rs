@@ -3,14 +3,14 @@
 //! [`PinnedMemory`] or a pool) with offset arithmetic, byte and typed views, and
 //! asynchronous copies that protect the memory until they have finished.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::fence::{Fence, Pending};
 use super::pool::PinnedCore;
 use crate::driver::{context, host};
 use crate::error::{Error, Result};
-use crate::memory::arena::{Block, RawBlock};
+use crate::memory::arena::{AtomicBlock, Block, RawBlock};
 use crate::stream::AsStream;
 
 bitflags::bitflags! {
@@ -112,12 +112,7 @@ enum Kind {
     /// Held for its drop (`cuMemFreeHost`).
     Direct(#[allow(dead_code)] PinnedMemory),
     /// A block of a pool (none while the owner waits in a spare list: size 0).
-    Pooled {
-        core: Arc<PinnedCore>,
-        key: AtomicU64,
-        /// `chunk | arena << 32` of the block's `RawBlock`.
-        slot: AtomicU64,
-    },
+    Pooled(Arc<PinnedCore>),
 }
 
 // Recycled owners of pool blocks: when the last handle to a block goes, the block
@@ -129,13 +124,12 @@ crate::spare::spare_list!(Owner);
 /// The shared owner of a range of pinned memory: the allocation and the fence of
 /// the last asynchronous copy that uses it.
 struct Owner {
-    // The range, in relaxed atomics (plain loads and stores) so that a recycled owner
-    // is emptied and refilled through `&self`, without `Arc::get_mut`'s atomic
-    // read-modify-write. They change only while nothing else can reach the owner: in
+    // The range (a pool block's `RawBlock`; address and size alone for a direct
+    // allocation), in atomics so that a recycled owner is emptied and refilled
+    // through `&self`. Written only while nothing else can reach the owner: in
     // `recycle` (the last strong reference, no weak one), in a thread's spare list,
     // and in `pooled` before it is handed out again.
-    addr: AtomicU64,
-    size: AtomicU64,
+    block: AtomicBlock,
     inflight: Mutex<Option<Fence>>,
     /// Set (under `inflight`'s lock) when a copy records a fence, so an owner that
     /// never had a copy in flight is emptied without taking that lock.
@@ -144,50 +138,35 @@ struct Owner {
 }
 
 impl Owner {
+    fn new(kind: Kind, raw: RawBlock) -> Owner {
+        let o = Owner {
+            block: AtomicBlock::empty(),
+            inflight: Mutex::new(None),
+            fenced: AtomicBool::new(false),
+            kind,
+        };
+        o.block.store(raw);
+        o
+    }
+
     #[inline]
     fn addr(&self) -> u64 {
-        self.addr.load(Ordering::Relaxed)
+        self.block.addr()
     }
 
     #[inline]
     fn size(&self) -> usize {
-        self.size.load(Ordering::Relaxed) as usize
-    }
-
-    /// Stores `raw` as a pooled owner's block. Only on an owner nothing else can reach.
-    #[inline]
-    fn fill(&self, raw: RawBlock) {
-        if let Kind::Pooled { key, slot, .. } = &self.kind {
-            self.addr.store(raw.addr, Ordering::Relaxed);
-            self.size.store(raw.size, Ordering::Relaxed);
-            key.store(raw.key, Ordering::Relaxed);
-            let s = u64::from(raw.chunk) | u64::from(raw.arena) << 32;
-            slot.store(s, Ordering::Relaxed);
-        }
+        self.block.size() as usize
     }
 
     /// Takes a pooled owner's block out (none if emptied already, or for a direct
     /// allocation). Only on an owner nothing else can reach, or in its drop.
     #[inline]
     fn take_raw(&self) -> Option<(&Arc<PinnedCore>, RawBlock)> {
-        let Kind::Pooled { core, key, slot } = &self.kind else {
+        let Kind::Pooled(core) = &self.kind else {
             return None;
         };
-        let size = self.size.load(Ordering::Relaxed);
-        if size == 0 {
-            return None;
-        }
-        self.size.store(0, Ordering::Relaxed);
-        let s = slot.load(Ordering::Relaxed);
-        let raw = RawBlock {
-            addr: self.addr.load(Ordering::Relaxed),
-            size,
-            key: key.load(Ordering::Relaxed),
-            chunk: s as u32,
-            arena: (s >> 32) as u32,
-        };
-        self.addr.store(0, Ordering::Relaxed);
-        Some((core, raw))
+        self.block.take().map(|raw| (core, raw))
     }
 
     /// The fence of the last copy, taken out. Only on an owner nothing else can reach.
@@ -244,7 +223,7 @@ impl Drop for Owner {
                     f.wait();
                 }
             }
-            Kind::Pooled { .. } => {
+            Kind::Pooled(_) => {
                 if let Some((core, raw)) = self.take_raw() {
                     core.free(core.pool().block_from_raw(raw), fence);
                     core.after_free();
@@ -315,14 +294,14 @@ impl From<PinnedMemory> for PinnedMemoryPointer {
         if mem.size == 0 {
             return PinnedMemoryPointer::empty();
         }
-        let (addr, size) = (mem.addr, mem.size as u64);
-        PinnedMemoryPointer::with_owner(Owner {
-            addr: AtomicU64::new(addr),
-            size: AtomicU64::new(size),
-            inflight: Mutex::new(None),
-            fenced: AtomicBool::new(false),
-            kind: Kind::Direct(mem),
-        })
+        let raw = RawBlock {
+            addr: mem.addr,
+            size: mem.size as u64,
+            key: 0,
+            chunk: 0,
+            arena: 0,
+        };
+        PinnedMemoryPointer::with_owner(Owner::new(Kind::Direct(mem), raw))
     }
 }
 
@@ -354,24 +333,15 @@ impl PinnedMemoryPointer {
         }
         let size = block.size();
         let raw = block.into_raw();
-        let same =
-            |o: &Owner| matches!(&o.kind, Kind::Pooled { core: c, .. } if Arc::ptr_eq(c, core));
+        let same = |o: &Owner| matches!(&o.kind, Kind::Pooled(c) if Arc::ptr_eq(c, core));
         let owner = match spare::take_where(same) {
-            // Emptied by `recycle` and held by this thread's list alone since.
-            Some(o) => o,
-            None => Arc::new(Owner {
-                addr: AtomicU64::new(0),
-                size: AtomicU64::new(0),
-                inflight: Mutex::new(None),
-                fenced: AtomicBool::new(false),
-                kind: Kind::Pooled {
-                    core: core.clone(),
-                    key: AtomicU64::new(0),
-                    slot: AtomicU64::new(0),
-                },
-            }),
+            Some(o) => {
+                // Emptied by `recycle` and held by this thread's list alone since.
+                o.block.store(raw);
+                o
+            }
+            None => Arc::new(Owner::new(Kind::Pooled(core.clone()), raw)),
         };
-        owner.fill(raw);
         PinnedMemoryPointer {
             owner: Some(owner),
             offset: 0,

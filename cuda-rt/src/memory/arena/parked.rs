@@ -30,22 +30,19 @@
 //! read, with no reference count.
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::RawBlock;
+use super::{AtomicBlock, RawBlock};
 
 /// One thread's parked block for one pool (empty or one block). Padded so that two
 /// threads' slots never share a cache line.
 #[repr(align(128))]
 #[derive(Debug, Default)]
 pub(crate) struct Parked {
+    /// Set after `block` is written, cleared after it is read.
     full: AtomicBool,
-    addr: AtomicU64,
-    size: AtomicU64,
-    key: AtomicU64,
-    /// `chunk | arena << 32`.
-    loc: AtomicU64,
+    block: AtomicBlock,
 }
 
 /// What [`Parked::take_in`] found.
@@ -69,18 +66,14 @@ impl Parked {
     /// The arena index of the parked block (meaningful while full).
     #[inline]
     pub(crate) fn arena(&self) -> u32 {
-        (self.loc.load(Ordering::Relaxed) >> 32) as u32
+        self.block.arena()
     }
 
     /// Parks `raw`. Only the slot's thread calls it, and only when the slot is empty.
     #[inline]
     pub(crate) fn put(&self, raw: RawBlock) {
         debug_assert!(!self.is_full());
-        self.addr.store(raw.addr, Ordering::Relaxed);
-        self.size.store(raw.size, Ordering::Relaxed);
-        self.key.store(raw.key, Ordering::Relaxed);
-        let loc = u64::from(raw.chunk) | u64::from(raw.arena) << 32;
-        self.loc.store(loc, Ordering::Relaxed);
+        self.block.store(raw);
         self.full.store(true, Ordering::Release);
     }
 
@@ -91,17 +84,10 @@ impl Parked {
         if !self.full.load(Ordering::Acquire) {
             return Taken::Empty;
         }
-        let loc = self.loc.load(Ordering::Relaxed);
-        if (loc >> 32) as u32 != arena {
+        if self.block.arena() != arena {
             return Taken::Elsewhere;
         }
-        let raw = RawBlock {
-            addr: self.addr.load(Ordering::Relaxed),
-            size: self.size.load(Ordering::Relaxed),
-            key: self.key.load(Ordering::Relaxed),
-            chunk: loc as u32,
-            arena,
-        };
+        let raw = self.block.load();
         self.full.store(false, Ordering::Release);
         Taken::Block(raw)
     }
@@ -287,9 +273,13 @@ mod tests {
 
     type TestPool = Pool<FakeBackend>;
 
-    /// A pool that lives for the process, as the default device pools do.
+    /// A pool that lives for the process, as the default device pools do (kept
+    /// reachable from a static, as theirs are, so Miri's leak check is content).
     fn leaked() -> &'static TestPool {
-        Box::leak(Box::new(Pool::new(FakeBackend::checked())))
+        static KEEP: Mutex<Vec<&'static TestPool>> = Mutex::new(Vec::new());
+        let pool = Box::leak(Box::new(Pool::new(FakeBackend::checked())));
+        KEEP.lock().unwrap().push(pool);
+        pool
     }
 
     fn id(pool: &'static TestPool) -> usize {
