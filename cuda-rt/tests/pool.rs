@@ -379,3 +379,52 @@ cuda_rt::gpu_test!(
         check_identity(&pool);
     }
 );
+
+/// Whether the driver still knows `ptr` as allocated device memory.
+fn driver_holds(ptr: u64) -> bool {
+    use cuda_rt::cuda_sys::driver as sys;
+    let api = sys::api().unwrap();
+    let mut base: sys::CUdeviceptr = 0;
+    let mut size = 0usize;
+    // SAFETY: valid out pointers; the driver only looks the address up.
+    let rc = unsafe { api.cuMemGetAddressRange_v2().unwrap()(&mut base, &mut size, ptr) };
+    rc == sys::CUresult::CUDA_SUCCESS
+}
+
+cuda_rt::gpu_test!(
+    dropping_a_pool_gives_its_memory_back_despite_recycled_objects_and_parked_frees,
+    {
+        cuda_rt::device::set_device_id(0).unwrap();
+        // A pointer dropped before the pool is recycled and its block parked on this
+        // thread: both still name the pool, yet its memory goes back with its handle.
+        let pool = MemoryPool::new();
+        let cached = pool.malloc(MIB).unwrap();
+        let live = pool.malloc(MIB).unwrap();
+        let (cached_addr, live_addr) = (cached.ptr(), live.ptr());
+        drop(cached);
+        assert_eq!(
+            pool.stats().free_bytes,
+            MIB as u64,
+            "the parked block is free"
+        );
+        assert!(driver_holds(cached_addr) && driver_holds(live_addr));
+        drop(pool);
+        assert!(
+            !driver_holds(cached_addr),
+            "cached memory outlived its pool"
+        );
+        assert!(driver_holds(live_addr), "a live block must stay");
+        drop(live);
+        assert!(
+            !driver_holds(live_addr),
+            "freed after the pool went: released at once"
+        );
+        // A new pool works as usual, recycled objects around or not.
+        let again = MemoryPool::new();
+        let a = again.malloc(MIB).unwrap();
+        let addr = a.ptr();
+        drop(a);
+        assert_eq!(again.malloc(MIB).unwrap().ptr(), addr);
+        assert_eq!(again.stats().backend_allocs, 1);
+    }
+);

@@ -20,24 +20,25 @@
 //! # Hot path
 //! A cache hit makes no driver call (the device id is known, no context is made
 //! current) and takes only its arena's lock (a spin lock: one compare-exchange, and a
-//! plain store to release). Memory of the default pool ([`get_default_memory_pool`])
-//! refers to its device pool by a `'static` reference, so threads share no reference
-//! count, and its emptied memory objects are recycled per thread, refilled through
-//! relaxed atomics. Its frees are *parked*: the block waits in the thread's slot
-//! and goes back into its arena under the lock of the thread's next malloc (any
-//! observer, and any malloc about to grow, settles every thread's parked block
-//! first; a single thread sees exactly the unparked algorithm; see
+//! plain store to release). Emptied memory objects are recycled per thread and
+//! refilled through relaxed atomics. Frees are *parked*: the block waits in the
+//! thread's slot and goes back into its arena under the lock of the thread's next
+//! malloc (any observer, and any malloc about to grow, settles every thread's parked
+//! block first; a single thread sees exactly the unparked algorithm; see
 //! [`arena`](super::arena)). A cached malloc + free pair so allocates nothing on the
 //! heap and makes one atomic read-modify-write in all: the malloc's lock. Memory of
-//! a pool made with [`MemoryPool::new`] holds an `Arc` of its device pool, which
-//! therefore lives until the last of its memory is freed, and its `Arc` memory
-//! object is allocated per malloc.
+//! the default pool ([`get_default_memory_pool`]) refers to its device pool by a
+//! `'static` reference, so threads share no reference count; memory of a pool made
+//! with [`MemoryPool::new`] holds an `Arc` of its device pool, as do its recycled
+//! objects and parking slots, so that pool gives its cache back to the driver when
+//! its last handle goes (and each block freed after that at once), not when the
+//! device pool itself is dropped.
 
 use std::cell::Cell;
 use std::fmt;
 use std::ops::Deref;
 use std::panic::Location;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::device::get_device_id;
@@ -182,6 +183,9 @@ impl<B: Backend> Backend for Hooked<B> {
 pub(crate) struct Core<B: Backend> {
     pool: Pool<Hooked<B>>,
     device: i32,
+    /// Set when the last handle of the [`MemoryPool::new`] pool owning this core went
+    /// (see [`orphan`](Self::orphan)); never for the default pool.
+    orphaned: AtomicBool,
 }
 
 impl<B: Backend> fmt::Debug for Core<B> {
@@ -201,7 +205,31 @@ impl<B: Backend> Core<B> {
                 device,
             }),
             device,
+            orphaned: AtomicBool::new(false),
         }
+    }
+
+    /// The last handle of the pool went. Recycled memory objects and parking slots
+    /// may still hold the core (they keep it to avoid a shared count on the hot path),
+    /// so dropping it is not what returns the memory: everything cached goes back to
+    /// the driver now, and [`after_free`](Self::after_free) does the same for each
+    /// block freed later.
+    fn orphan(&self) {
+        self.orphaned.store(true, Ordering::SeqCst);
+        self.pool.free_all_blocks(None);
+    }
+
+    /// Called after a block went back: for an orphaned core, gives the cache to the
+    /// driver; `true` when orphaned (a recycled object must not be kept).
+    #[inline]
+    fn after_free(&self) -> bool {
+        // SeqCst pairs with `orphan`: either this load sees the flag, or `orphan`'s
+        // release runs after this free and finds the block cached.
+        if !self.orphaned.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.pool.free_all_blocks(None);
+        true
     }
 
     #[cfg(test)]
@@ -285,25 +313,35 @@ impl<B: Backend> Core<B> {
 
     /// Gives the block `raw` came from back through this thread's parking slot: it
     /// waits there and returns to its arena under the lock of the thread's next
-    /// malloc (or any observer's; see `arena::parked`). With hooks registered, or when
-    /// the thread cannot park, it goes back at once.
+    /// malloc (or any observer's; see `arena::parked`). With hooks registered, when
+    /// the core is orphaned, or when the thread cannot park, it goes back at once.
+    /// `home` is how the thread's slot list is to hold the core. Returns
+    /// [`after_free`](Self::after_free)'s answer.
     #[inline]
-    pub(crate) fn park_raw(&'static self, raw: RawBlock, pmem_id: usize) {
+    pub(crate) fn park_raw(
+        &self,
+        raw: RawBlock,
+        pmem_id: usize,
+        home: impl FnOnce() -> HomeRef,
+    ) -> bool {
         if hook::has_hooks() {
             self.free_hooked(self.pool.block_from_raw(raw), pmem_id);
-            return;
-        }
-        let pool = &self.pool;
-        let slot = parked::slot_or_register(self.home_id(), |p| {
-            pool.register_parked(p);
-            HomeRef::Static(pool)
-        });
-        match slot {
-            Some(p) => pool.park(p, raw),
-            None => {
-                pool.free_raw(raw);
+        } else if self.orphaned.load(Ordering::Relaxed) {
+            self.pool.free_raw(raw);
+        } else {
+            let pool = &self.pool;
+            let slot = parked::slot_or_register(self.home_id(), |p| {
+                pool.register_parked(p);
+                home()
+            });
+            match slot {
+                Some(p) => pool.park(p, raw),
+                None => {
+                    pool.free_raw(raw);
+                }
             }
         }
+        self.after_free()
     }
 
     #[cold]
@@ -316,6 +354,16 @@ impl<B: Backend> Core<B> {
     }
 }
 
+impl<B: Backend + 'static> parked::Home for Core<B> {
+    fn forget(&self, p: &'static parked::Parked) {
+        self.pool.forget_parked(p);
+    }
+
+    fn closed(&self) -> bool {
+        self.orphaned.load(Ordering::Acquire)
+    }
+}
+
 type DeviceCore = Core<DeviceBackend>;
 
 /// A device pool as pooled memory refers to it.
@@ -325,6 +373,22 @@ enum CoreRef {
     Static(&'static DeviceCore),
     /// A device pool of a [`MemoryPool::new`] pool: alive while memory from it lives.
     Shared(Arc<DeviceCore>),
+}
+
+impl CoreRef {
+    /// How a thread's parking-slot list holds this core.
+    fn home(&self) -> HomeRef {
+        match self {
+            CoreRef::Static(c) => HomeRef::Static(*c),
+            CoreRef::Shared(c) => HomeRef::Shared(c.clone()),
+        }
+    }
+
+    /// Whether `self` and `other` are the same device pool.
+    #[inline]
+    fn same(&self, other: &CoreRef) -> bool {
+        std::ptr::eq(&**self, &**other)
+    }
 }
 
 impl Deref for CoreRef {
@@ -414,9 +478,6 @@ unsafe impl BaseMemory for PooledMemory {
     /// malloc.
     #[inline]
     fn recycle(self: Arc<Self>) {
-        if !matches!(self.core, CoreRef::Static(_)) {
-            return;
-        }
         // The caller's reference is the only strong one; with no weak one either,
         // nothing else can reach the object or get to it (plain loads, where
         // `Arc::get_mut` would pay a compare-exchange).
@@ -424,18 +485,21 @@ unsafe impl BaseMemory for PooledMemory {
             return;
         }
         fence(Ordering::Acquire);
-        if let (CoreRef::Static(core), Some(raw)) = (&self.core, self.block.take()) {
-            core.park_raw(raw, Arc::as_ptr(&self) as usize);
+        if let Some(raw) = self.block.take() {
+            let id = Arc::as_ptr(&self) as usize;
+            if self.core.park_raw(raw, id, || self.core.home()) {
+                // The pool's handles are gone: let the object (and the core) go.
+                return;
+            }
         }
         spare::put(self);
     }
 }
 
-// Recycled memory objects of the default pool: when the last pointer to one goes, its
-// block goes back to its arena at once and the emptied `Arc<PooledMemory>` waits here
-// for the thread's next malloc, so a cached malloc + free pair allocates nothing on
-// the heap. (Objects of a [`MemoryPool::new`] pool hold their pool alive and are
-// dropped as usual.)
+// Recycled memory objects: when the last pointer to one goes, its block goes back
+// (parked) and the emptied `Arc<PooledMemory>` waits here for the thread's next malloc
+// from the same device pool, so a cached malloc + free pair allocates nothing on the
+// heap.
 crate::spare::spare_list!(PooledMemory);
 
 impl PooledMemory {
@@ -444,14 +508,10 @@ impl PooledMemory {
     #[inline]
     fn wrap(core: &CoreRef, block: Block) -> Arc<PooledMemory> {
         let raw = block.into_raw();
-        if let CoreRef::Static(c) = core {
-            let same =
-                |o: &PooledMemory| matches!(o.core, CoreRef::Static(oc) if std::ptr::eq(oc, *c));
-            if let Some(o) = spare::take_where(same) {
-                // Emptied by `recycle` and held by this thread's list alone since.
-                o.block.store(raw);
-                return o;
-            }
+        if let Some(o) = spare::take_where(|o| o.core.same(core)) {
+            // Emptied by `recycle` and held by this thread's list alone since.
+            o.block.store(raw);
+            return o;
         }
         Arc::new(PooledMemory::new(core.clone(), raw))
     }
@@ -461,6 +521,7 @@ impl Drop for PooledMemory {
     #[inline]
     fn drop(&mut self) {
         self.release();
+        self.core.after_free();
     }
 }
 
@@ -472,6 +533,17 @@ struct Inner {
     cores: [OnceLock<CoreRef>; MAX_DEVICES],
     /// Whether device pools are leaked (`'static`): the default pool's are.
     leak: bool,
+}
+
+impl Drop for Inner {
+    /// The last handle of a [`MemoryPool::new`] pool went: its device pools give their
+    /// cache back to the driver now (recycled objects and parking slots may keep the
+    /// cores themselves a while), and each block freed later goes back at once.
+    fn drop(&mut self) {
+        for core in self.cores.iter().filter_map(OnceLock::get) {
+            core.orphan();
+        }
+    }
 }
 
 impl Inner {
@@ -634,7 +706,7 @@ impl MemoryPool {
         let r = core.malloc(
             size,
             key,
-            matches!(core, CoreRef::Static(_)),
+            true,
             Location::caller(),
             |block| {
                 let ptr = block.addr();
@@ -889,6 +961,25 @@ mod tests {
     fn free(core: &Core<HostBackend>, mut b: Box<Option<Block>>) {
         let id = &*b as *const Option<Block> as usize;
         core.free_raw(b.take().unwrap().into_raw(), id);
+    }
+
+    #[test]
+    fn an_orphaned_core_gives_cached_and_later_freed_blocks_back() {
+        let core = Core::new(HostBackend::new(), 0);
+        let cached = malloc(&core, 1000);
+        let live = malloc(&core, 1000);
+        free(&core, cached);
+        assert!(!core.after_free(), "not orphaned: the block stays cached");
+        assert_eq!(core.pool.total_bytes(), 2048);
+        core.orphan();
+        assert_eq!(core.pool.total_bytes(), 1024, "the cached block went back");
+        free(&core, live);
+        assert!(
+            core.after_free(),
+            "orphaned: a recycled object must not be kept"
+        );
+        assert_eq!(core.pool.total_bytes(), 0);
+        assert_eq!(core.pool.stats().backend_frees, 2);
     }
 
     #[test]
