@@ -336,11 +336,11 @@ mod tests {
                 plain.free(live_a.swap_remove(i)).unwrap();
                 park(parked, live_b.swap_remove(i));
             }
-            if r % 97 == 0 {
+            if r.is_multiple_of(97) {
                 assert_eq!(plain.stats(), parked.stats(), "step {step}");
                 parked.check().unwrap();
             }
-            if r % 1009 == 0 {
+            if r.is_multiple_of(1009) {
                 plain.free_all_blocks(None);
                 parked.free_all_blocks(None);
             }
@@ -435,7 +435,7 @@ mod tests {
                             let b = live.swap_remove((r >> 8) as usize % live.len());
                             park(pool, b);
                         }
-                        if r % 211 == 0 {
+                        if r.is_multiple_of(211) {
                             let s = pool.stats();
                             assert_eq!(s.used_bytes + s.free_bytes, s.total_bytes);
                         }
