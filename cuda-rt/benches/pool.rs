@@ -22,7 +22,7 @@ use cuda_rt::memory::{self, get_default_memory_pool, MemoryPool};
 use cuda_rt::stream::{AsStream, Stream};
 
 mod common;
-use common::median;
+use common::{interleaved, median};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -96,11 +96,30 @@ fn pairs(figs: &mut Vec<Row>) -> Res<()> {
         // Warm: one block of the size cached in each pool.
         drop(default.malloc(size)?);
         drop(own.malloc(size)?);
-        let raw = median_secs(|| raw_pairs(size, RAW_ITERS, std::ptr::null_mut()))?
-            / RAW_ITERS as f64
-            * 1e9;
         let per = |secs: f64| secs / POOL_ITERS as f64 * 1e9;
-        let ours = per(median_secs(|| pool_pairs(&default, size, POOL_ITERS))?);
+        // The raw pair's cost drifts with the driver's state over a run (650 to 1650
+        // ns seen on the H200 host): time both in alternation, each rep back to back.
+        let failed = std::cell::RefCell::new(None);
+        let timed = |f: &mut dyn FnMut() -> Res<()>, iters: usize| {
+            let t = Instant::now();
+            if let Err(e) = f() {
+                failed.borrow_mut().get_or_insert(e);
+            }
+            t.elapsed().as_secs_f64() / iters as f64 * 1e9
+        };
+        let (ours, raw) = interleaved(
+            REPS,
+            || timed(&mut || pool_pairs(&default, size, POOL_ITERS), POOL_ITERS),
+            || {
+                timed(
+                    &mut || raw_pairs(size, RAW_ITERS, std::ptr::null_mut()),
+                    RAW_ITERS,
+                )
+            },
+        );
+        if let Some(e) = failed.into_inner() {
+            return Err(e);
+        }
         let user = per(median_secs(|| pool_pairs(&own, size, POOL_ITERS))?);
         let via_alloc = per(median_secs(|| {
             for _ in 0..POOL_ITERS {
