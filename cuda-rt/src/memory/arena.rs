@@ -555,6 +555,8 @@ pub struct Pool<B: Backend> {
     release_on_miss: AtomicBool,
     /// The slots of the threads that park blocks of this pool (see [`parked`]).
     parked: Mutex<Vec<&'static Parked>>,
+    /// Set by [`close`](Self::close): the pool's owner is gone.
+    closed: AtomicBool,
 }
 
 impl<B: Backend> fmt::Debug for Pool<B> {
@@ -581,6 +583,7 @@ impl<B: Backend> Pool<B> {
             oom_retries: AtomicU64::new(0),
             release_on_miss: AtomicBool::new(false),
             parked: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -740,6 +743,44 @@ impl<B: Backend> Pool<B> {
             any |= self.settle(p);
         }
         any
+    }
+
+    /// Gives back the block `raw` came from (a block of this pool, once) through the
+    /// calling thread's parking slot for this pool, registering one first (`home`:
+    /// how the thread's list holds the pool, `id` its identity there); at once when
+    /// the thread cannot park.
+    #[inline]
+    pub(crate) fn park_or_free(
+        &self,
+        raw: RawBlock,
+        id: usize,
+        home: impl FnOnce() -> parked::HomeRef,
+    ) {
+        let slot = parked::slot_or_register(id, |p| {
+            self.register_parked(p);
+            home()
+        });
+        match slot {
+            Some(p) => self.park(p, raw),
+            None => {
+                self.free_raw(raw);
+            }
+        }
+    }
+
+    /// Marks the pool's owner gone (its user handles dropped while recycled objects
+    /// or parking slots may still hold it); the owner then releases the cache and
+    /// checks [`is_closed`](Self::is_closed) after each free.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`close`](Self::close) happened. SeqCst pairs with `close`: a free
+    /// followed by this check either sees the flag (and releases the cache itself) or
+    /// ran before the close, whose release then finds the block cached.
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// Parks `raw` (a block of this pool given back once) in the calling thread's
@@ -1091,6 +1132,10 @@ enum Growth {
 impl<B: Backend + 'static> parked::Home for Pool<B> {
     fn forget(&self, p: &'static Parked) {
         self.forget_parked(p);
+    }
+
+    fn closed(&self) -> bool {
+        self.is_closed()
     }
 }
 

@@ -38,7 +38,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::ops::Deref;
 use std::panic::Location;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::device::get_device_id;
@@ -183,9 +183,6 @@ impl<B: Backend> Backend for Hooked<B> {
 pub(crate) struct Core<B: Backend> {
     pool: Pool<Hooked<B>>,
     device: i32,
-    /// Set when the last handle of the [`MemoryPool::new`] pool owning this core went
-    /// (see [`orphan`](Self::orphan)); never for the default pool.
-    orphaned: AtomicBool,
 }
 
 impl<B: Backend> fmt::Debug for Core<B> {
@@ -205,7 +202,6 @@ impl<B: Backend> Core<B> {
                 device,
             }),
             device,
-            orphaned: AtomicBool::new(false),
         }
     }
 
@@ -215,7 +211,7 @@ impl<B: Backend> Core<B> {
     /// the driver now, and [`after_free`](Self::after_free) does the same for each
     /// block freed later.
     fn orphan(&self) {
-        self.orphaned.store(true, Ordering::SeqCst);
+        self.pool.close();
         self.pool.free_all_blocks(None);
     }
 
@@ -223,9 +219,7 @@ impl<B: Backend> Core<B> {
     /// driver; `true` when orphaned (a recycled object must not be kept).
     #[inline]
     fn after_free(&self) -> bool {
-        // SeqCst pairs with `orphan`: either this load sees the flag, or `orphan`'s
-        // release runs after this free and finds the block cached.
-        if !self.orphaned.load(Ordering::SeqCst) {
+        if !self.pool.is_closed() {
             return false;
         }
         self.pool.free_all_blocks(None);
@@ -238,22 +232,21 @@ impl<B: Backend> Core<B> {
     }
 
     /// Mallocs `size` (> 0) bytes in `key`'s arena and wraps the block with `wrap`;
-    /// `id` names the wrapped object for the hooks (`pmem_id`). With `parking`, the
-    /// block this thread parked (see [`park_raw`](Self::park_raw)) goes back first.
+    /// `id` names the wrapped object for the hooks (`pmem_id`). The block this thread
+    /// parked (see [`park_raw`](Self::park_raw)), if any, goes back first.
     #[inline]
     pub(crate) fn malloc<R>(
         &self,
         size: usize,
         key: u64,
-        parking: bool,
         site: &'static Location<'static>,
         wrap: impl FnOnce(Block) -> R,
         id: impl FnOnce(&R) -> usize,
     ) -> std::result::Result<R, MallocError> {
         if !hook::has_hooks() {
-            return self.pool_malloc(size, key, parking).map(wrap);
+            return self.pool_malloc(size, key).map(wrap);
         }
-        self.malloc_hooked(size, key, parking, site, wrap, id)
+        self.malloc_hooked(size, key, site, wrap, id)
     }
 
     /// The identity of this pool among a thread's parking slots.
@@ -263,18 +256,9 @@ impl<B: Backend> Core<B> {
     }
 
     #[inline]
-    fn pool_malloc(
-        &self,
-        size: usize,
-        key: u64,
-        parking: bool,
-    ) -> std::result::Result<Block, MallocError> {
-        let slot = if parking {
-            parked::slot(self.home_id())
-        } else {
-            None
-        };
-        self.pool.malloc_parked(size, key, slot)
+    fn pool_malloc(&self, size: usize, key: u64) -> std::result::Result<Block, MallocError> {
+        self.pool
+            .malloc_parked(size, key, parked::slot(self.home_id()))
     }
 
     #[cold]
@@ -283,7 +267,6 @@ impl<B: Backend> Core<B> {
         &self,
         size: usize,
         key: u64,
-        parking: bool,
         site: &'static Location<'static>,
         wrap: impl FnOnce(Block) -> R,
         id: impl FnOnce(&R) -> usize,
@@ -292,7 +275,7 @@ impl<B: Backend> Core<B> {
         let dev = self.device;
         let mem_size = round_size(size).unwrap_or(usize::MAX);
         hook::each(|h| h.malloc_pre(dev, size, mem_size));
-        let block = self.pool_malloc(size, key, parking)?;
+        let block = self.pool_malloc(size, key)?;
         let (ptr, mem_size) = (block.addr(), block.size());
         let r = wrap(block);
         let pmem = id(&r);
@@ -313,8 +296,8 @@ impl<B: Backend> Core<B> {
 
     /// Gives the block `raw` came from back through this thread's parking slot: it
     /// waits there and returns to its arena under the lock of the thread's next
-    /// malloc (or any observer's; see `arena::parked`). With hooks registered, when
-    /// the core is orphaned, or when the thread cannot park, it goes back at once.
+    /// malloc (or any observer's; see `arena::parked`). With hooks registered, or when
+    /// the thread cannot park, it goes back at once.
     /// `home` is how the thread's slot list is to hold the core. Returns
     /// [`after_free`](Self::after_free)'s answer.
     #[inline]
@@ -326,20 +309,9 @@ impl<B: Backend> Core<B> {
     ) -> bool {
         if hook::has_hooks() {
             self.free_hooked(self.pool.block_from_raw(raw), pmem_id);
-        } else if self.orphaned.load(Ordering::Relaxed) {
-            self.pool.free_raw(raw);
         } else {
-            let pool = &self.pool;
-            let slot = parked::slot_or_register(self.home_id(), |p| {
-                pool.register_parked(p);
-                home()
-            });
-            match slot {
-                Some(p) => pool.park(p, raw),
-                None => {
-                    pool.free_raw(raw);
-                }
-            }
+            // Parked even in an orphaned core: `after_free` then settles and releases.
+            self.pool.park_or_free(raw, self.home_id(), home);
         }
         self.after_free()
     }
@@ -360,7 +332,7 @@ impl<B: Backend + 'static> parked::Home for Core<B> {
     }
 
     fn closed(&self) -> bool {
-        self.orphaned.load(Ordering::Acquire)
+        self.pool.is_closed()
     }
 }
 
@@ -706,7 +678,6 @@ impl MemoryPool {
         let r = core.malloc(
             size,
             key,
-            true,
             Location::caller(),
             |block| {
                 let ptr = block.addr();
@@ -825,6 +796,23 @@ impl MemoryPool {
 /// The crate's error for a failed pool malloc of `size` bytes on `device`.
 #[cold]
 fn malloc_error(e: MallocError, size: usize, device: i32) -> Error {
+    let pool = format!("memory pool of device {device}");
+    pool_malloc_error(e, size, Some(device), &pool, || {
+        LAST_DRIVER_OOM.with(Cell::take)
+    })
+}
+
+/// The crate's error for a failed malloc of `size` bytes from an arena pool: out of
+/// memory with the pool's numbers (and `driver`'s error when the backend refused), or
+/// an invalid state naming `pool`. Shared by the device and pinned pools.
+#[cold]
+pub(crate) fn pool_malloc_error(
+    e: MallocError,
+    size: usize,
+    device: Option<i32>,
+    pool: &str,
+    driver: impl FnOnce() -> Option<DriverError>,
+) -> Error {
     match e {
         MallocError::OutOfMemory(o) => Error::OutOfMemory(Box::new(OutOfMemory {
             requested: if o.rounded == u64::MAX {
@@ -832,22 +820,16 @@ fn malloc_error(e: MallocError, size: usize, device: i32) -> Error {
             } else {
                 o.rounded
             },
-            device: Some(device),
+            device,
             in_use: o.in_use,
             cached: o.cached,
             limit: o.limit,
-            driver: if o.backend_refused {
-                LAST_DRIVER_OOM.with(Cell::take)
-            } else {
-                None
-            },
+            driver: if o.backend_refused { driver() } else { None },
         })),
-        MallocError::TooMany(what) => {
-            Error::InvalidState(format!("memory pool of device {device}: too many {what}"))
-        }
+        MallocError::TooMany(what) => Error::InvalidState(format!("{pool}: too many {what}")),
         MallocError::Backend(b) => match b.downcast::<Error>() {
             Ok(e) => *e,
-            Err(other) => Error::InvalidState(format!("memory pool of device {device}: {other}")),
+            Err(other) => Error::InvalidState(format!("{pool}: {other}")),
         },
     }
 }
@@ -949,7 +931,6 @@ mod tests {
         core.malloc(
             size,
             0,
-            false,
             Location::caller(),
             |b| Box::new(Some(b)),
             |b| &**b as *const Option<Block> as usize,
@@ -1048,7 +1029,7 @@ mod tests {
             }),
         )
         .unwrap();
-        let r = core.malloc(8192, 0, false, Location::caller(), |b| b, |_| 0);
+        let r = core.malloc(8192, 0, Location::caller(), |b| b, |_| 0);
         assert!(matches!(r, Err(MallocError::OutOfMemory(_))));
         // The pool asked twice (release-and-retry): two alloc_pre, no alloc_post.
         assert_eq!(

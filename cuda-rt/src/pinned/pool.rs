@@ -32,15 +32,16 @@
 //! back to the driver (after the copies in flight), and so does each block freed
 //! after that.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::fence::{Fence, Pending};
 use super::memory::{PinnedFlags, PinnedMemoryPointer};
 use crate::driver::{context, host, sys};
-use crate::error::{Error, OutOfMemory, Result};
+use crate::error::{Error, Result};
 use crate::memory::arena::parked::{self, HomeRef};
 use crate::memory::arena::{Backend, BackendError, Block, MallocError, Pool, PoolStats, RawBlock};
+use crate::memory::pool::pool_malloc_error;
 
 pub use crate::memory::arena::ALLOCATION_UNIT;
 
@@ -76,9 +77,6 @@ pub(crate) struct Core<B: Backend, P: Pending> {
     pool: Pool<B>,
     deferred: Mutex<Vec<(Block, P)>>,
     n_deferred: AtomicUsize,
-    /// Set when the last user handle of the pool went: memory given back from then
-    /// on goes to the driver, not the cache (see [`orphan`](Self::orphan)).
-    orphaned: AtomicBool,
 }
 
 impl<B: Backend, P: Pending> Core<B, P> {
@@ -87,7 +85,6 @@ impl<B: Backend, P: Pending> Core<B, P> {
             pool: Pool::new(backend),
             deferred: Mutex::new(Vec::new()),
             n_deferred: AtomicUsize::new(0),
-            orphaned: AtomicBool::new(false),
         }
     }
 
@@ -196,23 +193,11 @@ impl<B: Backend, P: Pending> Core<B, P> {
     {
         match pending {
             Some(p) if !p.is_done() => self.free(self.pool.block_from_raw(raw), Some(p)),
-            _ if self.orphaned.load(Ordering::Relaxed) => {
-                self.pool.free_raw(raw);
-            }
-            _ => {
-                let pool = &self.pool;
-                let slot = parked::slot_or_register(self.home_id(), |p| {
-                    pool.register_parked(p);
-                    let h: Arc<dyn parked::Home> = self.clone();
-                    HomeRef::Shared(h)
-                });
-                match slot {
-                    Some(p) => pool.park(p, raw),
-                    None => {
-                        pool.free_raw(raw);
-                    }
-                }
-            }
+            // Parked even in an orphaned pool: `after_free` then settles and releases.
+            _ => self.pool.park_or_free(raw, self.home_id(), || {
+                let h: Arc<dyn parked::Home> = self.clone();
+                HomeRef::Shared(h)
+            }),
         }
         self.after_free()
     }
@@ -223,7 +208,7 @@ impl<B: Backend, P: Pending> Core<B, P> {
     /// back to the driver now (after the copies in flight), and
     /// [`after_free`](Self::after_free) does the same for each block freed later.
     pub(crate) fn orphan(&self) {
-        self.orphaned.store(true, Ordering::SeqCst);
+        self.pool.close();
         self.free_all_blocks();
     }
 
@@ -231,9 +216,7 @@ impl<B: Backend, P: Pending> Core<B, P> {
     /// driver; `true` when the pool is orphaned (a recycled handle must not be kept).
     #[inline]
     pub(crate) fn after_free(&self) -> bool {
-        // SeqCst pairs with `orphan`: either this load sees the flag, or `orphan`'s
-        // release takes the lock after this free and finds the block cached.
-        if !self.orphaned.load(Ordering::SeqCst) {
+        if !self.pool.is_closed() {
             return false;
         }
         self.free_all_blocks();
@@ -247,7 +230,7 @@ impl<B: Backend + 'static, P: Pending + 'static> parked::Home for Core<B, P> {
     }
 
     fn closed(&self) -> bool {
-        self.orphaned.load(Ordering::Acquire)
+        self.pool.is_closed()
     }
 }
 
@@ -335,27 +318,7 @@ impl PinnedMemoryPool {
 
     #[cold]
     fn malloc_error(&self, size: usize, e: MallocError) -> Error {
-        match e {
-            MallocError::OutOfMemory(o) => Error::OutOfMemory(Box::new(OutOfMemory {
-                requested: if o.rounded == u64::MAX {
-                    size as u64
-                } else {
-                    o.rounded
-                },
-                device: None,
-                in_use: o.in_use,
-                cached: o.cached,
-                limit: o.limit,
-                driver: None,
-            })),
-            MallocError::TooMany(what) => {
-                Error::InvalidState(format!("pinned memory pool: too many {what}"))
-            }
-            MallocError::Backend(b) => match b.downcast::<Error>() {
-                Ok(e) => *e,
-                Err(other) => Error::InvalidState(format!("pinned memory pool: {other}")),
-            },
-        }
+        pool_malloc_error(e, size, None, "pinned memory pool", || None)
     }
 
     /// Gives `ptr` back (CuPy's `free`): the same as dropping it. The block returns
