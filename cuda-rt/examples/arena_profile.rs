@@ -8,53 +8,9 @@ use std::hint::black_box;
 
 use cuda_rt::memory::arena::{Block, FakeBackend, Pool};
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn log_uniform(&mut self, lo: f64, hi: f64) -> usize {
-        (lo.ln() + self.unit() * (hi.ln() - lo.ln())).exp() as usize
-    }
-}
-
-enum Op {
-    Alloc(usize),
-    Free(usize),
-}
-
-fn trace_b(n: usize, seed: u64) -> Vec<Op> {
-    let mut rng = Rng(seed);
-    let mut live: Vec<u64> = Vec::new();
-    let mut bytes = 0u64;
-    let cap = 16u64 << 30;
-    let mut ops = Vec::with_capacity(n);
-    let round = |s: usize| (s as u64).div_ceil(512) * 512;
-    while ops.len() < n {
-        let s = rng.log_uniform(1024.0, 64.0 * 1048576.0);
-        let alloc = rng.unit() < 0.73 && bytes + round(s) <= cap;
-        if alloc {
-            bytes += round(s);
-            live.push(round(s));
-            ops.push(Op::Alloc(s));
-        } else if !live.is_empty() {
-            let i = rng.below(live.len());
-            bytes -= live.swap_remove(i);
-            ops.push(Op::Free(i));
-        }
-    }
-    ops
-}
+#[path = "../benches/common/traces.rs"]
+mod traces;
+use traces::{trace_b, Op};
 
 fn main() {
     let what = std::env::args().nth(1).unwrap_or_else(|| "b".into());
@@ -68,7 +24,7 @@ fn main() {
             }
         }
         _ => {
-            let ops = trace_b(200_000, 42);
+            let (ops, _) = trace_b(200_000, 42);
             let pool = Pool::new(FakeBackend::new());
             let mut live: Vec<Block> = Vec::with_capacity(4096);
             let mut h = 0u64;

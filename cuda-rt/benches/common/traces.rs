@@ -1,0 +1,82 @@
+//! The allocation traces of the arena benches (and of `examples/arena_profile.rs`,
+//! which includes this file by path): a seeded generator and traces A and B.
+#![allow(dead_code)]
+
+/// xorshift64*: tiny, seeded, good enough for traces.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    pub fn log_uniform(&mut self, lo: f64, hi: f64) -> usize {
+        (lo.ln() + self.unit() * (hi.ln() - lo.ln())).exp() as usize
+    }
+}
+
+pub enum Op {
+    Alloc(usize),
+    /// Free the live block at this index (swap_remove).
+    Free(usize),
+}
+
+/// Trace A: sizes log-uniform 256 B .. 64 MiB, at most 512 live blocks.
+pub fn trace_a(n: usize, seed: u64) -> (Vec<Op>, u64) {
+    let mut rng = Rng(seed);
+    let mut live: Vec<usize> = Vec::new();
+    let (mut bytes, mut peak) = (0u64, 0u64);
+    let mut ops = Vec::with_capacity(n);
+    for _ in 0..n {
+        let alloc = live.is_empty() || (live.len() < 512 && rng.next() & 1 == 0);
+        if alloc {
+            let s = rng.log_uniform(256.0, 64.0 * 1048576.0);
+            bytes += round(s);
+            peak = peak.max(bytes);
+            live.push(s);
+            ops.push(Op::Alloc(s));
+        } else {
+            let i = rng.below(live.len());
+            bytes -= round(live.swap_remove(i));
+            ops.push(Op::Free(i));
+        }
+    }
+    (ops, peak)
+}
+
+/// Trace B (RMM random allocations): sizes log-uniform 1 KiB .. 64 MiB; allocate
+/// with probability 0.73 while live bytes stay under 16 GiB, else free a random block.
+pub fn trace_b(n: usize, seed: u64) -> (Vec<Op>, u64) {
+    let mut rng = Rng(seed);
+    let mut live: Vec<usize> = Vec::new();
+    let (mut bytes, mut peak) = (0u64, 0u64);
+    let cap = 16u64 << 30;
+    let mut ops = Vec::with_capacity(n);
+    while ops.len() < n {
+        let s = rng.log_uniform(1024.0, 64.0 * 1048576.0);
+        let alloc = rng.unit() < 0.73 && bytes + round(s) <= cap;
+        if alloc {
+            bytes += round(s);
+            peak = peak.max(bytes);
+            live.push(s);
+            ops.push(Op::Alloc(s));
+        } else if !live.is_empty() {
+            let i = rng.below(live.len());
+            bytes -= round(live.swap_remove(i));
+            ops.push(Op::Free(i));
+        }
+    }
+    (ops, peak)
+}
+
+pub fn round(s: usize) -> u64 {
+    (s as u64).div_ceil(512) * 512
+}
