@@ -640,19 +640,63 @@ impl<B: Backend> Pool<B> {
         let arena = self.arena(stream)?;
         {
             let mut bins = lock(&arena.bins);
-            if let Some(Taken::Block(raw)) = parked.map(|p| p.take_in(arena.index)) {
-                // Ours to give back; it names a live chunk of this arena. The cached
-                // pair's case: it is exactly what this malloc would get back.
-                if raw.size == rounded && bins.reuse_exact(raw.chunk, raw.addr, raw.size) {
-                    return Ok(self.block(arena, raw.chunk, raw.addr, rounded));
+            if let Some(p) = parked {
+                if let Some(b) = self.take_back(&mut bins, arena, rounded, p) {
+                    return Ok(b);
                 }
-                let _ = bins.free(raw.chunk, raw.addr, raw.size);
             }
             if let Some(b) = self.hit(&mut bins, arena, rounded)? {
                 return Ok(b);
             }
         }
         self.missed(arena, size, rounded)
+    }
+
+    /// The cached pair's malloc: when the block this thread parked in `parked` is
+    /// exactly what a malloc of `size` bytes in `stream`'s arena gets back, that block,
+    /// found without the arena lookup and under one lock; `None` otherwise, with the
+    /// parked block (if any was taken) given back to its arena, so that a
+    /// [`malloc_parked`](Self::malloc_parked) that follows sees what it would have.
+    #[inline]
+    pub(crate) fn malloc_reparked(&self, size: usize, stream: u64, parked: &Parked) -> Option<Block> {
+        // Read without the lock: only this thread fills its slot, so what it holds
+        // while full is what this thread parked; another thread may only empty it,
+        // which `take_in` sees under the lock.
+        if !parked.is_full() {
+            return None;
+        }
+        let hint = parked.peek();
+        let rounded = round_size(size)? as u64;
+        // A block's key is its arena's: same key, same arena as `arena(stream)`.
+        if hint.size != rounded || hint.key != stream {
+            return None;
+        }
+        let arena = self.arenas.get(hint.arena)?;
+        let mut bins = lock(&arena.bins);
+        self.take_back(&mut bins, arena, rounded, parked)
+    }
+
+    /// Under `arena`'s lock (`bins`): takes back the block parked in `parked` if it is
+    /// of this arena, and gives it out again when it is exactly what a malloc of
+    /// `rounded` bytes gets (the free and the malloc fused); else it goes back to the
+    /// arena (`None`).
+    #[inline]
+    fn take_back(
+        &self,
+        bins: &mut Bins,
+        arena: &Arena,
+        rounded: u64,
+        parked: &Parked,
+    ) -> Option<Block> {
+        let Taken::Block(raw) = parked.take_in(arena.index) else {
+            return None;
+        };
+        // Ours to give back; it names a live chunk of this arena.
+        if raw.size == rounded && bins.reuse_exact(raw.chunk, raw.addr, raw.size) {
+            return Some(self.block(arena, raw.chunk, raw.addr, rounded));
+        }
+        let _ = bins.free(raw.chunk, raw.addr, raw.size);
+        None
     }
 
     /// A cache hit of `rounded` bytes in `arena` (whose lock `bins` is), if any.

@@ -670,6 +670,37 @@ impl MemoryPool {
     #[track_caller]
     #[inline]
     pub fn malloc_on(&self, device: i32, size: usize) -> Result<MemoryPointer> {
+        if let Some(p) = self.malloc_reparked(device, size) {
+            return Ok(p);
+        }
+        self.malloc_general(device, size)
+    }
+
+    /// The cached pair's malloc (see [`Pool::malloc_reparked`]): the block this thread
+    /// parked when it is exactly what this malloc gets, in a recycled object; `None`
+    /// when that does not apply (hooks, no parked block, another size or stream), with
+    /// nothing changed that [`malloc_general`](Self::malloc_general) would see
+    /// differently. Kept apart so the hot path carries none of the general path's
+    /// frame.
+    #[inline]
+    fn malloc_reparked(&self, device: i32, size: usize) -> Option<MemoryPointer> {
+        let core = self.inner().existing(device)?;
+        if hook::has_hooks() {
+            return None;
+        }
+        let slot = parked::slot(core.home_id())?;
+        let key = stream_key(current_stream_of(device).handle());
+        let block = core.pool.malloc_reparked(size, key, slot)?;
+        let ptr = block.addr();
+        Some(MemoryPointer::from_memory_at(
+            PooledMemory::wrap(core, block),
+            ptr,
+        ))
+    }
+
+    #[track_caller]
+    #[inline(never)]
+    fn malloc_general(&self, device: i32, size: usize) -> Result<MemoryPointer> {
         if size == 0 {
             return Ok(MemoryPointer::null(device));
         }

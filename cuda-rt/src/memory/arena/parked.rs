@@ -69,6 +69,13 @@ impl Parked {
         self.block.arena()
     }
 
+    /// The parked block, read in place (meaningful to the slot's thread while full:
+    /// only that thread fills the slot).
+    #[inline]
+    pub(crate) fn peek(&self) -> RawBlock {
+        self.block.load()
+    }
+
     /// Parks `raw`. Only the slot's thread calls it, and only when the slot is empty.
     #[inline]
     pub(crate) fn put(&self, raw: RawBlock) {
