@@ -673,7 +673,15 @@ impl<B: Backend> Pool<B> {
         }
         let arena = self.arenas.get(hint.arena)?;
         let mut bins = lock(&arena.bins);
-        self.take_back(&mut bins, arena, rounded, parked)
+        // Still full: still `hint` (an observer may have settled it meanwhile).
+        if !parked.take_peeked() {
+            return None;
+        }
+        if bins.reuse_exact(hint.chunk, hint.addr, hint.size) {
+            return Some(self.block(arena, hint.chunk, hint.addr, rounded));
+        }
+        let _ = bins.free(hint.chunk, hint.addr, hint.size);
+        None
     }
 
     /// Under `arena`'s lock (`bins`): takes back the block parked in `parked` if it is

@@ -112,7 +112,22 @@ pub(super) struct Bins {
     summary: u64,
     /// The hot free chunk, in no treap (NIL: none). See the module doc.
     hot: u32,
+    /// Bumped by every operation that may change the chunks or the index: equal
+    /// values, same structure.
+    changes: u64,
+    /// The last chunk [`reuse_exact`](Self::reuse_exact) found reusable (handed out at
+    /// `addr` with `size`) when `changes` was `at` (`at == u64::MAX`: none).
+    verified: Verified,
     pub counters: ArenaCounters,
+}
+
+/// See [`Bins::verified`].
+#[derive(Debug, Clone, Copy)]
+struct Verified {
+    at: u64,
+    chunk: u32,
+    addr: u64,
+    size: u64,
 }
 
 impl Bins {
@@ -124,6 +139,13 @@ impl Bins {
             words: [0; N_WORDS],
             summary: 0,
             hot: NIL,
+            changes: 0,
+            verified: Verified {
+                at: u64::MAX,
+                chunk: NIL,
+                addr: 0,
+                size: 0,
+            },
             counters: ArenaCounters::default(),
         }
     }
@@ -411,6 +433,7 @@ impl Bins {
     /// full) nothing changed.
     #[inline]
     pub fn malloc_cached(&mut self, size: u64) -> Result<Option<(u32, u64)>, SlabFull> {
+        self.changes += 1;
         if let Some(hit) = self.take_hot_exact(size) {
             return Ok(Some(hit));
         }
@@ -481,20 +504,19 @@ impl Bins {
     /// counters move. `false` (nothing changed) otherwise.
     #[inline]
     pub fn reuse_exact(&mut self, i: u32, addr: u64, size: u64) -> bool {
-        let Some(c) = self.chunks.get(i as usize) else {
-            return false;
-        };
-        let free = |j: u32| j != NIL && self.c(j).state == State::Free;
-        if c.state != State::Used
-            || c.addr != addr
-            || c.size != size
-            || self.hot != NIL
-            || free(c.prev)
-            || free(c.next)
-            || self.roots[class_of(size / super::ALLOCATION_UNIT as u64)] != NIL
-        {
+        let v = self.verified;
+        // Nothing changed since this very chunk was found reusable (the steady state
+        // of a cached pair): it still is, without looking again.
+        let same = v.at == self.changes && v.chunk == i && v.addr == addr && v.size == size;
+        if !same && !self.reusable(i, addr, size) {
             return false;
         }
+        self.verified = Verified {
+            at: self.changes,
+            chunk: i,
+            addr,
+            size,
+        };
         let k = &mut self.counters;
         k.frees += 1;
         k.mallocs += 1;
@@ -502,9 +524,26 @@ impl Bins {
         true
     }
 
+    /// Whether chunk `i` is handed out at `addr` with `size`, and a free of it would
+    /// file it unmerged as the hot chunk that a malloc of `size` then takes.
+    fn reusable(&self, i: u32, addr: u64, size: u64) -> bool {
+        let Some(c) = self.chunks.get(i as usize) else {
+            return false;
+        };
+        let free = |j: u32| j != NIL && self.c(j).state == State::Free;
+        c.state == State::Used
+            && c.addr == addr
+            && c.size == size
+            && self.hot == NIL
+            && !free(c.prev)
+            && !free(c.next)
+            && self.roots[class_of(size / super::ALLOCATION_UNIT as u64)] == NIL
+    }
+
     /// Records a fresh backend allocation of `size` bytes at `addr`, handed out whole.
     /// On `Err` (slab full) nothing changed: the caller gives the memory back.
     pub fn add_allocation(&mut self, addr: u64, size: u64) -> Result<u32, SlabFull> {
+        self.changes += 1;
         let i = self
             .new_slot(Chunk {
                 addr,
@@ -522,6 +561,7 @@ impl Bins {
     /// neighbours of the same backend allocation and files it as free.
     #[inline]
     pub fn free(&mut self, mut i: u32, addr: u64, size: u64) -> Result<(), NotLive> {
+        self.changes += 1;
         match self.chunks.get(i as usize) {
             Some(c) if c.state == State::Used && c.addr == addr && c.size == size => {}
             _ => return Err(NotLive),
@@ -565,6 +605,7 @@ impl Bins {
 
     /// As [`release_whole`](Self::release_whole), for the chunks whose size passes `pick`.
     pub fn release_whole_where(&mut self, out: &mut Vec<(u64, u64)>, pick: impl Fn(u64) -> bool) {
+        self.changes += 1;
         for i in 0..self.chunks.len() as u32 {
             let c = *self.c(i);
             if c.state == State::Free && c.prev == NIL && c.next == NIL && pick(c.size) {
@@ -712,5 +753,42 @@ mod tests {
         assert_eq!(class_of(15), 15);
         assert_eq!(class_of(16), 16);
         assert!(class_of(u64::MAX / 512) < N_CLASSES);
+    }
+
+    /// The remembered verdict of `reuse_exact` holds only while nothing changed: a
+    /// neighbour freed, or a chunk of the same class filed, ends it.
+    #[test]
+    fn a_remembered_reuse_is_looked_at_again_after_any_change() {
+        let mut b = Bins::new();
+        // One allocation of 4 KiB split in four 1 KiB blocks, all handed out.
+        let whole = b.add_allocation(0x10000, 4096).unwrap();
+        b.free(whole, 0x10000, 4096).unwrap();
+        let blocks: Vec<(u32, u64)> = (0..4)
+            .map(|_| b.malloc_cached(1024).unwrap().unwrap())
+            .collect();
+        let (i, addr) = blocks[1];
+        // Reusable, twice (the second time from the remembered verdict).
+        assert!(b.reuse_exact(i, addr, 1024));
+        assert!(b.reuse_exact(i, addr, 1024));
+        // Another chunk, or another size, is never taken for the remembered one.
+        assert!(!b.reuse_exact(i, addr, 1536));
+        assert!(b.reuse_exact(blocks[3].0, blocks[3].1, 1024));
+        assert!(b.reuse_exact(i, addr, 1024));
+        // A free neighbour: the free would merge, so no reuse.
+        let (p, paddr) = blocks[0];
+        b.free(p, paddr, 1024).unwrap();
+        assert!(!b.reuse_exact(i, addr, 1024));
+        // Taken again: reusable again.
+        assert_eq!(b.malloc_cached(1024).unwrap(), Some((p, paddr)));
+        assert!(b.reuse_exact(i, addr, 1024));
+        // A free chunk of the same class elsewhere (another allocation): it may be
+        // the better fit, so no reuse.
+        let other = b.add_allocation(0x20000, 1024).unwrap();
+        assert!(b.reuse_exact(i, addr, 1024));
+        b.free(other, 0x20000, 1024).unwrap();
+        assert!(!b.reuse_exact(i, addr, 1024));
+        b.check().unwrap();
+        let k = &b.counters;
+        assert_eq!(k.mallocs - k.frees, 4, "four blocks still handed out");
     }
 }

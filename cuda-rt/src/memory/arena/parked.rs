@@ -76,6 +76,18 @@ impl Parked {
         self.block.load()
     }
 
+    /// Empties the slot if it is full, for its own thread, which [`peek`](Self::peek)ed
+    /// the block before (only that thread fills the slot, so a full slot still holds
+    /// what it read) and holds the lock of the block's arena. `true` if it was full.
+    #[inline]
+    pub(crate) fn take_peeked(&self) -> bool {
+        if !self.full.load(Ordering::Acquire) {
+            return false;
+        }
+        self.full.store(false, Ordering::Release);
+        true
+    }
+
     /// Parks `raw`. Only the slot's thread calls it, and only when the slot is empty.
     #[inline]
     pub(crate) fn put(&self, raw: RawBlock) {
@@ -305,9 +317,15 @@ mod tests {
         }
     }
 
-    /// What the device front does to malloc: take this thread's parked block first.
+    /// What the device front does to malloc: the cached pair's path when this
+    /// thread's parked block is exactly what it gets, else the general one (which
+    /// takes the parked block back first).
     fn malloc(pool: &'static TestPool, size: usize, key: u64) -> Block {
-        pool.malloc_parked(size, key, slot(id(pool))).unwrap()
+        let slot = slot(id(pool));
+        if let Some(b) = slot.and_then(|p| pool.malloc_reparked(size, key, p)) {
+            return b;
+        }
+        pool.malloc_parked(size, key, slot).unwrap()
     }
 
     fn xorshift(state: &mut u64) -> u64 {
@@ -328,11 +346,16 @@ mod tests {
         let sizes = [512usize, 1024, 1536, 4096, 8192, 64 * 1024, 1 << 20];
         let (mut live_a, mut live_b): (Vec<Block>, Vec<Block>) = (Vec::new(), Vec::new());
         let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut last_freed = (sizes[0], 0u64);
         for step in 0..steps {
             let r = xorshift(&mut rng);
-            let key = (r >> 40) % 2;
+            let mut key = (r >> 40) % 2;
             if live_a.len() < 48 && (live_a.is_empty() || r % 100 < 55) {
-                let size = sizes[(r >> 8) as usize % sizes.len()];
+                let mut size = sizes[(r >> 8) as usize % sizes.len()];
+                if r % 3 == 0 {
+                    // The cached pair: the size and stream of the last free.
+                    (size, key) = last_freed;
+                }
                 let a = plain.malloc(size, key).unwrap();
                 let b = malloc(parked, size, key);
                 assert_eq!(a.addr(), b.addr(), "step {step}: malloc({size}) differs");
@@ -340,7 +363,9 @@ mod tests {
                 live_b.push(b);
             } else {
                 let i = (r >> 8) as usize % live_a.len();
-                plain.free(live_a.swap_remove(i)).unwrap();
+                let a = live_a.swap_remove(i);
+                last_freed = (a.size() as usize, a.stream_key());
+                plain.free(a).unwrap();
                 park(parked, live_b.swap_remove(i));
             }
             if r.is_multiple_of(97) {
