@@ -117,8 +117,13 @@ impl<B: Backend, P: Pending> Core<B, P> {
     /// A malloc that first takes back the block this thread parked, if any.
     #[inline]
     fn pool_malloc(&self, size: usize) -> std::result::Result<Block, MallocError> {
-        self.pool
-            .malloc_parked(size, 0, parked::slot(self.home_id()))
+        let slot = parked::slot(self.home_id());
+        // The cached pair: the block this thread parked, when it is exactly what
+        // this malloc gets back.
+        if let Some(b) = slot.and_then(|p| self.pool.malloc_reparked(size, 0, p)) {
+            return Ok(b);
+        }
+        self.pool.malloc_parked(size, 0, slot)
     }
 
     /// Gives `block` back: to the cache at once, or to the deferred list while
