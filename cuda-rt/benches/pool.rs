@@ -240,6 +240,10 @@ fn main() {
         println!("{{\"skipped\": \"pool bench: device 0: {e}\"}}");
         return;
     }
+    println!(
+        "{{\"lock_free_cached_pairs\": {}}}",
+        memory::lock_free_cached_pairs()
+    );
     let mut figs = Vec::new();
     for (name, step) in [
         ("pairs", pairs as fn(&mut Vec<Row>) -> Res<()>),

@@ -121,6 +121,8 @@ use bins::{Bins, SlabFull, NIL};
 use parked::{Parked, Taken};
 use table::Table;
 
+use crate::driver::barrier;
+
 /// Every size is rounded up to a multiple of this many bytes (CuPy's 512).
 pub const ALLOCATION_UNIT: usize = 512;
 
@@ -308,6 +310,29 @@ struct Arena {
     /// Its index in the pool's table.
     index: u32,
     bins: ArenaLock<Bins>,
+    /// Bumped by every holder of the lock ([`Arena::lock`]): while it has not moved,
+    /// nothing in `bins` has changed (what a thread's lock-free cached pair relies on,
+    /// see [`Parked::take_unlocked`]).
+    changes: AtomicU64,
+}
+
+impl Arena {
+    /// The arena's lock; counts a change, as any holder may change the chunks.
+    #[inline]
+    fn lock(&self) -> SpinMutexGuard<'_, Bins> {
+        let g = lock(&self.bins);
+        // Under the lock: a plain store, no read-modify-write.
+        let n = self.changes.load(Ordering::Relaxed);
+        self.changes.store(n.wrapping_add(1), Ordering::Relaxed);
+        g
+    }
+
+    /// The arena's lock for a holder that changes no chunk (it reads, or moves
+    /// counters only): counts no change.
+    #[inline]
+    fn lock_unchanged(&self) -> SpinMutexGuard<'_, Bins> {
+        lock(&self.bins)
+    }
 }
 
 /// Memory handed out by a [`Pool`]: a token to give back with [`Pool::free`]. Not
@@ -557,6 +582,8 @@ pub struct Pool<B: Backend> {
     parked: Mutex<Vec<&'static Parked>>,
     /// Set by [`close`](Self::close): the pool's owner is gone.
     closed: AtomicBool,
+    /// Lock-free cached pairs of threads whose slots left the pool.
+    retired_pairs: AtomicU64,
 }
 
 impl<B: Backend> fmt::Debug for Pool<B> {
@@ -571,6 +598,8 @@ impl<B: Backend> fmt::Debug for Pool<B> {
 impl<B: Backend> Pool<B> {
     /// An empty pool over `backend`, with no limit.
     pub fn new(backend: B) -> Self {
+        // Registers the process barrier of the lock-free cached pair (once).
+        barrier::ready();
         Pool {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             backend,
@@ -584,6 +613,7 @@ impl<B: Backend> Pool<B> {
             release_on_miss: AtomicBool::new(false),
             parked: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            retired_pairs: AtomicU64::new(0),
         }
     }
 
@@ -639,7 +669,7 @@ impl<B: Backend> Pool<B> {
         let rounded = rounded as u64;
         let arena = self.arena(stream)?;
         {
-            let mut bins = lock(&arena.bins);
+            let mut bins = arena.lock();
             if let Some(p) = parked {
                 if let Some(b) = self.take_back(&mut bins, arena, rounded, p) {
                     return Ok(b);
@@ -658,7 +688,12 @@ impl<B: Backend> Pool<B> {
     /// parked block (if any was taken) given back to its arena, so that a
     /// [`malloc_parked`](Self::malloc_parked) that follows sees what it would have.
     #[inline]
-    pub(crate) fn malloc_reparked(&self, size: usize, stream: u64, parked: &Parked) -> Option<Block> {
+    pub(crate) fn malloc_reparked(
+        &self,
+        size: usize,
+        stream: u64,
+        parked: &Parked,
+    ) -> Option<Block> {
         // Read without the lock: only this thread fills its slot, so what it holds
         // while full is what this thread parked; another thread may only empty it,
         // which `take_in` sees under the lock.
@@ -672,12 +707,16 @@ impl<B: Backend> Pool<B> {
             return None;
         }
         let arena = self.arenas.get(hint.arena)?;
-        let mut bins = lock(&arena.bins);
+        if parked.take_unlocked(&hint, &arena.changes) {
+            return Some(self.block(arena, hint.chunk, hint.addr, rounded));
+        }
+        let mut bins = arena.lock();
         // Still full: still `hint` (an observer may have settled it meanwhile).
         if !parked.take_peeked() {
             return None;
         }
         if bins.reuse_exact(hint.chunk, hint.addr, hint.size) {
+            parked.set_verified(hint, arena.changes.load(Ordering::Relaxed));
             return Some(self.block(arena, hint.chunk, hint.addr, rounded));
         }
         let _ = bins.free(hint.chunk, hint.addr, hint.size);
@@ -701,6 +740,7 @@ impl<B: Backend> Pool<B> {
         };
         // Ours to give back; it names a live chunk of this arena.
         if raw.size == rounded && bins.reuse_exact(raw.chunk, raw.addr, raw.size) {
+            parked.set_verified(raw, arena.changes.load(Ordering::Relaxed));
             return Some(self.block(arena, raw.chunk, raw.addr, rounded));
         }
         let _ = bins.free(raw.chunk, raw.addr, raw.size);
@@ -728,7 +768,7 @@ impl<B: Backend> Pool<B> {
     fn missed(&self, arena: &Arena, size: usize, rounded: u64) -> Result<Block, MallocError> {
         let settled = self.settle_all();
         let release = {
-            let mut bins = lock(&arena.bins);
+            let mut bins = arena.lock();
             if settled {
                 if let Some(b) = self.hit(&mut bins, arena, rounded)? {
                     return Ok(b);
@@ -752,18 +792,30 @@ impl<B: Backend> Pool<B> {
         self.parked_list().push(p);
     }
 
-    /// Settles `p` and stops tracking it.
+    /// Settles `p` and stops tracking it; its thread's call (exiting, or dropping its
+    /// entry for the pool).
     pub(crate) fn forget_parked(&self, p: &'static Parked) {
-        self.settle(p);
-        self.parked_list().retain(|q| !std::ptr::eq(*q, p));
+        self.settle_own(p);
+        let mut list = self.parked_list();
+        list.retain(|q| !std::ptr::eq(*q, p));
+        // Under the list lock, as `stats` reads the counts.
+        self.retired_pairs.fetch_add(p.retire(), Ordering::Relaxed);
     }
 
     fn parked_list(&self) -> std::sync::MutexGuard<'_, Vec<&'static Parked>> {
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Gives `p`'s parked block back to its arena; `true` if there was one.
-    pub(crate) fn settle(&self, p: &Parked) -> bool {
+    /// Gives `p`'s parked block back to its arena, on `p`'s own thread (which is not
+    /// inside its lock-free take, so no claim is needed); `true` if there was one.
+    pub(crate) fn settle_own(&self, p: &Parked) -> bool {
+        self.take_parked(p)
+    }
+
+    /// Takes `p`'s block into its arena under the arena's lock; `true` if there was
+    /// one. The caller is `p`'s thread, or has claimed `p` and waited for it to be
+    /// idle (see [`Parked::claim`]).
+    fn take_parked(&self, p: &Parked) -> bool {
         // A stale arena index (the slot refilled meanwhile) is seen under the lock as
         // `Elsewhere`: read it again. Only the slot's thread refills it, so this ends.
         for _ in 0..4 {
@@ -774,7 +826,7 @@ impl<B: Backend> Pool<B> {
             let Some(arena) = self.arenas.get(index) else {
                 return false;
             };
-            let mut bins = lock(&arena.bins);
+            let mut bins = arena.lock();
             match p.take_in(index) {
                 Taken::Empty => return false,
                 Taken::Elsewhere => continue,
@@ -787,14 +839,36 @@ impl<B: Backend> Pool<B> {
         false
     }
 
-    /// Settles every thread's parked block; `true` if any went back.
+    /// Settles every thread's parked block; `true` if any went back. Each slot's
+    /// thread may be taking its block back without a lock: every slot is claimed,
+    /// then one process-wide barrier, then each is waited for and taken.
     pub(crate) fn settle_all(&self) -> bool {
         let list = self.parked_list();
+        // A slot that fills after this look is parked after the caller's point.
+        if !list.iter().any(|p| p.is_full()) {
+            return false;
+        }
+        for p in list.iter() {
+            p.claim();
+        }
+        barrier::heavy();
         let mut any = false;
         for p in list.iter() {
-            any |= self.settle(p);
+            p.wait_idle();
+            any |= self.take_parked(p);
+        }
+        for p in list.iter() {
+            p.unclaim();
         }
         any
+    }
+
+    /// Cached pairs done without the lock by every thread (see
+    /// [`Parked::take_unlocked`]), including threads gone.
+    fn unlocked_pairs(&self) -> u64 {
+        let list = self.parked_list();
+        let live: u64 = list.iter().map(|p| p.pairs()).sum();
+        self.retired_pairs.load(Ordering::Relaxed) + live
     }
 
     /// Gives back the block `raw` came from (a block of this pool, once) through the
@@ -843,7 +917,7 @@ impl<B: Backend> Pool<B> {
             return;
         }
         if p.is_full() {
-            self.settle(p);
+            self.settle_own(p);
             if p.is_full() {
                 self.free_raw(raw);
                 return;
@@ -882,7 +956,7 @@ impl<B: Backend> Pool<B> {
         let Some(arena) = self.arenas.get(block.arena) else {
             return Err(FreeError::NotLive(block));
         };
-        match lock(&arena.bins).free(block.chunk, block.addr, block.size) {
+        match arena.lock().free(block.chunk, block.addr, block.size) {
             Ok(()) => Ok(()),
             Err(bins::NotLive) => Err(FreeError::NotLive(block)),
         }
@@ -897,9 +971,7 @@ impl<B: Backend> Pool<B> {
             return true;
         }
         match self.arenas.get(raw.arena) {
-            Some(arena) => lock(&arena.bins)
-                .free(raw.chunk, raw.addr, raw.size)
-                .is_ok(),
+            Some(arena) => arena.lock().free(raw.chunk, raw.addr, raw.size).is_ok(),
             None => false,
         }
     }
@@ -910,7 +982,7 @@ impl<B: Backend> Pool<B> {
         self.settle_all();
         let mut out = Vec::new();
         let mut release = |arena: &Arena| {
-            lock(&arena.bins).release_whole(&mut out);
+            arena.lock().release_whole(&mut out);
             self.give_back(&mut out);
         };
         match stream {
@@ -956,7 +1028,7 @@ impl<B: Backend> Pool<B> {
         // Sums of snapshots taken at different times: saturating, as they could only
         // overflow near 2^64 bytes.
         for arena in self.arenas.iter() {
-            let k = lock(&arena.bins).counters;
+            let k = arena.lock_unchanged().counters;
             s.used_bytes = s.used_bytes.saturating_add(k.used);
             s.total_bytes = s.total_bytes.saturating_add(k.reserved);
             s.n_free_blocks += k.n_free;
@@ -967,6 +1039,11 @@ impl<B: Backend> Pool<B> {
             peak_used = peak_used.saturating_add(k.peak_used);
             s.n_arenas += 1;
         }
+        // Each lock-free pair is a free and a malloc served from the cache.
+        let pairs = self.unlocked_pairs();
+        s.mallocs += pairs;
+        s.frees += pairs;
+        s.cache_hits += pairs;
         s.free_bytes = s.total_bytes.saturating_sub(s.used_bytes);
         s.peak_total_bytes = self
             .peak_reserved
@@ -1004,7 +1081,7 @@ impl<B: Backend> Pool<B> {
     pub fn reset_peaks(&self) {
         let mut total = 0u64;
         for arena in self.arenas.iter() {
-            let mut bins = lock(&arena.bins);
+            let mut bins = arena.lock_unchanged();
             bins.counters.peak_used = bins.counters.used;
             total = total.saturating_add(bins.counters.reserved);
         }
@@ -1017,7 +1094,7 @@ impl<B: Backend> Pool<B> {
         self.settle_all();
         let arena = self.arenas.find(stream).and_then(|i| self.arenas.get(i));
         let mut v = arena
-            .map(|a| lock(&a.bins).free_chunks())
+            .map(|a| a.lock_unchanged().free_chunks())
             .unwrap_or_default();
         v.sort_unstable();
         v
@@ -1028,7 +1105,8 @@ impl<B: Backend> Pool<B> {
     pub fn check(&self) -> Result<(), String> {
         self.settle_all();
         for arena in self.arenas.iter() {
-            lock(&arena.bins)
+            arena
+                .lock_unchanged()
                 .check()
                 .map_err(|e| format!("arena of stream key {}: {e}", arena.key))?;
         }
@@ -1063,6 +1141,7 @@ impl<B: Backend> Pool<B> {
                 key,
                 index,
                 bins: ArenaLock::new(Bins::new()),
+                changes: AtomicU64::new(0),
             })
             .map_err(|_| too_many())?;
         let arena = self.arenas.get(index).ok_or_else(too_many)?;
@@ -1092,14 +1171,16 @@ impl<B: Backend> Pool<B> {
     ) -> Result<Block, MallocError> {
         if release_smaller {
             let mut out = Vec::new();
-            lock(&arena.bins).release_whole_where(&mut out, |size| size < rounded);
+            arena
+                .lock()
+                .release_whole_where(&mut out, |size| size < rounded);
             self.give_back(&mut out);
         }
         let mut retried = false;
         loop {
             let (backend_refused, limit) = match self.try_grow(rounded) {
                 Ok(addr) => {
-                    let added = lock(&arena.bins).add_allocation(addr, rounded);
+                    let added = arena.lock().add_allocation(addr, rounded);
                     return match added {
                         Ok(chunk) => Ok(self.block(arena, chunk, addr, rounded)),
                         Err(SlabFull) => {

@@ -47,5 +47,7 @@ pub use device_memory::{BaseMemory, Memory};
 pub use managed::{malloc_managed, Advice, Location, ManagedMemory};
 pub use pod::{Bf16, Pod, F16};
 pub use pointer::MemoryPointer;
-pub use pool::{get_default_memory_pool, MemoryPool, PooledMemory, LIMIT_ENV};
+pub use pool::{
+    get_default_memory_pool, lock_free_cached_pairs, MemoryPool, PooledMemory, LIMIT_ENV,
+};
 pub use unowned::UnownedMemory;

@@ -26,7 +26,10 @@
 //! malloc (any observer, and any malloc about to grow, settles every thread's parked
 //! block first; a single thread sees exactly the unparked algorithm; see
 //! [`arena`](super::arena)). A cached malloc + free pair so allocates nothing on the
-//! heap and makes one atomic read-modify-write in all: the malloc's lock. Memory of
+//! heap and makes one atomic read-modify-write in all: the malloc's lock; none where
+//! [`lock_free_cached_pairs`] says so (a thread's malloc then takes back the block it
+//! parked without the lock while its arena has not changed since it last checked
+//! under the lock that the block is exactly what the malloc gets). Memory of
 //! the default pool ([`get_default_memory_pool`]) refers to its device pool by a
 //! `'static` reference, so threads share no reference count; memory of a pool made
 //! with [`MemoryPool::new`] holds an `Arc` of its device pool, as do its recycled
@@ -55,6 +58,15 @@ use crate::memory::device_memory::{check_device, BaseMemory};
 use crate::memory::hook;
 use crate::memory::MemoryPointer;
 use crate::stream::{current_stream_of, AsStream, PER_THREAD_DEFAULT_HANDLE};
+
+/// Whether a cached malloc + free pair of one thread takes no lock at all in this
+/// process (see [`arena`](super::arena)'s parked frees): it needs the operating
+/// system's process-wide barrier (Linux `membarrier`, 4.14 or later, not filtered by
+/// a sandbox); without it the pair takes its arena's lock once. Either way the
+/// semantics are the same.
+pub fn lock_free_cached_pairs() -> bool {
+    crate::driver::barrier::ready()
+}
 
 /// The environment variable with the default limit of each device's pool, read when
 /// the pool of a device is created: a byte count (`"1073741824"`) or a percentage of

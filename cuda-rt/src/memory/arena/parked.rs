@@ -30,19 +30,45 @@
 //! read, with no reference count.
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{AtomicBlock, RawBlock};
+use crate::driver::barrier;
 
 /// One thread's parked block for one pool (empty or one block). Padded so that two
 /// threads' slots never share a cache line.
 #[repr(align(128))]
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Parked {
     /// Set after `block` is written, cleared after it is read.
     full: AtomicBool,
     block: AtomicBlock,
+    /// The slot's thread is in [`Parked::take_unlocked`].
+    busy: AtomicBool,
+    /// Other threads about to take the block (see [`Parked::claim`]).
+    claims: AtomicU32,
+    /// The block the slot's thread last found reusable under its arena's lock, and
+    /// the arena's change count then (`u64::MAX`: none). Its thread's alone.
+    verified: AtomicBlock,
+    verified_at: AtomicU64,
+    /// Cached pairs done without the lock, not yet in the arena's counters (each is
+    /// a malloc, a free and a cache hit). Written by the slot's thread only.
+    pairs: AtomicU64,
+}
+
+impl Default for Parked {
+    fn default() -> Self {
+        Parked {
+            full: AtomicBool::new(false),
+            block: AtomicBlock::empty(),
+            busy: AtomicBool::new(false),
+            claims: AtomicU32::new(0),
+            verified: AtomicBlock::empty(),
+            verified_at: AtomicU64::new(u64::MAX),
+            pairs: AtomicU64::new(0),
+        }
+    }
 }
 
 /// What [`Parked::take_in`] found.
@@ -86,6 +112,84 @@ impl Parked {
         }
         self.full.store(false, Ordering::Release);
         true
+    }
+
+    /// Remembers, for its thread, that `raw` was found reusable under its arena's
+    /// lock when the arena's change count was `at` (see [`take_unlocked`](Self::take_unlocked)).
+    #[inline]
+    pub(crate) fn set_verified(&self, raw: RawBlock, at: u64) {
+        if self.verified_at.load(Ordering::Relaxed) != at || self.verified.load() != raw {
+            self.verified.store(raw);
+            self.verified_at.store(at, Ordering::Relaxed);
+        }
+    }
+
+    /// The cached pair without any lock, for the slot's thread, which
+    /// [`peek`](Self::peek)ed `hint`: empties the slot and counts a pair when the
+    /// parked block is the one last found reusable and its arena's change count
+    /// (read from `changes`) has not moved since, so the arena is exactly as it was
+    /// then and the fused free + malloc gives this block back again. `false`
+    /// (nothing done) when that is not so, when the process barrier is not
+    /// available, or when another thread has claimed the slot.
+    ///
+    /// Exclusion with a claiming thread is Dekker's: this thread stores `busy` then
+    /// loads `claims`, the claimer stores `claims` then loads `busy`; the compiler
+    /// fence here and the claimer's process-wide barrier order both (see
+    /// [`claim`](Self::claim)).
+    #[inline]
+    pub(crate) fn take_unlocked(&self, hint: &RawBlock, changes: &AtomicU64) -> bool {
+        if !barrier::ready_hint() {
+            return false;
+        }
+        let at = self.verified_at.load(Ordering::Relaxed);
+        if changes.load(Ordering::Relaxed) != at || self.verified.load() != *hint {
+            return false;
+        }
+        self.busy.store(true, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        let ok = self.claims.load(Ordering::Acquire) == 0
+            && self.full.load(Ordering::Relaxed)
+            && changes.load(Ordering::Relaxed) == at;
+        if ok {
+            self.full.store(false, Ordering::Relaxed);
+            let n = self.pairs.load(Ordering::Relaxed);
+            self.pairs.store(n + 1, Ordering::Relaxed);
+        }
+        self.busy.store(false, Ordering::Release);
+        ok
+    }
+
+    /// Stops the slot's thread from taking its block without a lock until
+    /// [`unclaim`](Self::unclaim). Claim every slot to be settled, then run
+    /// [`barrier::heavy`] once, then [`wait_idle`](Self::wait_idle) on each before
+    /// taking its block.
+    pub(crate) fn claim(&self) {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Ends a [`claim`](Self::claim).
+    pub(crate) fn unclaim(&self) {
+        self.claims.fetch_sub(1, Ordering::Release);
+    }
+
+    /// After a claim and the barrier: waits while the slot's thread is inside a
+    /// lock-free take it began before it could see the claim (a few instructions).
+    pub(crate) fn wait_idle(&self) {
+        while self.busy.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Pairs done without the lock so far.
+    pub(crate) fn pairs(&self) -> u64 {
+        self.pairs.load(Ordering::Relaxed)
+    }
+
+    /// Hands the pair count over (to the pool's total) and forgets what was
+    /// verified: the slot is leaving its pool.
+    pub(crate) fn retire(&self) -> u64 {
+        self.verified_at.store(u64::MAX, Ordering::Relaxed);
+        self.pairs.swap(0, Ordering::Relaxed)
     }
 
     /// Parks `raw`. Only the slot's thread calls it, and only when the slot is empty.
@@ -352,7 +456,7 @@ mod tests {
             let mut key = (r >> 40) % 2;
             if live_a.len() < 48 && (live_a.is_empty() || r % 100 < 55) {
                 let mut size = sizes[(r >> 8) as usize % sizes.len()];
-                if r % 3 == 0 {
+                if r.is_multiple_of(3) {
                     // The cached pair: the size and stream of the last free.
                     (size, key) = last_freed;
                 }
@@ -364,7 +468,7 @@ mod tests {
             } else {
                 let i = (r >> 8) as usize % live_a.len();
                 let a = live_a.swap_remove(i);
-                last_freed = (a.size() as usize, a.stream_key());
+                last_freed = (a.size(), a.stream_key());
                 plain.free(a).unwrap();
                 park(parked, live_b.swap_remove(i));
             }
@@ -445,6 +549,80 @@ mod tests {
             done_tx.send(()).unwrap();
         });
         assert_eq!(pool.backend().counters().live_bytes, 0);
+    }
+
+    /// The lock-free cached pair against a thread that settles, releases and mallocs
+    /// in the same arena all the while: no block is ever handed out twice (a set of
+    /// live addresses), the invariants hold, and the counts add up.
+    #[test]
+    fn lock_free_pairs_and_observers_never_share_a_block() {
+        let (owners, looks) = if cfg!(miri) { (2, 12) } else { (3, 4_000) };
+        let pool = leaked();
+        let live = Mutex::new(std::collections::HashSet::new());
+        let take = |b: &Block| assert!(live.lock().unwrap().insert(b.addr()), "handed out twice");
+        let give = |b: &Block| assert!(live.lock().unwrap().remove(&b.addr()));
+        let stop = AtomicBool::new(false);
+        let settled = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for t in 0..owners {
+                let (take, give, stop) = (&take, &give, &stop);
+                s.spawn(move || {
+                    // Owners share key 0 with the observer; each keeps one block of
+                    // its own size live beside its pairs.
+                    let size = 4096 << t;
+                    let keep = malloc(pool, size, 0);
+                    take(&keep);
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..64 {
+                            let b = malloc(pool, size, 0);
+                            take(&b);
+                            give(&b);
+                            park(pool, b);
+                        }
+                    }
+                    give(&keep);
+                    park(pool, keep);
+                });
+            }
+            s.spawn(|| {
+                for i in 0..looks {
+                    let st = pool.stats();
+                    assert_eq!(st.used_bytes + st.free_bytes, st.total_bytes);
+                    match i % 3 {
+                        0 => pool.free_all_blocks(None),
+                        1 => {
+                            let b = pool.malloc(4096, 0).unwrap();
+                            take(&b);
+                            give(&b);
+                            pool.free(b).unwrap();
+                        }
+                        _ => {
+                            if pool.settle_all() {
+                                settled.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+        });
+        let st = pool.stats();
+        assert_eq!(st.used_bytes, 0);
+        assert_eq!(st.mallocs, st.frees);
+        assert!(st.cache_hits <= st.mallocs);
+        pool.check().unwrap();
+        if barrier::ready() {
+            assert!(pool.unlocked_pairs() > 0, "the lock-free path never ran");
+        }
+        eprintln!(
+            "lock-free pairs {}, of {} mallocs; observer settled a block {} times",
+            pool.unlocked_pairs(),
+            st.mallocs,
+            settled.load(Ordering::Relaxed)
+        );
+        pool.free_all_blocks(None);
+        assert_eq!(pool.stats().total_bytes, 0);
+        assert_eq!(pool.backend().counters().bad_frees, 0);
     }
 
     #[test]
