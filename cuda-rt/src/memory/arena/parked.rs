@@ -23,6 +23,20 @@
 //! fields are atomics (plain loads and stores on the hot path): no `unsafe`, and a
 //! stale read can only make a taker find nothing or the wrong arena and retry.
 //!
+//! # The cached pair without a lock
+//! Each arena counts the holders of its lock that may change it. When a thread's
+//! malloc finds, under the lock, that its parked block is exactly what it gets back
+//! (the free and the malloc fused), the slot remembers the block and the count. The
+//! next time the same block is parked and the count has not moved, nothing in the
+//! arena has changed, so the answer is the same: the thread takes the block back with
+//! plain loads and stores and counts the pair in its slot ([`Parked::take_unlocked`];
+//! the pool adds those counts to its statistics). Another thread that takes a parked
+//! block (an observer, or a malloc about to grow) claims the slot first and runs one
+//! process-wide barrier ([`barrier::heavy`], Linux `membarrier`), then waits until
+//! the slot's thread is not inside its lock-free take: Dekker's exclusion, with the
+//! hardware barrier on the rare side only. Where the barrier is missing the pair
+//! keeps its one lock.
+//!
 //! Each pool keeps the slots of the threads that parked in it (to settle them); each
 //! thread keeps its slots in a thread-local list with a handle to the pool ([`Home`]),
 //! and settles them when it exits. Slots are `'static` (leaked once, reused after
