@@ -62,9 +62,11 @@ pub(crate) struct Parked {
     busy: AtomicBool,
     /// Other threads about to take the block (see [`Parked::claim`]).
     claims: AtomicU32,
-    /// The block the slot's thread last found reusable under its arena's lock, and
-    /// the arena's change count then (`u64::MAX`: none). Its thread's alone.
-    verified: AtomicBlock,
+    /// The block the slot's thread last found reusable under its arena's lock (its
+    /// address, and chunk and arena as in `AtomicBlock`), and the arena's change
+    /// count then (`u64::MAX`: none). Its thread's alone.
+    verified_addr: AtomicU64,
+    verified_loc: AtomicU64,
     verified_at: AtomicU64,
     /// Cached pairs done without the lock, not yet in the arena's counters (each is
     /// a malloc, a free and a cache hit). Written by the slot's thread only.
@@ -78,7 +80,8 @@ impl Default for Parked {
             block: AtomicBlock::empty(),
             busy: AtomicBool::new(false),
             claims: AtomicU32::new(0),
-            verified: AtomicBlock::empty(),
+            verified_addr: AtomicU64::new(0),
+            verified_loc: AtomicU64::new(0),
             verified_at: AtomicU64::new(u64::MAX),
             pairs: AtomicU64::new(0),
         }
@@ -130,12 +133,16 @@ impl Parked {
 
     /// Remembers, for its thread, that `raw` was found reusable under its arena's
     /// lock when the arena's change count was `at` (see [`take_unlocked`](Self::take_unlocked)).
+    /// Nothing is remembered where the process barrier is missing, so the lock-free
+    /// take never applies there.
     #[inline]
     pub(crate) fn set_verified(&self, raw: RawBlock, at: u64) {
-        if self.verified_at.load(Ordering::Relaxed) != at || self.verified.load() != raw {
-            self.verified.store(raw);
-            self.verified_at.store(at, Ordering::Relaxed);
+        if !barrier::ready_hint() {
+            return;
         }
+        self.verified_addr.store(raw.addr, Ordering::Relaxed);
+        self.verified_loc.store(loc_of(&raw), Ordering::Relaxed);
+        self.verified_at.store(at, Ordering::Relaxed);
     }
 
     /// The cached pair without any lock, for the slot's thread, which
@@ -152,13 +159,14 @@ impl Parked {
     /// [`claim`](Self::claim)).
     #[inline]
     pub(crate) fn take_unlocked(&self, hint: &RawBlock, changes: &AtomicU64) -> bool {
-        if !barrier::ready_hint() {
+        // The same chunk of the same arena at the same address, in an arena that has
+        // not changed: the same block (its size is the chunk's).
+        if self.verified_addr.load(Ordering::Relaxed) != hint.addr
+            || self.verified_loc.load(Ordering::Relaxed) != loc_of(hint)
+        {
             return false;
         }
         let at = self.verified_at.load(Ordering::Relaxed);
-        if changes.load(Ordering::Relaxed) != at || self.verified.load() != *hint {
-            return false;
-        }
         self.busy.store(true, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
         let ok = self.claims.load(Ordering::Acquire) == 0
@@ -228,6 +236,12 @@ impl Parked {
         self.full.store(false, Ordering::Release);
         Taken::Block(raw)
     }
+}
+
+/// A block's chunk and arena in one word.
+#[inline]
+fn loc_of(raw: &RawBlock) -> u64 {
+    u64::from(raw.chunk) | u64::from(raw.arena) << 32
 }
 
 /// A pool as a thread's slot list sees it.
