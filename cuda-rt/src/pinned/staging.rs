@@ -377,6 +377,45 @@ fn staging_buffers(n: usize, chunk: usize) -> Result<Vec<PinnedMemoryPointer>> {
     (0..n).map(|_| pool.malloc(chunk)).collect()
 }
 
+/// One staged copy of `len` bytes on a device: its chunks, `k` pinned buffers with
+/// an event each, the started workers and the latch of their jobs.
+struct Plan {
+    chunks: Vec<(usize, usize)>,
+    k: usize,
+    bufs: Vec<PinnedMemoryPointer>,
+    events: SlotEvents,
+    workers: &'static Workers,
+    latch: Arc<Latch>,
+}
+
+impl Plan {
+    fn new(len: usize, device: i32) -> Result<Plan> {
+        let chunks: Vec<(usize, usize)> = chunks(len, chunk_size_for(len)).collect();
+        let k = chunks.len().min(STAGING_BUFFERS);
+        let bufs = staging_buffers(k, chunk_size_for(len))?;
+        let events = SlotEvents::new(device, k)?;
+        let workers = workers();
+        workers.ensure_started();
+        Ok(Plan {
+            chunks,
+            k,
+            bufs,
+            events,
+            workers,
+            latch: Arc::new(Latch::new()),
+        })
+    }
+
+    /// Waits, when dropped, for the jobs and (unless disarmed) for `stream`, so the
+    /// buffers outlive every copy that uses them, also on an error path.
+    fn drain(&self, stream: sys::CUstream) -> Drain<'_> {
+        Drain {
+            latch: &self.latch,
+            stream: Some(stream),
+        }
+    }
+}
+
 /// Copies `src` to device address `dst` (at least `src.len()` bytes of device
 /// memory) on `stream`; returns when the bytes are on the device. Staged through
 /// pinned buffers at and above [`PAGEABLE_THRESHOLD`] bytes (see the module doc).
@@ -389,24 +428,15 @@ pub fn copy_host_to_device(dst: u64, src: &[u8], stream: &impl AsStream) -> Resu
     if src.len() < PAGEABLE_THRESHOLD {
         return host::htod_sync(dst, src, s);
     }
-    let chunk = chunk_size_for(src.len());
-    let n_chunks = src.len().div_ceil(chunk);
-    let k = n_chunks.min(STAGING_BUFFERS);
-    let bufs = staging_buffers(k, chunk)?;
-    let events = SlotEvents::new(stream.device_id(), k)?;
-    let w = workers();
-    w.ensure_started();
-    let latch = Arc::new(Latch::new());
-    let mut drain = Drain {
-        latch: &latch,
-        stream: Some(s),
-    };
+    let p = Plan::new(src.len(), stream.device_id())?;
+    let mut drain = p.drain(s);
+    let (plan, k, bufs, events, w, latch) =
+        (&p.chunks, p.k, &p.bufs, &p.events, p.workers, &p.latch);
     let base = src.as_ptr() as usize;
-    let plan: Vec<(usize, usize)> = chunks(src.len(), chunk).collect();
     // Fill every buffer first; then, as chunk j's host copy ends, send it and refill
     // the buffer of chunk j - 1 (whose DMA is done or nearly) with chunk j - 1 + k.
     for (j, &(start, len)) in plan.iter().enumerate().take(k) {
-        w.submit(&latch, j, bufs[j].ptr() as usize, base + start, len);
+        w.submit(latch, j, bufs[j].ptr() as usize, base + start, len);
     }
     for (j, &(start, len)) in plan.iter().enumerate() {
         let slot = j % k;
@@ -418,7 +448,7 @@ pub fn copy_host_to_device(dst: u64, src: &[u8], stream: &impl AsStream) -> Resu
                 let prev = (j - 1) % k;
                 host::event_synchronize(events.events[prev])?;
                 w.submit(
-                    &latch,
+                    latch,
                     prev,
                     bufs[prev].ptr() as usize,
                     base + next_start,
@@ -444,20 +474,11 @@ pub fn copy_device_to_host(dst: &mut [u8], src: u64, stream: &impl AsStream) -> 
     if dst.len() < PAGEABLE_THRESHOLD {
         return host::dtoh_sync(dst, src, s);
     }
-    let chunk = chunk_size_for(dst.len());
-    let n_chunks = dst.len().div_ceil(chunk);
-    let k = n_chunks.min(STAGING_BUFFERS);
-    let bufs = staging_buffers(k, chunk)?;
-    let events = SlotEvents::new(stream.device_id(), k)?;
-    let w = workers();
-    w.ensure_started();
-    let latch = Arc::new(Latch::new());
-    let mut drain = Drain {
-        latch: &latch,
-        stream: Some(s),
-    };
+    let p = Plan::new(dst.len(), stream.device_id())?;
+    let mut drain = p.drain(s);
+    let (plan, k, bufs, events, w, latch) =
+        (&p.chunks, p.k, &p.bufs, &p.events, p.workers, &p.latch);
     let base = dst.as_mut_ptr() as usize;
-    let plan: Vec<(usize, usize)> = chunks(dst.len(), chunk).collect();
     // Start k DMAs; as chunk j lands, hand it to the workers, and once chunk j - 1
     // has left its buffer, start the DMA of chunk j - 1 + k into it.
     for (j, &(start, len)) in plan.iter().enumerate().take(k) {
@@ -467,7 +488,7 @@ pub fn copy_device_to_host(dst: &mut [u8], src: u64, stream: &impl AsStream) -> 
     for (j, &(start, len)) in plan.iter().enumerate() {
         let slot = j % k;
         host::event_synchronize(events.events[slot])?;
-        w.submit(&latch, slot, base + start, bufs[slot].ptr() as usize, len);
+        w.submit(latch, slot, base + start, bufs[slot].ptr() as usize, len);
         if j >= 1 {
             if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
                 let prev = (j - 1) % k;
