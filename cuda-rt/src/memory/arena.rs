@@ -63,7 +63,9 @@
 //! - *Parked frees* (crate-internal, used by the default device pools and the pinned
 //!   pools; see `parked`): a thread's last freed block may wait in a per-thread slot
 //!   and enter its arena under the lock of the thread's next malloc, which then takes
-//!   one lock per cached pair instead of two. Every observer ([`Pool::stats`],
+//!   one lock per cached pair instead of two, or none while the arena has not changed
+//!   since the thread last checked that its parked block is exactly what it gets
+//!   back (where the process barrier exists). Every observer ([`Pool::stats`],
 //!   [`Pool::free_all_blocks`], [`Pool::check`], a malloc about to grow, the drop)
 //!   settles all slots first, so figures, limits and growth are as without parking,
 //!   and one thread alone sees exactly the unparked algorithm.
@@ -684,7 +686,9 @@ impl<B: Backend> Pool<B> {
 
     /// The cached pair's malloc: when the block this thread parked in `parked` is
     /// exactly what a malloc of `size` bytes in `stream`'s arena gets back, that block,
-    /// found without the arena lookup and under one lock; `None` otherwise, with the
+    /// found without the arena lookup, with no lock while the arena has not changed
+    /// since this thread last found so (see `parked`), else under one; `None`
+    /// otherwise, with the
     /// parked block (if any was taken) given back to its arena, so that a
     /// [`malloc_parked`](Self::malloc_parked) that follows sees what it would have.
     #[inline]

@@ -20,11 +20,12 @@
 //!
 //! # Hot path
 //! A cached malloc + free pair allocates nothing on the heap (the emptied handle
-//! owner is kept per thread and refilled through relaxed atomics) and makes one
-//! atomic read-modify-write: a block with no copy in flight is *parked* in the
+//! owner is kept per thread and refilled through relaxed atomics) and makes at most
+//! one atomic read-modify-write: a block with no copy in flight is *parked* in the
 //! thread's slot and goes back into the cache under the lock of the thread's next
-//! malloc (statistics, `free_all_blocks` and a malloc about to grow settle every
-//! thread's parked block first; see `memory::arena`).
+//! malloc, or without it while nothing else changed the cache (statistics,
+//! `free_all_blocks` and a malloc about to grow settle every thread's parked block
+//! first; see `memory::arena`).
 //!
 //! # Dropping the pool
 //! Recycled handle owners and parking slots keep the pool's core alive, so the pool
