@@ -9,6 +9,9 @@
 
 use std::sync::OnceLock;
 
+/// `MEMBARRIER_CMD_GLOBAL` of `<linux/membarrier.h>` (no registration; slow).
+#[cfg(all(target_os = "linux", not(miri)))]
+const CMD_GLOBAL: libc::c_int = 1;
 /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` of `<linux/membarrier.h>`.
 #[cfg(all(target_os = "linux", not(miri)))]
 const CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
@@ -56,10 +59,13 @@ pub(crate) fn ready_hint() -> bool {
 /// `true`; a no-op otherwise.
 pub(crate) fn heavy() {
     #[cfg(all(target_os = "linux", not(miri)))]
-    if ready() {
-        // Registered: the expedited barrier cannot fail (ENOMEM aside, which the
-        // kernel never returns for this command once registered).
-        let ok = membarrier(CMD_PRIVATE_EXPEDITED);
+    if ready() && !membarrier(CMD_PRIVATE_EXPEDITED) {
+        // Registered, so this does not happen; should a forked child have lost the
+        // registration, register again, else take the global barrier (no
+        // registration, a scheduler grace period).
+        let ok = (membarrier(CMD_REGISTER_PRIVATE_EXPEDITED)
+            && membarrier(CMD_PRIVATE_EXPEDITED))
+            || membarrier(CMD_GLOBAL);
         debug_assert!(ok, "membarrier failed after registration");
     }
 }
