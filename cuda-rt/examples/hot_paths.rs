@@ -1,8 +1,10 @@
 //! Host-side cost of cuda-rt's hot paths, for instruction counting against a fake
 //! driver (`CUDA_RT_LIBCUDA=/path/to/fake/libcuda.so.1`): `malloc_async` + free pairs,
 //! the same through the raw entry points, caching pool (`MemoryPool`) malloc + drop
-//! pairs, event create + drop pairs (the event cache) and pinned pool malloc + free pairs.
-//! `valgrind --tool=callgrind target/release/examples/hot_paths [async|raw|pool|event|pinned] N`
+//! pairs, event create + drop pairs (the event cache) and pinned pool malloc + free pairs;
+//! `lock` times an uncontended lock + unlock (a compare-exchange and a release store),
+//! the host's cost of one locked instruction, with no driver at all.
+//! `valgrind --tool=callgrind target/release/examples/hot_paths [async|raw|pool|event|pinned|lock] N`
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -15,6 +17,22 @@ fn main() {
         .nth(2)
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
+    if what == "lock" {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let l = AtomicBool::new(false);
+        let t = Instant::now();
+        for _ in 0..n {
+            let l = black_box(&l);
+            while l
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {}
+            l.store(false, Ordering::Release);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / n as f64;
+        println!("lock: {ns:.2} ns per lock + unlock");
+        return;
+    }
     cuda_rt::device::set_device_id(0).unwrap();
     let t = Instant::now();
     match what.as_str() {

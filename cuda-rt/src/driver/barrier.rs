@@ -63,8 +63,7 @@ pub(crate) fn heavy() {
         // Registered, so this does not happen; should a forked child have lost the
         // registration, register again, else take the global barrier (no
         // registration, a scheduler grace period).
-        let ok = (membarrier(CMD_REGISTER_PRIVATE_EXPEDITED)
-            && membarrier(CMD_PRIVATE_EXPEDITED))
+        let ok = (membarrier(CMD_REGISTER_PRIVATE_EXPEDITED) && membarrier(CMD_PRIVATE_EXPEDITED))
             || membarrier(CMD_GLOBAL);
         debug_assert!(ok, "membarrier failed after registration");
     }
