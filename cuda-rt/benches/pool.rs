@@ -8,7 +8,9 @@
 //!   aggregate pairs per second, vs raw pairs at the same thread count; target: 16
 //!   threads at least 8x the single-thread rate (`speedup`).
 //!
-//! One JSON object per line (`ratio` = value / raw for times, raw / value for rates;
+//! First a line saying whether cached pairs take no lock in this process
+//! (`memory::lock_free_cached_pairs`: the Linux `membarrier` call is there). Then one
+//! JSON object per line (`ratio` = value / raw for times, raw / value for rates;
 //! below 1 is faster than raw), then a table. Median of reps after a warm-up. Without
 //! a GPU: a skip line, exit 0.
 //!
