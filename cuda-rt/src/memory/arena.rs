@@ -719,12 +719,7 @@ impl<B: Backend> Pool<B> {
         if !parked.take_peeked() {
             return None;
         }
-        if bins.reuse_exact(hint.chunk, hint.addr, hint.size) {
-            parked.set_verified(hint, arena.changes.load(Ordering::Relaxed));
-            return Some(self.block(arena, hint.chunk, hint.addr, rounded));
-        }
-        let _ = bins.free(hint.chunk, hint.addr, hint.size);
-        None
+        self.reuse_or_free(&mut bins, arena, hint, parked)
     }
 
     /// Under `arena`'s lock (`bins`): takes back the block parked in `parked` if it is
@@ -742,10 +737,29 @@ impl<B: Backend> Pool<B> {
         let Taken::Block(raw) = parked.take_in(arena.index) else {
             return None;
         };
+        if raw.size != rounded {
+            let _ = bins.free(raw.chunk, raw.addr, raw.size);
+            return None;
+        }
+        self.reuse_or_free(bins, arena, raw, parked)
+    }
+
+    /// Under `arena`'s lock (`bins`), with `raw` (this thread's parked block, of the
+    /// size being asked for) taken out of its slot `parked`: the block again when the
+    /// free and the malloc fused give it back exactly (remembered in the slot for the
+    /// lock-free take), else it goes back to the arena (`None`).
+    #[inline]
+    fn reuse_or_free(
+        &self,
+        bins: &mut Bins,
+        arena: &Arena,
+        raw: RawBlock,
+        parked: &Parked,
+    ) -> Option<Block> {
         // Ours to give back; it names a live chunk of this arena.
-        if raw.size == rounded && bins.reuse_exact(raw.chunk, raw.addr, raw.size) {
+        if bins.reuse_exact(raw.chunk, raw.addr, raw.size) {
             parked.set_verified(raw, arena.changes.load(Ordering::Relaxed));
-            return Some(self.block(arena, raw.chunk, raw.addr, rounded));
+            return Some(self.block(arena, raw.chunk, raw.addr, raw.size));
         }
         let _ = bins.free(raw.chunk, raw.addr, raw.size);
         None
@@ -799,7 +813,7 @@ impl<B: Backend> Pool<B> {
     /// Settles `p` and stops tracking it; its thread's call (exiting, or dropping its
     /// entry for the pool).
     pub(crate) fn forget_parked(&self, p: &'static Parked) {
-        self.settle_own(p);
+        self.take_parked(p);
         let mut list = self.parked_list();
         list.retain(|q| !std::ptr::eq(*q, p));
         // Under the list lock, as `stats` reads the counts.
@@ -810,15 +824,10 @@ impl<B: Backend> Pool<B> {
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Gives `p`'s parked block back to its arena, on `p`'s own thread (which is not
-    /// inside its lock-free take, so no claim is needed); `true` if there was one.
-    pub(crate) fn settle_own(&self, p: &Parked) -> bool {
-        self.take_parked(p)
-    }
-
     /// Takes `p`'s block into its arena under the arena's lock; `true` if there was
-    /// one. The caller is `p`'s thread, or has claimed `p` and waited for it to be
-    /// idle (see [`Parked::claim`]).
+    /// one. The caller is `p`'s thread (never inside its own lock-free take, so no
+    /// claim is needed), or has claimed `p` and waited for it to be idle (see
+    /// [`Parked::claim`]).
     fn take_parked(&self, p: &Parked) -> bool {
         // A stale arena index (the slot refilled meanwhile) is seen under the lock as
         // `Elsewhere`: read it again. Only the slot's thread refills it, so this ends.
@@ -921,7 +930,7 @@ impl<B: Backend> Pool<B> {
             return;
         }
         if p.is_full() {
-            self.settle_own(p);
+            self.take_parked(p);
             if p.is_full() {
                 self.free_raw(raw);
                 return;

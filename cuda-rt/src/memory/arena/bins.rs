@@ -112,22 +112,7 @@ pub(super) struct Bins {
     summary: u64,
     /// The hot free chunk, in no treap (NIL: none). See the module doc.
     hot: u32,
-    /// Bumped by every operation that may change the chunks or the index: equal
-    /// values, same structure.
-    changes: u64,
-    /// The last chunk [`reuse_exact`](Self::reuse_exact) found reusable (handed out at
-    /// `addr` with `size`) when `changes` was `at` (`at == u64::MAX`: none).
-    verified: Verified,
     pub counters: ArenaCounters,
-}
-
-/// See [`Bins::verified`].
-#[derive(Debug, Clone, Copy)]
-struct Verified {
-    at: u64,
-    chunk: u32,
-    addr: u64,
-    size: u64,
 }
 
 impl Bins {
@@ -139,13 +124,6 @@ impl Bins {
             words: [0; N_WORDS],
             summary: 0,
             hot: NIL,
-            changes: 0,
-            verified: Verified {
-                at: u64::MAX,
-                chunk: NIL,
-                addr: 0,
-                size: 0,
-            },
             counters: ArenaCounters::default(),
         }
     }
@@ -433,7 +411,6 @@ impl Bins {
     /// full) nothing changed.
     #[inline]
     pub fn malloc_cached(&mut self, size: u64) -> Result<Option<(u32, u64)>, SlabFull> {
-        self.changes += 1;
         if let Some(hit) = self.take_hot_exact(size) {
             return Ok(Some(hit));
         }
@@ -504,19 +481,9 @@ impl Bins {
     /// counters move. `false` (nothing changed) otherwise.
     #[inline]
     pub fn reuse_exact(&mut self, i: u32, addr: u64, size: u64) -> bool {
-        let v = self.verified;
-        // Nothing changed since this very chunk was found reusable (the steady state
-        // of a cached pair): it still is, without looking again.
-        let same = v.at == self.changes && v.chunk == i && v.addr == addr && v.size == size;
-        if !same && !self.reusable(i, addr, size) {
+        if !self.reusable(i, addr, size) {
             return false;
         }
-        self.verified = Verified {
-            at: self.changes,
-            chunk: i,
-            addr,
-            size,
-        };
         let k = &mut self.counters;
         k.frees += 1;
         k.mallocs += 1;
@@ -543,7 +510,6 @@ impl Bins {
     /// Records a fresh backend allocation of `size` bytes at `addr`, handed out whole.
     /// On `Err` (slab full) nothing changed: the caller gives the memory back.
     pub fn add_allocation(&mut self, addr: u64, size: u64) -> Result<u32, SlabFull> {
-        self.changes += 1;
         let i = self
             .new_slot(Chunk {
                 addr,
@@ -561,7 +527,6 @@ impl Bins {
     /// neighbours of the same backend allocation and files it as free.
     #[inline]
     pub fn free(&mut self, mut i: u32, addr: u64, size: u64) -> Result<(), NotLive> {
-        self.changes += 1;
         match self.chunks.get(i as usize) {
             Some(c) if c.state == State::Used && c.addr == addr && c.size == size => {}
             _ => return Err(NotLive),
@@ -605,7 +570,6 @@ impl Bins {
 
     /// As [`release_whole`](Self::release_whole), for the chunks whose size passes `pick`.
     pub fn release_whole_where(&mut self, out: &mut Vec<(u64, u64)>, pick: impl Fn(u64) -> bool) {
-        self.changes += 1;
         for i in 0..self.chunks.len() as u32 {
             let c = *self.c(i);
             if c.state == State::Free && c.prev == NIL && c.next == NIL && pick(c.size) {
@@ -755,10 +719,10 @@ mod tests {
         assert!(class_of(u64::MAX / 512) < N_CLASSES);
     }
 
-    /// The remembered verdict of `reuse_exact` holds only while nothing changed: a
-    /// neighbour freed, or a chunk of the same class filed, ends it.
+    /// `reuse_exact` says yes only while the fused free + malloc gives the chunk back
+    /// exactly: a neighbour freed, or a chunk of the same class filed, ends it.
     #[test]
-    fn a_remembered_reuse_is_looked_at_again_after_any_change() {
+    fn a_reuse_is_refused_once_a_free_would_merge_or_a_better_fit_exists() {
         let mut b = Bins::new();
         // One allocation of 4 KiB split in four 1 KiB blocks, all handed out.
         let whole = b.add_allocation(0x10000, 4096).unwrap();
@@ -767,10 +731,10 @@ mod tests {
             .map(|_| b.malloc_cached(1024).unwrap().unwrap())
             .collect();
         let (i, addr) = blocks[1];
-        // Reusable, twice (the second time from the remembered verdict).
+        // Reusable, twice.
         assert!(b.reuse_exact(i, addr, 1024));
         assert!(b.reuse_exact(i, addr, 1024));
-        // Another chunk, or another size, is never taken for the remembered one.
+        // Another size is refused; another chunk of the same size is reusable too.
         assert!(!b.reuse_exact(i, addr, 1536));
         assert!(b.reuse_exact(blocks[3].0, blocks[3].1, 1024));
         assert!(b.reuse_exact(i, addr, 1024));
