@@ -146,7 +146,7 @@ fn driver_holds(addr: u64) -> bool {
 }
 
 gpu_test!(
-    dropping_the_pool_gives_its_memory_back_despite_recycled_handles,
+    alone dropping_the_pool_gives_its_memory_back_despite_recycled_handles,
     {
         // A handle dropped before the pool is kept (emptied) for reuse and still names
         // the pool; the pool's memory must go back when the pool goes all the same.

@@ -392,7 +392,7 @@ fn driver_holds(ptr: u64) -> bool {
 }
 
 cuda_rt::gpu_test!(
-    dropping_a_pool_gives_its_memory_back_despite_recycled_objects_and_parked_frees,
+    alone dropping_a_pool_gives_its_memory_back_despite_recycled_objects_and_parked_frees,
     {
         cuda_rt::device::set_device_id(0).unwrap();
         // A pointer dropped before the pool is recycled and its block parked on this
