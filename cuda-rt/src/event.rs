@@ -355,7 +355,7 @@ impl Event {
 
     /// Records the event on this thread's current stream of the event's device.
     pub fn record(&self) -> Result<()> {
-        let s = crate::stream::current_stream_of(self.device);
+        let s = crate::stream::current_stream_unretained(self.device);
         self.record_on(&s)
     }
 

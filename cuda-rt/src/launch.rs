@@ -34,7 +34,7 @@ use std::mem::MaybeUninit;
 use crate::driver::{context::make_current, launch as dl, sys};
 use crate::error::{Error, Result};
 use crate::module::Function;
-use crate::stream::{current_stream_of, AsStream};
+use crate::stream::{current_stream_unretained, AsStream};
 
 /// Most arguments a typed launch takes (the raw form has no limit).
 pub const MAX_KERNEL_ARGS: usize = 64;
@@ -261,7 +261,7 @@ impl Function {
     /// Launches on this thread's current stream of the function's device.
     #[inline]
     pub fn launch(&self, config: &LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
-        self.launch_on(&current_stream_of(self.device_id()), config, args)
+        self.launch_on(&current_stream_unretained(self.device_id()), config, args)
     }
 
     /// Launches on `stream`, which must belong to the function's device.

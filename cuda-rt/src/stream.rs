@@ -10,10 +10,25 @@
 //! Every operation of a stream is on the [`AsStream`] trait (`synchronize`, `query`,
 //! `record`, `wait_event`, `launch_host_func`, `add_callback`, ...), so owned,
 //! borrowed and foreign streams all have them.
+//!
+//! # Who keeps a stream alive
+//! A [`Stream`] is reference counted, as CuPy's stream objects are: the driver's
+//! stream is destroyed when the last of these goes: the `Stream`, every [`StreamRef`]
+//! taken from it ([`AsStream::as_stream_ref`], [`get_current_stream`]), every thread
+//! on which it is the current stream, and every [`MemoryAsync`](crate::memory::MemoryAsync)
+//! allocated on it (which is freed on it). So no sequence of safe calls (a stream made
+//! current on one thread and dropped on another, a forgotten [`StreamScope`], memory
+//! freed after its stream object went) reaches the driver with a destroyed handle.
+//! [`ExternalStream`] and [`StreamRef::from_raw`] wrap handles someone else owns: they
+//! are `unsafe` to make, and their maker keeps the stream alive.
+//!
+//! [`AsStream`] is sealed: only this module's three stream types implement it, so the
+//! raw handle it gives the driver is always one of theirs.
 
 use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use crate::device::get_device_id;
 use crate::driver::context::{make_current, MAX_DEVICES};
@@ -59,19 +74,27 @@ fn refuse_capture<S: AsStream + ?Sized>(s: &S, what: &str) -> Result<()> {
     Ok(())
 }
 
+mod sealed {
+    /// Seals [`AsStream`](super::AsStream): the driver trusts the handle it gives.
+    pub trait Sealed {}
+    impl Sealed for super::Stream {}
+    impl Sealed for super::StreamRef {}
+    impl Sealed for super::ExternalStream {}
+}
+
 /// Anything that names a stream of a device, with the operations of a stream.
-pub trait AsStream {
+///
+/// Sealed: implemented by [`Stream`], [`StreamRef`] and [`ExternalStream`] only, since
+/// the driver trusts the raw handle it returns (a made-up handle would reach the
+/// driver from safe code).
+pub trait AsStream: sealed::Sealed {
     /// The raw `CUstream`.
     fn as_raw(&self) -> sys::CUstream;
     /// The device the stream belongs to.
     fn device_id(&self) -> i32;
-    /// A non-owning copy.
-    fn as_stream_ref(&self) -> StreamRef {
-        StreamRef {
-            handle: self.as_raw() as usize,
-            device: self.device_id(),
-        }
-    }
+    /// A shared reference to the stream, which keeps a [`Stream`] alive for as long
+    /// as it (or a clone) lives.
+    fn as_stream_ref(&self) -> StreamRef;
 
     /// The handle as an integer (CuPy's `Stream.ptr`; 0 and 2 for the default streams).
     fn ptr(&self) -> usize {
@@ -209,10 +232,10 @@ pub trait AsStream {
     }
 
     /// Makes this the current stream of its device on this thread, with no scope (CuPy's
-    /// `Stream.use()`). The caller keeps the stream alive while it is current (dropping
-    /// a [`Stream`] that is current on the dropping thread resets that thread to the
-    /// legacy default stream). An error when the stream's device is not the thread's
-    /// current device.
+    /// `Stream.use()`). The thread holds a reference to the stream while it is current,
+    /// so dropping the [`Stream`] (on any thread) leaves it usable here until another
+    /// stream is made current or the thread ends. An error when the stream's device is
+    /// not the thread's current device.
     fn use_stream(&self) -> Result<()> {
         let s = self.as_stream_ref();
         check_device(&s)?;
@@ -238,12 +261,32 @@ pub fn host_func_panic_count() -> u64 {
     driver::stream::host_fn_panic_count()
 }
 
-/// A non-owning, copyable reference to a stream: what [`get_current_stream`] returns.
-/// Compares and hashes by handle and device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A shared reference to a stream: what [`get_current_stream`] and
+/// [`AsStream::as_stream_ref`] return. A reference to a [`Stream`] keeps it alive (it
+/// is destroyed when its last owner goes); the default streams need no keeping; one
+/// made by [`StreamRef::from_raw`] relies on its maker. Cloning costs one atomic
+/// increment for a `Stream`'s reference, nothing for the others. Compares and hashes
+/// by handle and device.
+#[derive(Debug, Clone)]
 pub struct StreamRef {
     handle: usize,
     device: i32,
+    /// The stream this refers to, kept alive; `None` for the default streams and for
+    /// handles owned elsewhere.
+    keep: Option<Arc<StreamInner>>,
+}
+
+impl PartialEq for StreamRef {
+    fn eq(&self, other: &Self) -> bool {
+        self.handle == other.handle && self.device == other.device
+    }
+}
+impl Eq for StreamRef {}
+impl Hash for StreamRef {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.handle.hash(state);
+        self.device.hash(state);
+    }
 }
 
 impl StreamRef {
@@ -252,6 +295,7 @@ impl StreamRef {
         StreamRef {
             handle: LEGACY_DEFAULT_HANDLE,
             device,
+            keep: None,
         }
     }
 
@@ -260,18 +304,32 @@ impl StreamRef {
         StreamRef {
             handle: PER_THREAD_DEFAULT_HANDLE,
             device,
+            keep: None,
         }
     }
 
-    /// A reference to a raw handle of `device`.
+    /// A reference to a raw handle of `device`, which it does not keep alive.
     ///
     /// # Safety
     /// `handle` must be a stream of `device` (or 0/2), alive for as long as this
-    /// reference, or a copy of it, is used.
+    /// reference, or a clone of it, is used (also by memory allocated on it, or by a
+    /// thread on which it is made current).
     pub unsafe fn from_raw(handle: sys::CUstream, device: i32) -> Self {
         StreamRef {
             handle: handle as usize,
             device,
+            keep: None,
+        }
+    }
+
+    /// A reference that does not keep its stream alive, for use inside one call while
+    /// something else (the thread's current-stream slot, a borrowed owner) does.
+    #[inline]
+    fn unretained(handle: usize, device: i32) -> Self {
+        StreamRef {
+            handle,
+            device,
+            keep: None,
         }
     }
 
@@ -305,15 +363,36 @@ impl AsStream for StreamRef {
     fn device_id(&self) -> i32 {
         self.device
     }
+    #[inline]
+    fn as_stream_ref(&self) -> StreamRef {
+        self.clone()
+    }
 }
 
-/// An owned CUDA stream, destroyed on drop. Compares and hashes by handle and device.
+/// A CUDA stream this library created (or took ownership of). It is destroyed when its
+/// last owner goes: this value, the [`StreamRef`]s taken from it, the threads on which
+/// it is current, and the stream-ordered memory allocated on it (see the module docs).
+/// Compares and hashes by handle and device.
 #[derive(Debug)]
 pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+/// The owned driver stream, shared by a [`Stream`] and the references that keep it.
+#[derive(Debug)]
+struct StreamInner {
     handle: usize,
     device: i32,
     non_blocking: bool,
     priority: i32,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        // The driver defers destruction until queued work finishes; an error here
+        // (a context torn down at exit) leaves nothing to clean up.
+        let _ = driver::stream::destroy(self.handle as sys::CUstream);
+    }
 }
 
 impl Stream {
@@ -354,12 +433,18 @@ impl Stream {
                 return Err(e);
             }
         };
-        Ok(Stream {
-            handle: s as usize,
-            device,
-            non_blocking,
-            priority: actual,
-        })
+        Ok(Stream::wrap(s, device, non_blocking, actual))
+    }
+
+    fn wrap(handle: sys::CUstream, device: i32, non_blocking: bool, priority: i32) -> Stream {
+        Stream {
+            inner: Arc::new(StreamInner {
+                handle: handle as usize,
+                device,
+                non_blocking,
+                priority,
+            }),
+        }
     }
 
     /// The legacy default stream of the current device (CuPy's `Stream.null`).
@@ -381,29 +466,37 @@ impl Stream {
     pub unsafe fn from_raw(handle: sys::CUstream, device: i32) -> Result<Stream> {
         let flags = driver::stream::flags(handle)?;
         let priority = driver::stream::priority(handle)?;
-        Ok(Stream {
-            handle: handle as usize,
-            device,
-            non_blocking: flags & sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0,
-            priority,
-        })
+        let non_blocking = flags & sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0;
+        Ok(Stream::wrap(handle, device, non_blocking, priority))
     }
 
-    /// Gives up ownership: the handle is returned and no longer destroyed on drop.
-    pub fn into_raw(self) -> sys::CUstream {
-        let h = self.handle as sys::CUstream;
-        std::mem::forget(self);
-        h
+    /// Gives up ownership: the handle is returned and no longer destroyed. An
+    /// [`Error::InvalidState`] while something else still holds the stream (a
+    /// [`StreamRef`], a thread on which it is current, memory allocated on it); the
+    /// stream then stays owned by those holders and is destroyed when they go.
+    pub fn into_raw(self) -> Result<sys::CUstream> {
+        let handle = self.inner.handle;
+        match Arc::try_unwrap(self.inner) {
+            Ok(inner) => {
+                std::mem::forget(inner);
+                Ok(handle as sys::CUstream)
+            }
+            Err(shared) => Err(Error::InvalidState(format!(
+                "stream {handle:#x} cannot be given up: {} other owners (references, \
+                 threads where it is current, memory allocated on it) still hold it",
+                Arc::strong_count(&shared) - 1
+            ))),
+        }
     }
 
     /// Whether the stream does not synchronise with the legacy default stream.
     pub fn is_non_blocking(&self) -> bool {
-        self.non_blocking
+        self.inner.non_blocking
     }
 
     /// The stream's priority as CUDA clamped it.
     pub fn priority(&self) -> i32 {
-        self.priority
+        self.inner.priority
     }
 
     /// Blocks until all work queued on the stream is done (see
@@ -415,52 +508,44 @@ impl Stream {
 
 impl PartialEq for Stream {
     fn eq(&self, other: &Self) -> bool {
-        self.handle == other.handle && self.device == other.device
+        self.inner.handle == other.inner.handle && self.inner.device == other.inner.device
     }
 }
 impl Eq for Stream {}
 impl Hash for Stream {
     fn hash<H: Hasher>(&self, state: &mut H) {
         // The same as the StreamRef of the stream, so both can share a map.
-        self.as_stream_ref().hash(state);
+        self.inner.handle.hash(state);
+        self.inner.device.hash(state);
     }
 }
 impl PartialEq<StreamRef> for Stream {
     fn eq(&self, other: &StreamRef) -> bool {
-        self.as_stream_ref() == *other
+        self.inner.handle == other.handle && self.inner.device == other.device
     }
 }
 impl PartialEq<Stream> for StreamRef {
     fn eq(&self, other: &Stream) -> bool {
-        *self == other.as_stream_ref()
+        other == self
     }
 }
 
 impl AsStream for Stream {
     #[inline]
     fn as_raw(&self) -> sys::CUstream {
-        self.handle as sys::CUstream
+        self.inner.handle as sys::CUstream
     }
     #[inline]
     fn device_id(&self) -> i32 {
-        self.device
+        self.inner.device
     }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // A stream current on this thread would dangle: fall back to the default.
-        let idx = self.device as usize;
-        let _ = CURRENT.try_with(|c| {
-            if let Some(cell) = c.get(idx) {
-                if cell.get() == self.handle {
-                    cell.set(LEGACY_DEFAULT_HANDLE);
-                }
-            }
-        });
-        // The driver defers destruction until queued work finishes; an error here
-        // (a context torn down at exit) leaves nothing to clean up.
-        let _ = driver::stream::destroy(self.as_raw());
+    #[inline]
+    fn as_stream_ref(&self) -> StreamRef {
+        StreamRef {
+            handle: self.inner.handle,
+            device: self.inner.device,
+            keep: Some(Arc::clone(&self.inner)),
+        }
     }
 }
 
@@ -508,11 +593,18 @@ impl AsStream for ExternalStream {
     fn device_id(&self) -> i32 {
         self.device
     }
+    #[inline]
+    fn as_stream_ref(&self) -> StreamRef {
+        // SAFETY: `from_raw`'s caller promised the handle lives as long as this value
+        // and its copies are used, references included.
+        unsafe { StreamRef::from_raw(self.as_raw(), self.device) }
+    }
 }
 
 /// Restores, when dropped, the current stream of before [`AsStream::enter`]. It
-/// borrows the stream, which therefore outlives the scope. Not `Send`: the current
-/// stream is per thread.
+/// borrows the stream; the thread's current-stream slot keeps the stream alive too,
+/// so forgetting the scope (`mem::forget`) leaves a live stream current. Not `Send`:
+/// the current stream is per thread.
 #[derive(Debug)]
 #[must_use = "the previous stream is restored when the scope guard drops"]
 pub struct StreamScope<'a> {
@@ -522,50 +614,124 @@ pub struct StreamScope<'a> {
 
 impl StreamScope<'_> {
     /// The stream that was current on entry, and is restored on drop.
-    pub fn previous(&self) -> StreamRef {
-        self.prev
+    pub fn previous(&self) -> &StreamRef {
+        &self.prev
     }
 }
 
 impl Drop for StreamScope<'_> {
     fn drop(&mut self) {
         // The device id was validated on entry, so this cannot fail.
-        let _ = set_current_stream(self.prev);
+        let prev = std::mem::replace(&mut self.prev, StreamRef::legacy_default(0));
+        let _ = set_current_stream(prev);
     }
 }
 
 thread_local! {
-    /// This thread's current stream per device (0: the legacy default stream).
+    /// This thread's current stream handle per device (0: the legacy default stream):
+    /// what the hot paths read. No destructor, so it is readable during thread exit.
     static CURRENT: [Cell<usize>; MAX_DEVICES] = const { [const { Cell::new(0) }; MAX_DEVICES] };
+    /// What keeps each current stream alive while it is current on this thread.
+    static KEEP: Keep = const { Keep([const { Cell::new(None) }; MAX_DEVICES]) };
+}
+
+/// The streams current on this thread, held so they live while current.
+struct Keep([Cell<Option<Arc<StreamInner>>>; MAX_DEVICES]);
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        // The thread is ending: its streams go back to the default first, so nothing
+        // run later in this thread's teardown reads a handle released here.
+        let _ = CURRENT.try_with(|c| c.iter().for_each(|h| h.set(LEGACY_DEFAULT_HANDLE)));
+    }
 }
 
 /// This thread's current stream on the current device (the legacy default stream until
-/// one is set). No driver call.
+/// one is set), as a reference that keeps it alive. No driver call.
 #[inline]
 pub fn get_current_stream() -> StreamRef {
     current_stream_of(get_device_id())
 }
 
-/// This thread's current stream on `device`.
+/// This thread's current stream on `device`, as a reference that keeps it alive.
 #[inline]
 pub fn current_stream_of(device: i32) -> StreamRef {
+    let Some(idx) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
+        return StreamRef::legacy_default(device);
+    };
+    let handle = current_handle(idx);
+    if is_default_handle(handle) {
+        return StreamRef::unretained(handle, device);
+    }
+    let keep = KEEP
+        .try_with(|k| {
+            let held = k.0[idx].take();
+            let copy = held.clone();
+            k.0[idx].set(held);
+            copy
+        })
+        .ok()
+        .flatten();
+    match keep {
+        Some(inner) => StreamRef {
+            handle,
+            device,
+            keep: Some(inner),
+        },
+        // Made current through a reference that keeps nothing (external or raw):
+        // its maker keeps it alive.
+        None => StreamRef::unretained(handle, device),
+    }
+}
+
+#[inline]
+fn current_handle(idx: usize) -> usize {
+    CURRENT
+        .try_with(|c| c[idx].get())
+        .unwrap_or(LEGACY_DEFAULT_HANDLE)
+}
+
+/// The current stream of `device` for use within one call, without touching its
+/// reference count: valid while the thread's current stream of `device` is not
+/// changed (which only this thread can do), i.e. for the rest of a call that does
+/// not change it. The hot paths (launch, record, the pool) use this.
+#[inline]
+pub(crate) fn current_stream_unretained(device: i32) -> StreamRef {
     let handle = usize::try_from(device)
         .ok()
-        .and_then(|d| CURRENT.with(|c| c.get(d).map(Cell::get)))
-        .unwrap_or(LEGACY_DEFAULT_HANDLE);
-    StreamRef { handle, device }
+        .filter(|&d| d < MAX_DEVICES)
+        .map_or(LEGACY_DEFAULT_HANDLE, current_handle);
+    StreamRef::unretained(handle, device)
+}
+
+/// The raw handle of this thread's current stream of `device`, for keys and
+/// comparisons (the pool's per-stream bins).
+#[inline]
+pub(crate) fn current_stream_handle(device: i32) -> usize {
+    usize::try_from(device)
+        .ok()
+        .filter(|&d| d < MAX_DEVICES)
+        .map_or(LEGACY_DEFAULT_HANDLE, current_handle)
 }
 
 /// Sets this thread's current stream for the stream's device, returning the previous
-/// one. The caller keeps the stream alive while it is current.
+/// one. The thread keeps `s` alive while it is current.
 pub(crate) fn set_current_stream(s: StreamRef) -> Result<StreamRef> {
     let idx = usize::try_from(s.device)
         .ok()
         .filter(|&d| d < MAX_DEVICES)
         .ok_or_else(|| Error::InvalidArgument(format!("device id {} is out of range", s.device)))?;
-    let prev = CURRENT.with(|c| c[idx].replace(s.handle));
+    let device = s.device;
+    let gone = || Error::InvalidState("the current stream was set during thread exit".into());
+    let prev_keep = KEEP
+        .try_with(|k| k.0[idx].replace(s.keep))
+        .map_err(|_| gone())?;
+    let prev = CURRENT
+        .try_with(|c| c[idx].replace(s.handle))
+        .map_err(|_| gone())?;
     Ok(StreamRef {
         handle: prev,
-        device: s.device,
+        device,
+        keep: prev_keep,
     })
 }

@@ -16,35 +16,54 @@ cuda_rt::gpu_test!(malloc_async_rounds_to_512_and_round_trips, {
     assert_eq!(back, src);
 });
 
-cuda_rt::gpu_test!(
-    memory_async_keeps_a_shared_stream_alive_until_freed_on_it,
-    {
-        let s = Arc::new(Stream::new().unwrap());
-        let raw = s.as_raw() as usize;
-        let m = MemoryAsync::new_on_shared(4096, s.clone()).unwrap();
-        assert_eq!(m.stream().handle(), raw);
-        let p = MemoryPointer::from_memory(Arc::new(m));
-        p.memset_async(3, 4096, Some(&*s)).unwrap();
-        let mut back = vec![0u8; 4096];
-        p.copy_to_host_async(&mut back, Some(&*s)).unwrap();
-        assert!(back.iter().all(|&b| b == 3));
-        assert_eq!(Arc::strong_count(&s), 2, "the memory holds the stream");
-        drop(s); // the caller's stream object is gone; the memory still holds it
-        drop(p); // freed on its stream, then the stream is destroyed
-        let q = malloc_async(4096).unwrap();
-        q.memset(1, 4096).unwrap();
-    }
-);
+cuda_rt::gpu_test!(memory_async_keeps_its_stream_alive_until_freed_on_it, {
+    let s = Stream::new().unwrap();
+    let raw = s.as_raw() as usize;
+    let m = MemoryAsync::new_on(4096, &s).unwrap();
+    assert_eq!(m.stream().handle(), raw);
+    let p = MemoryPointer::from_memory(Arc::new(m));
+    p.memset_async(3, 4096, Some(&s)).unwrap();
+    drop(s); // the user's stream object is gone; the memory still holds the stream
+    let mut back = vec![0u8; 4096];
+    p.copy_to_host(&mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 3));
+    drop(p); // freed on its (live) stream, which is destroyed afterwards
+    let q = malloc_async(4096).unwrap();
+    q.memset(1, 4096).unwrap();
+    cuda_rt::device::synchronize().unwrap();
+});
 
-cuda_rt::gpu_test!(pool_malloc_on_a_shared_stream_round_trips, {
+// CuPy's order: allocate under a stream, drop the stream, free the memory later.
+cuda_rt::gpu_test!(malloc_async_under_a_dropped_stream_frees_cleanly, {
+    let s = Stream::non_blocking().unwrap();
+    let p = {
+        let _scope = s.enter().unwrap();
+        malloc_async(1 << 20).unwrap()
+    };
+    p.memset_async(7, 1 << 20, Some(&s)).unwrap();
+    drop(s);
+    let mut back = vec![0u8; 1 << 20];
+    p.copy_to_host(&mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 7));
+    drop(p);
+    // The device is still healthy: more stream-ordered work on the default stream.
+    let q = malloc_async(1 << 20).unwrap();
+    q.memset(9, 1 << 20).unwrap();
+    q.copy_to_host(&mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 9));
+});
+
+cuda_rt::gpu_test!(pool_malloc_on_a_dropped_stream_round_trips, {
     let pool = MemoryAsyncPool::create(0).unwrap();
-    let s = Arc::new(Stream::new().unwrap());
-    let p = pool.malloc_on_shared(1000, s.clone()).unwrap();
+    let s = Stream::new().unwrap();
+    let p = pool.malloc_on(1000, &s).unwrap();
     drop(s);
     p.copy_from_host(&[8u16; 500]).unwrap();
     let mut back = [0u16; 500];
     p.copy_to_host(&mut back).unwrap();
     assert_eq!(back, [8u16; 500]);
+    drop(p);
+    cuda_rt::device::synchronize().unwrap();
 });
 
 cuda_rt::gpu_test!(memory_async_on_a_borrowed_stream_is_freed_on_it, {

@@ -30,7 +30,7 @@ fn stream_ref_equality_and_hash_are_by_handle_and_device() {
     assert_eq!(a, b);
     assert_ne!(a, c);
     assert_ne!(a, d);
-    let set: HashSet<StreamRef> = [a, b, c, d].into_iter().collect();
+    let set: HashSet<StreamRef> = [a.clone(), b, c, d].into_iter().collect();
     assert_eq!(set.len(), 3);
     assert_eq!(a.ptr(), 0x1000);
 }
@@ -64,7 +64,7 @@ fn stream_scope_makes_current_and_restores_on_exit() {
         let s = fake(0x1000, 0);
         {
             let scope = s.enter().unwrap();
-            assert_eq!(scope.previous(), StreamRef::legacy_default(0));
+            assert_eq!(*scope.previous(), StreamRef::legacy_default(0));
             assert_eq!(get_current_stream(), s);
         }
         assert_eq!(get_current_stream(), StreamRef::legacy_default(0));
@@ -80,7 +80,7 @@ fn stream_scopes_nest() {
         let _sa = a.enter().unwrap();
         {
             let sb = b.enter().unwrap();
-            assert_eq!(sb.previous(), a);
+            assert_eq!(*sb.previous(), a);
             assert_eq!(get_current_stream(), b);
         }
         assert_eq!(get_current_stream(), a);
@@ -374,10 +374,84 @@ gpu_test!(external_stream_never_destroys_the_handle, {
 gpu_test!(stream_into_raw_and_from_raw_round_trip, {
     Device::new(0).unwrap().use_device().unwrap();
     let s = Stream::with_options(true, 0).unwrap();
-    let raw = s.into_raw();
+    let raw = s.into_raw().unwrap();
     // SAFETY: `raw` came from into_raw and is owned by the new value alone.
     let back = unsafe { Stream::from_raw(raw, 0) }.unwrap();
     assert!(back.is_non_blocking());
     assert_eq!(back.priority(), 0);
     back.synchronize().unwrap();
+});
+
+// ---- who keeps a stream alive (soundness, issue 14 item 4) ----
+
+gpu_test!(
+    a_stream_current_on_one_thread_and_dropped_on_another_stays_usable,
+    {
+        let (tx_stream, rx_stream) = mpsc::channel::<Stream>();
+        let (tx_done, rx_done) = mpsc::channel::<()>();
+        let user = std::thread::spawn(move || {
+            Device::new(0).unwrap().use_device().unwrap();
+            let s = Stream::non_blocking().unwrap();
+            let raw = s.as_raw() as usize;
+            s.use_stream().unwrap();
+            // The stream object goes to another thread, which drops it.
+            tx_stream.send(s).unwrap();
+            rx_done.recv().unwrap();
+            // Still current here, and still a live stream: work on it runs.
+            let cur = get_current_stream();
+            assert_eq!(cur.handle(), raw);
+            let p = cuda_rt::memory::alloc(4096).unwrap();
+            p.memset_async(0x5a, 4096, None).unwrap();
+            let mut back = vec![0u8; 4096];
+            p.copy_to_host_async(&mut back, None).unwrap();
+            cur.synchronize().unwrap();
+            assert!(back.iter().all(|&b| b == 0x5a));
+            // Moving off releases the thread's hold; the stream is destroyed now.
+            StreamRef::legacy_default(0).use_stream().unwrap();
+            drop(cur);
+            assert_eq!(get_current_stream(), StreamRef::legacy_default(0));
+        });
+        let s = rx_stream.recv().unwrap();
+        drop(s);
+        tx_done.send(()).unwrap();
+        user.join().unwrap();
+    }
+);
+
+gpu_test!(a_forgotten_stream_scope_leaves_a_live_stream_current, {
+    std::thread::spawn(|| {
+        Device::new(0).unwrap().use_device().unwrap();
+        let s = Stream::new().unwrap();
+        let raw = s.as_raw() as usize;
+        std::mem::forget(s.enter().unwrap());
+        drop(s);
+        let cur = get_current_stream();
+        assert_eq!(cur.handle(), raw);
+        cur.synchronize().unwrap();
+        assert!(cur.query().unwrap());
+    })
+    .join()
+    .unwrap();
+});
+
+gpu_test!(a_stream_ref_outlives_its_stream_object, {
+    Device::new(0).unwrap().use_device().unwrap();
+    let s = Stream::new().unwrap();
+    let r = s.as_stream_ref();
+    drop(s);
+    let p = cuda_rt::memory::alloc(256).unwrap();
+    p.memset_async(1, 256, Some(&r)).unwrap();
+    r.synchronize().unwrap();
+    let mut back = [0u8; 256];
+    p.copy_to_host(&mut back).unwrap();
+    assert_eq!(back, [1u8; 256]);
+});
+
+gpu_test!(into_raw_refuses_a_stream_still_held_elsewhere, {
+    Device::new(0).unwrap().use_device().unwrap();
+    let s = Stream::new().unwrap();
+    let r = s.as_stream_ref();
+    let e = s.into_raw().unwrap_err();
+    assert!(e.to_string().contains("still hold it"), "{e}");
+    r.synchronize().unwrap();
 });

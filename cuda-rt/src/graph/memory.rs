@@ -55,7 +55,7 @@ impl LaunchRecord {
     }
 
     fn last(&self) -> Option<StreamRef> {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner())
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -161,17 +161,17 @@ unsafe impl BaseMemory for GraphMemory {
 impl Drop for GraphMemory {
     fn drop(&mut self) {
         let mut p = self.state.phase();
-        let Phase::Capturing { stream, id } = *p else {
+        let Phase::Capturing { ref stream, id } = *p else {
             return;
         };
         // Free on the current stream when it is in the same capture (the user's
         // place in the work), else on the stream that allocated.
         let cur = current_stream_of(stream.device_id());
         let on = match capture::info(&cur) {
-            Ok((capture::CaptureStatus::Active { id: cid }, _)) if cid == id => cur,
-            _ => stream,
+            Ok((capture::CaptureStatus::Active { id: cid }, _)) if cid == id => cur.as_raw(),
+            _ => stream.as_raw(),
         };
-        if driver::memory::free_async(self.state.ptr, on.as_raw()).is_ok() {
+        if driver::memory::free_async(self.state.ptr, on).is_ok() {
             *p = Phase::FreedInGraph;
         }
         // Otherwise (the capture was invalidated or ended elsewhere) the graph, if
@@ -206,7 +206,10 @@ fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
             ptr,
             size,
             device: s.device_id(),
-            phase: Mutex::new(Phase::Capturing { stream: s, id }),
+            phase: Mutex::new(Phase::Capturing {
+                stream: s.clone(),
+                id,
+            }),
         });
         entry.allocs.push(Arc::clone(&state));
         Ok(MemoryPointer::from_memory(Arc::new(GraphMemory { state })))

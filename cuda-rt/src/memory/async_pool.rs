@@ -1,19 +1,14 @@
 //! Stream-ordered allocation over the driver's memory pools: [`malloc_async`],
 //! [`MemoryAsync`] and [`MemoryAsyncPool`] (CuPy's `cudaMallocAsync` allocator).
 //!
-//! Memory is freed with `cuMemFreeAsync` on the stream it was allocated on.
-//!
-//! - Allocated on a stream shared through an `Arc` ([`MemoryAsync::new_on_shared`],
-//!   [`MemoryAsyncPool::malloc_on_shared`]), the memory holds a clone of the `Arc`:
-//!   the stream stays alive until the memory is freed on it, whatever the caller drops
-//!   first. This is the way to let memory outlive the caller's stream object.
-//! - Allocated on a default stream (the legacy or per-thread one), nothing can go stale.
-//! - Allocated on a borrowed stream (the current stream, a `&Stream`), only the raw
-//!   handle is kept: **keep that stream alive while memory allocated on it lives**. If
-//!   it was destroyed first, the driver usually refuses the stale handle, and the free
-//!   falls back to synchronizing the device (so the destroyed stream's queued work is
-//!   finished) and freeing on the legacy default stream; a handle the driver already
-//!   reused for a new stream would order the free on that new stream instead.
+//! Memory is freed with `cuMemFreeAsync` on the stream it was allocated on. The memory
+//! holds a [`StreamRef`] to that stream, which keeps a [`Stream`](crate::Stream) alive
+//! until the memory is freed on it: the user may drop the stream object first (as
+//! CuPy allows), and the free still goes to a live stream, in order after the work
+//! queued on it. Default streams need no keeping. An [`ExternalStream`](crate::ExternalStream)
+//! is kept alive by its maker (its `from_raw` is `unsafe` and says so); should the
+//! driver refuse its handle at the free, the free falls back to synchronizing the
+//! device and freeing on the legacy default stream.
 
 use std::fmt;
 use std::sync::Arc;
@@ -39,15 +34,11 @@ pub struct MemoryAsync {
     ptr: u64,
     size: usize,
     device: i32,
+    /// The stream it was allocated on and is freed on, kept alive until then.
     stream: StreamRef,
-    /// Keeps a shared stream alive until the memory is freed on it.
-    _stream_owner: Option<SharedStream>,
     /// Keeps a pool this library created alive while its memory lives.
     _pool: Option<MemoryAsyncPool>,
 }
-
-/// A stream shared with the memory allocated on it.
-type SharedStream = Arc<dyn AsStream + Send + Sync>;
 
 impl fmt::Debug for MemoryAsync {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -64,37 +55,24 @@ impl MemoryAsync {
     /// `size` bytes (rounded up to 512) from the current device's current pool, on the
     /// current stream (`cuMemAllocAsync`). Size 0 is a null pointer of size 0.
     pub fn new(size: usize) -> Result<MemoryAsync> {
-        Self::alloc(size, get_current_stream(), None, None)
+        Self::alloc(size, get_current_stream(), None)
     }
 
-    /// The same on `stream`, from its device's current pool. Keep the stream alive
-    /// while the memory lives (see the module docs), or use
-    /// [`MemoryAsync::new_on_shared`].
+    /// The same on `stream`, from its device's current pool. The memory keeps the
+    /// stream alive until it is freed on it (see the module docs).
     pub fn new_on(size: usize, stream: &dyn AsStream) -> Result<MemoryAsync> {
-        Self::alloc(size, stream.as_stream_ref(), None, None)
-    }
-
-    /// The same on a shared stream, which the memory keeps alive until it is freed on
-    /// it: the caller may drop its `Arc` (and so the last user-visible stream object)
-    /// first.
-    pub fn new_on_shared<S: AsStream + Send + Sync + 'static>(
-        size: usize,
-        stream: Arc<S>,
-    ) -> Result<MemoryAsync> {
-        let r = stream.as_stream_ref();
-        Self::alloc(size, r, None, Some(stream))
+        Self::alloc(size, stream.as_stream_ref(), None)
     }
 
     /// The stream the memory was allocated on, and will be freed on.
-    pub fn stream(&self) -> StreamRef {
-        self.stream
+    pub fn stream(&self) -> &StreamRef {
+        &self.stream
     }
 
     fn alloc(
         size: usize,
         stream: StreamRef,
         pool: Option<&MemoryAsyncPool>,
-        owner: Option<SharedStream>,
     ) -> Result<MemoryAsync> {
         let device = stream.device_id();
         if size == 0 {
@@ -103,19 +81,17 @@ impl MemoryAsync {
                 size: 0,
                 device,
                 stream,
-                _stream_owner: None,
                 _pool: None,
             });
         }
         let size = round_up(size)?;
         let raw_pool = pool.filter(|p| p.inner.owned).map(|p| p.as_raw());
-        let ptr = alloc_ptr(size, device, stream, raw_pool)?;
+        let ptr = alloc_ptr(size, device, &stream, raw_pool)?;
         Ok(MemoryAsync {
             ptr,
             size,
             device,
             stream,
-            _stream_owner: owner,
             _pool: pool.filter(|p| p.inner.owned).cloned(),
         })
     }
@@ -127,7 +103,7 @@ impl MemoryAsync {
 fn alloc_ptr(
     size: usize,
     device: i32,
-    stream: StreamRef,
+    stream: &StreamRef,
     pool: Option<sys::CUmemoryPool>,
 ) -> Result<u64> {
     make_current_checked(device)?;
@@ -149,7 +125,7 @@ fn alloc_retry(
     e: Error,
     size: usize,
     device: i32,
-    stream: StreamRef,
+    stream: &StreamRef,
     pool: Option<sys::CUmemoryPool>,
 ) -> Result<u64> {
     if e.driver_code() != Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) {
@@ -211,7 +187,9 @@ unsafe impl BaseMemory for MemoryAsync {
             return;
         };
         m.release();
-        if m._stream_owner.is_none() && m._pool.is_none() {
+        // Emptied, it holds no stream: a spare keeps nothing alive.
+        m.stream = StreamRef::legacy_default(m.device);
+        if m._pool.is_none() {
             spare::put(self);
         }
     }
@@ -260,12 +238,12 @@ pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
     let stream = get_current_stream();
     if size == 0 {
         return Ok(MemoryPointer::from_memory(Arc::new(MemoryAsync::alloc(
-            0, stream, None, None,
+            0, stream, None,
         )?)));
     }
     let size = round_up(size)?;
     let device = stream.device_id();
-    let ptr = alloc_ptr(size, device, stream, None)?;
+    let ptr = alloc_ptr(size, device, &stream, None)?;
     if let Some(mut o) = spare::take() {
         if let Some(m) = Arc::get_mut(&mut o) {
             // An emptied object (size 0, nothing held): refill it in place.
@@ -279,7 +257,6 @@ pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
         size,
         device,
         stream,
-        _stream_owner: None,
         _pool: None,
     })))
 }
@@ -375,7 +352,8 @@ impl MemoryAsyncPool {
         self.malloc_on(size, &s)
     }
 
-    /// `size` bytes on `stream`, which must belong to the pool's device.
+    /// `size` bytes on `stream`, which must belong to the pool's device. The memory
+    /// keeps the stream alive until it is freed on it.
     pub fn malloc_on(&self, size: usize, stream: &dyn AsStream) -> Result<MemoryPointer> {
         if stream.device_id() != self.inner.device {
             return Err(Error::InvalidArgument(format!(
@@ -384,26 +362,7 @@ impl MemoryAsyncPool {
                 self.inner.device
             )));
         }
-        let m = MemoryAsync::alloc(size, stream.as_stream_ref(), Some(self), None)?;
-        Ok(MemoryPointer::from_memory(Arc::new(m)))
-    }
-
-    /// `size` bytes on a shared stream of the pool's device, which the memory keeps
-    /// alive until it is freed on it.
-    pub fn malloc_on_shared<S: AsStream + Send + Sync + 'static>(
-        &self,
-        size: usize,
-        stream: Arc<S>,
-    ) -> Result<MemoryPointer> {
-        if stream.device_id() != self.inner.device {
-            return Err(Error::InvalidArgument(format!(
-                "stream of device {} used with the async pool of device {}",
-                stream.device_id(),
-                self.inner.device
-            )));
-        }
-        let r = stream.as_stream_ref();
-        let m = MemoryAsync::alloc(size, r, Some(self), Some(stream))?;
+        let m = MemoryAsync::alloc(size, stream.as_stream_ref(), Some(self))?;
         Ok(MemoryPointer::from_memory(Arc::new(m)))
     }
 

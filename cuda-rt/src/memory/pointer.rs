@@ -105,7 +105,7 @@ impl SyncVia {
     fn stream(&self, device: i32) -> StreamRef {
         match self {
             SyncVia::Legacy => StreamRef::legacy_default(device),
-            SyncVia::Stream(s) => *s,
+            SyncVia::Stream(s) => s.clone(),
         }
     }
 }

@@ -57,7 +57,7 @@ use crate::memory::arena::{
 use crate::memory::device_memory::{check_device, BaseMemory};
 use crate::memory::hook;
 use crate::memory::MemoryPointer;
-use crate::stream::{current_stream_of, AsStream, PER_THREAD_DEFAULT_HANDLE};
+use crate::stream::{current_stream_handle, AsStream, PER_THREAD_DEFAULT_HANDLE};
 
 /// Whether a cached malloc + free pair of one thread takes no lock at all in this
 /// process (see [`arena`](super::arena)'s parked frees): it needs the operating
@@ -701,7 +701,7 @@ impl MemoryPool {
             return None;
         }
         let slot = parked::slot(core.home_id())?;
-        let key = stream_key(current_stream_of(device).handle());
+        let key = stream_key(current_stream_handle(device));
         let block = core.pool.malloc_reparked(size, key, slot)?;
         let ptr = block.addr();
         Some(MemoryPointer::from_memory_at(
@@ -717,7 +717,7 @@ impl MemoryPool {
             return Ok(MemoryPointer::null(device));
         }
         let core = self.inner().core(device)?;
-        let key = stream_key(current_stream_of(device).handle());
+        let key = stream_key(current_stream_handle(device));
         let r = core.malloc(
             size,
             key,
