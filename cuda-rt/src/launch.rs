@@ -26,7 +26,9 @@
 //! When the driver can tell a kernel's parameters (`cuFuncGetParamInfo`, CUDA 12.4+), a
 //! launch with the wrong number of arguments or a wrong size is an
 //! [`Error::InvalidArgument`] before anything is launched. The sizes are fetched once
-//! per [`Function`]; later launches compare a few integers.
+//! per [`Function`]; later launches compare a few integers. A driver older than 12.4
+//! cannot report them: then neither the count nor the sizes are checked, and
+//! [`Function::param_sizes`] returns the error that says so.
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
@@ -331,7 +333,7 @@ impl Function {
         config: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        if let Some(expected) = self.param_sizes() {
+        if let Some(expected) = self.known_param_sizes() {
             if expected.len() != params.len() {
                 return Err(self.arity_error(expected, params.len(), None));
             }
@@ -442,7 +444,7 @@ impl ParamArray {
                 args.len()
             )));
         }
-        if let Some(expected) = f.param_sizes() {
+        if let Some(expected) = f.known_param_sizes() {
             if expected.len() != args.len()
                 || expected.iter().zip(args).any(|(&e, a)| e != a.param_size())
             {

@@ -206,9 +206,10 @@ struct FunctionInner {
     handle: usize,
     device: i32,
     name: Box<str>,
-    /// Parameter sizes as the driver reports them, fetched on the first launch;
-    /// `None` when the driver cannot tell (before CUDA 12.4).
-    params: OnceLock<Option<Box<[usize]>>>,
+    /// Parameter sizes as the driver reports them, fetched on the first launch (or
+    /// [`Function::param_sizes`]); when the driver cannot tell (before CUDA 12.4), the
+    /// message that says so.
+    params: OnceLock<std::result::Result<Box<[usize]>, Box<str>>>,
     module: Arc<ModuleInner>,
 }
 
@@ -284,14 +285,41 @@ impl Function {
         }
     }
 
-    /// The sizes of the kernel's parameters as the driver reports them (CUDA 12.4+),
-    /// fetched once; `None` when the driver cannot tell.
-    #[inline]
-    pub fn param_sizes(&self) -> Option<&[usize]> {
-        self.inner
-            .params
-            .get_or_init(|| dm::param_sizes(self.as_raw()))
+    /// The sizes in bytes of the kernel's parameters, in order, as the driver reports
+    /// them (`cuFuncGetParamInfo`, CUDA 12.4+): what every launch checks the count and
+    /// sizes of its arguments against. Fetched once; clones share them.
+    ///
+    /// # Errors
+    /// [`Error::NotSupported`] when the driver cannot report them, with a message such
+    /// as `driver 12.2 cannot report kernel parameters (cuFuncGetParamInfo needs CUDA
+    /// 12.4): launches of kernel saxpy are not checked for argument count or sizes`.
+    /// Launches then go ahead unchecked: the count, like the types, rests on the
+    /// caller's `# Safety` guarantee alone (see [`Function::launch`]).
+    pub fn param_sizes(&self) -> Result<&[usize]> {
+        self.params()
             .as_deref()
+            .map_err(|why| Error::NotSupported(why.to_string()))
+    }
+
+    /// The parameter sizes for a launch's checks, `None` when the driver cannot tell
+    /// (the launch hot path: after the first call, one load and one branch).
+    #[inline]
+    pub(crate) fn known_param_sizes(&self) -> Option<&[usize]> {
+        self.params().as_deref().ok()
+    }
+
+    #[inline]
+    fn params(&self) -> &std::result::Result<Box<[usize]>, Box<str>> {
+        self.inner.params.get_or_init(|| {
+            dm::param_sizes(self.as_raw()).ok_or_else(|| self.params_unknown().into())
+        })
+    }
+
+    /// Why the driver could not report the parameters (once per function).
+    #[cold]
+    fn params_unknown(&self) -> String {
+        let entry_point = driver::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok());
+        params_unknown_message(self.name(), driver::version().ok(), entry_point)
     }
 
     /// One attribute by the driver's raw enum value.
@@ -387,8 +415,70 @@ impl Function {
     }
 }
 
+/// The message of [`Function::param_sizes`]' error: `driver_version` is what
+/// `cuDriverGetVersion` says (if anything); `entry_point` whether the driver has
+/// `cuFuncGetParamInfo` at all (its absence means a driver before 12.4).
+fn params_unknown_message(kernel: &str, driver_version: Option<i32>, entry_point: bool) -> String {
+    const UNCHECKED: &str = "are not checked for argument count or sizes";
+    let driver = match driver_version {
+        Some(v) => format!("driver {}", cuda_sys::format_version(v)),
+        None => "the driver (version unknown)".to_owned(),
+    };
+    if entry_point {
+        format!(
+            "{driver} did not report the parameters of kernel {kernel} (cuFuncGetParamInfo \
+             failed): launches of it {UNCHECKED}"
+        )
+    } else {
+        format!(
+            "{driver} cannot report kernel parameters (cuFuncGetParamInfo needs CUDA 12.4): \
+             launches of kernel {kernel} {UNCHECKED}"
+        )
+    }
+}
+
 /// `true` if the driver's kernel parameter table can be read (for tests).
 #[doc(hidden)]
 pub fn driver_reports_param_sizes() -> bool {
     driver::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_driver_before_12_4_is_named_with_the_version_it_needs() {
+        let m = params_unknown_message("saxpy", Some(12020), false);
+        assert_eq!(
+            m,
+            "driver 12.2 cannot report kernel parameters (cuFuncGetParamInfo needs CUDA \
+             12.4): launches of kernel saxpy are not checked for argument count or sizes"
+        );
+        let e = Error::NotSupported(m);
+        assert!(
+            e.to_string().starts_with("not supported: driver 12.2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_version_or_a_failed_query_still_says_the_launch_is_unchecked() {
+        let m = params_unknown_message("k", None, false);
+        assert!(
+            m.starts_with("the driver (version unknown) cannot report"),
+            "{m}"
+        );
+        assert!(m.contains("needs CUDA 12.4"), "{m}");
+        let m = params_unknown_message("k", Some(13000), true);
+        assert!(
+            m.starts_with("driver 13.0 did not report the parameters of kernel k"),
+            "{m}"
+        );
+        assert!(m.contains("cuFuncGetParamInfo failed"), "{m}");
+        assert!(
+            m.ends_with("not checked for argument count or sizes"),
+            "{m}"
+        );
+    }
 }
