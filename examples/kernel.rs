@@ -4,7 +4,6 @@
 //! Without a GPU it says so and exits 0 (after compiling to PTX if NVRTC is present).
 
 use cuda_rt::compiler::{KernelCache, Program, RawKernel, Target};
-use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::LaunchConfig;
 
 const SAXPY: &str = r#"
@@ -68,25 +67,16 @@ fn run() -> cuda_rt::Result<()> {
 
     let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let y: Vec<f32> = vec![1.0; n];
-    let bytes = n * 4;
-    let api = sys::api()?;
-    let (mut dx, mut dy): (sys::CUdeviceptr, sys::CUdeviceptr) = (0, 0);
-    // SAFETY: raw allocations and copies of `bytes` bytes to and from buffers of that
-    // size; device 0's context is current. (Device memory types live in `memory`.)
-    unsafe {
-        api.cuMemAlloc_v2()?(&mut dx, bytes);
-        api.cuMemAlloc_v2()?(&mut dy, bytes);
-        api.cuMemcpyHtoD_v2()?(dx, x.as_ptr().cast(), bytes);
-        api.cuMemcpyHtoD_v2()?(dy, y.as_ptr().cast(), bytes);
-    }
-    cuda_rt::launch!(k, &cfg, (2.0f32, dx, dy, n as i32))?;
+    // Device memory that keeps itself alive and bounds-checks the host copies.
+    let (dx, dy) = (cuda_rt::alloc(n * 4)?, cuda_rt::alloc(n * 4)?);
+    dx.copy_from_host(&x)?;
+    dy.copy_from_host(&y)?;
+    // SAFETY: saxpy(float a, const float* x, float* y, int n): dx and dy hold n f32 each
+    // on device 0 (the kernel's device); threads past n do nothing; the copy back below
+    // is ordered after the kernel on the current stream, and both buffers outlive it.
+    unsafe { cuda_rt::launch!(k, &cfg, (2.0f32, dx, dy, n as i32))? };
     let mut out = vec![0f32; n];
-    // SAFETY: as above.
-    unsafe {
-        api.cuMemcpyDtoH_v2()?(out.as_mut_ptr().cast(), dy, bytes);
-        api.cuMemFree_v2()?(dx);
-        api.cuMemFree_v2()?(dy);
-    }
+    dy.copy_to_host(&mut out)?;
     let bad = (0..n).filter(|&i| out[i] != 2.0 * x[i] + y[i]).count();
     println!("saxpy on {n} elements: {} mismatches", bad);
     Ok(())

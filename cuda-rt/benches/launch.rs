@@ -66,12 +66,17 @@ fn run() -> cuda_rt::Result<()> {
     let mut rows = Vec::new();
 
     // Warm up both paths (first launch fetches parameter sizes, loads lazily).
-    e1.launch_on(&stream, &cfg, &[&1i32])?;
-    e6.launch_on(
-        &stream,
-        &cfg,
-        &[&0u64, &0u64, &0u64, &1i32, &1.0f32, &1.0f64],
-    )?;
+    // SAFETY: empty1(int) gets one int and touches no memory.
+    unsafe { e1.launch_on(&stream, &cfg, &[&1i32])? };
+    // SAFETY: empty6(float*, float*, float*, int, float, double) gets one value of each
+    // type; its body is empty, so the null pointers are never followed.
+    unsafe {
+        e6.launch_on(
+            &stream,
+            &cfg,
+            &[&0u64, &0u64, &0u64, &1i32, &1.0f32, &1.0f64],
+        )?
+    };
     stream.synchronize()?;
 
     let mut a = 7i32;
@@ -96,7 +101,8 @@ fn run() -> cuda_rt::Result<()> {
         assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
     });
     let ours1 = per_launch_us(&stream, || {
-        e1.launch_on(&stream, &cfg, &[&a]).expect("launch");
+        // SAFETY: empty1(int) gets one int and touches no memory.
+        unsafe { e1.launch_on(&stream, &cfg, &[&a]) }.expect("launch");
     });
     rows.push(Row {
         name: "launch_empty_1arg".into(),
@@ -135,7 +141,9 @@ fn run() -> cuda_rt::Result<()> {
         assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
     });
     let ours6 = per_launch_us(&stream, || {
-        cuda_rt::launch!(e6, &cfg, &stream, (x, y, z, n, f, d)).expect("launch");
+        // SAFETY: empty6 gets one value of each parameter type; its body is empty, so
+        // the null pointers x, y, z are never followed.
+        unsafe { cuda_rt::launch!(e6, &cfg, &stream, (x, y, z, n, f, d)) }.expect("launch");
     });
     rows.push(Row {
         name: "launch_empty_6args".into(),

@@ -2,9 +2,10 @@
 //! without heap allocation, cooperative launches and launch attributes (clusters).
 //!
 //! Arguments are anything that implements [`KernelArg`]: every primitive scalar, raw
-//! pointers, `u64` device pointers, and your own `#[repr(C)]` plain-data structs once
-//! they implement [`PlainData`]. A launch takes them as `&[&dyn KernelArg]` (an array
-//! on the caller's stack) or through the [`launch!`](crate::launch!) macro:
+//! pointers, `u64` device pointers, [`MemoryPointer`](crate::MemoryPointer)s, and your
+//! own `#[repr(C)]` plain-data structs once they implement [`PlainData`]. A launch
+//! takes them as `&[&dyn KernelArg]` (an array on the caller's stack) or through the
+//! [`launch!`](crate::launch!) macro:
 //!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
@@ -16,19 +17,44 @@
 //!     "scale",
 //!     &[],
 //! )?;
-//! let (x, a, n) = (0u64 /* a device pointer */, 2.0f32, 1000i32);
+//! let (a, n) = (2.0f32, 1000i32);
+//! let x = cuda_rt::alloc(4 * n as usize)?; // n floats on the current device
 //! let cfg = LaunchConfig::for_num_elems(&k, n as u32)?;
-//! k.launch(&cfg, &[&x, &a, &n])?; // on the current stream
-//! cuda_rt::launch!(k, &cfg, (x, a, n))?; // the same
+//! // SAFETY: scale(float* x, float a, int n): x holds n floats on the kernel's device,
+//! // and nothing else touches them until the synchronize below.
+//! unsafe { k.launch(&cfg, &[&x, &a, &n])? }; // on the current stream
+//! // SAFETY: the same arguments.
+//! unsafe { cuda_rt::launch!(k, &cfg, (x, a, n))? }; // the same
+//! cuda_rt::synchronize()?; // x stays alive until the kernels are done
 //! # Ok(()) }
 //! ```
 //!
+//! # Why launching is `unsafe`
+//!
+//! A launch runs arbitrary device code with the caller's arguments: a kernel that
+//! writes through a pointer argument writes wherever that pointer points, on the
+//! device or, with unified addressing, in host memory. No host-side check can tell
+//! whether a `u64` is a live allocation large enough for what the kernel does, so every
+//! call that launches a kernel with caller-chosen arguments is an `unsafe fn`
+//! ([`Function::launch`], [`Function::launch_on`], [`Function::launch_cooperative`],
+//! [`Function::launch_ex`], [`Function::launch_raw`] and the [`launch!`](crate::launch!)
+//! macro, which must be written inside an `unsafe` block). Their `# Safety` sections
+//! say what the caller guarantees: the arguments match the kernel's parameters in
+//! number, order and type; every pointer the kernel follows is valid for all its
+//! accesses, on the launch's device, until the kernel completes; and no other work or
+//! host code races with the kernel on that memory.
+//!
+//! # What is still checked
+//!
 //! When the driver can tell a kernel's parameters (`cuFuncGetParamInfo`, CUDA 12.4+), a
 //! launch with the wrong number of arguments or a wrong size is an
-//! [`Error::InvalidArgument`] before anything is launched. The sizes are fetched once
-//! per [`Function`]; later launches compare a few integers. A driver older than 12.4
-//! cannot report them: then neither the count nor the sizes are checked, and
-//! [`Function::param_sizes`] returns the error that says so.
+//! [`Error::InvalidArgument`] naming the expected and the given counts and sizes,
+//! before anything is launched. The sizes are fetched once per [`Function`]; later
+//! launches compare a few integers. A driver older than 12.4 cannot report them: then
+//! neither the count nor the sizes are checked, and [`Function::param_sizes`] returns
+//! the error that says so. Types (an `f32` where the kernel takes an `int`) are never
+//! checked. The stream must belong to the function's device (an error otherwise), and
+//! the driver checks the launch shape.
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
@@ -261,37 +287,93 @@ enum Kind {
 
 impl Function {
     /// Launches on this thread's current stream of the function's device.
+    ///
+    /// The argument count and sizes are checked against the kernel's parameters when the
+    /// driver can report them (CUDA 12.4+; see [`Function::param_sizes`]): a mismatch is
+    /// an [`Error::InvalidArgument`] naming the expected and given counts and sizes, and
+    /// nothing is launched. With an older driver neither is checked.
+    ///
+    /// # Safety
+    /// The kernel runs with `args` as its parameters; the caller guarantees:
+    /// - `args` match the kernel's parameters in number, order and type (the C++
+    ///   parameter type's size, alignment and layout: an `i32` for an `int`, a
+    ///   `#[repr(C)]` [`PlainData`] struct for a struct). Only the count and sizes are
+    ///   checked, and only with a driver that reports them.
+    /// - Every pointer argument (a `u64` device address, a raw pointer, a
+    ///   [`MemoryPointer`](crate::MemoryPointer), a pointer inside a struct), and every
+    ///   address the kernel derives from one, is valid for every access the kernel
+    ///   makes through it: memory accessible from this function's device, large enough
+    ///   for every index the launch shape reaches, and alive until the kernel has
+    ///   completed. The launch is asynchronous: returning from this call does not end
+    ///   the kernel's use of the memory (synchronize the stream, or order the free
+    ///   after the kernel on the same stream, before the memory is freed or reused).
+    ///   On a stream that is capturing a graph, the kernel runs at every launch of the
+    ///   graph: the memory must stay valid until the graph's last launch completes.
+    /// - No data race: until the kernel completes, memory it writes is neither read nor
+    ///   written, and memory it reads is not written, by the host or by device work not
+    ///   ordered with this launch (other streams without an event between them).
+    /// - The kernel has no undefined behaviour of its own for these arguments and this
+    ///   launch shape (out-of-bounds or misaligned accesses, barrier divergence...).
     #[inline]
-    pub fn launch(&self, config: &LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
-        self.launch_on(&current_stream_unretained(self.device_id()), config, args)
+    pub unsafe fn launch(&self, config: &LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
+        // SAFETY: the caller's guarantees (see `# Safety`) are `launch_on`'s; the
+        // current stream of the function's device belongs to that device, and stays
+        // valid for this call (only this thread could change it, and it does not).
+        unsafe { self.launch_on(&current_stream_unretained(self.device_id()), config, args) }
     }
 
-    /// Launches on `stream`, which must belong to the function's device.
+    /// Launches on `stream`, which must belong to the function's device (an
+    /// [`Error::InvalidArgument`] otherwise). Arguments are checked as for
+    /// [`Function::launch`].
+    ///
+    /// # Safety
+    /// As for [`Function::launch`]: the arguments match the kernel's parameters in
+    /// number, order and type; every pointer the kernel follows is valid for all its
+    /// accesses, on the function's device, until the kernel completes on `stream`; no
+    /// host access or unordered device work races with the kernel on that memory.
     #[inline]
-    pub fn launch_on(
+    pub unsafe fn launch_on(
         &self,
         stream: &impl AsStream,
         config: &LaunchConfig,
         args: &[&dyn KernelArg],
     ) -> Result<()> {
-        self.launch_typed(Kind::Plain, stream, config, args)
+        // SAFETY: the caller guarantees the arguments (see `# Safety`).
+        unsafe { self.launch_typed(Kind::Plain, stream, config, args) }
     }
 
     /// A cooperative launch (`cuLaunchCooperativeKernel`): the whole grid must fit on
     /// the device at once, and may synchronise with `cooperative_groups::this_grid()`.
+    /// Arguments are checked as for [`Function::launch`].
+    ///
+    /// # Safety
+    /// As for [`Function::launch`]: the arguments match the kernel's parameters in
+    /// number, order and type; every pointer the kernel follows is valid for all its
+    /// accesses, on the function's device, until the kernel completes on `stream`; no
+    /// host access or unordered device work races with the kernel on that memory.
     #[inline]
-    pub fn launch_cooperative(
+    pub unsafe fn launch_cooperative(
         &self,
         stream: &impl AsStream,
         config: &LaunchConfig,
         args: &[&dyn KernelArg],
     ) -> Result<()> {
-        self.launch_typed(Kind::Cooperative, stream, config, args)
+        // SAFETY: the caller guarantees the arguments (see `# Safety`).
+        unsafe { self.launch_typed(Kind::Cooperative, stream, config, args) }
     }
 
     /// Launches with attributes through `cuLaunchKernelEx` (cluster dimensions,
-    /// cooperative, priority).
-    pub fn launch_ex(
+    /// cooperative, priority). Arguments are checked as for [`Function::launch`]; at
+    /// most [`MAX_LAUNCH_ATTRIBUTES`] attributes.
+    ///
+    /// # Safety
+    /// As for [`Function::launch`]: the arguments match the kernel's parameters in
+    /// number, order and type; every pointer the kernel follows is valid for all its
+    /// accesses, on the function's device, until the kernel completes on `stream`; no
+    /// host access or unordered device work races with the kernel on that memory
+    /// (with clusters or a cooperative launch, the kernel's own cross-block accesses
+    /// must be free of races too).
+    pub unsafe fn launch_ex(
         &self,
         stream: &impl AsStream,
         config: &LaunchConfig,
@@ -313,19 +395,26 @@ impl Function {
         self.check_stream(stream)?;
         make_current(self.device_id())?;
         let cfg = config.to_raw(stream.as_raw(), &mut raw[..attributes.len()]);
-        // The function's module is alive (self holds it) and its context current; the
-        // stream belongs to the device (checked); `ptrs` holds one pointer per argument,
-        // each alive for the call, count and sizes checked where the driver can tell;
-        // `cfg.attrs` covers `numAttrs` initialised entries.
-        dl::launch_ex(&cfg, self.as_raw(), ptrs)
+        // SAFETY: the function's module is alive (self holds it) and its context
+        // current; the stream belongs to the device (checked); `ptrs` holds one pointer
+        // per argument, each alive for the call, count and sizes checked where the
+        // driver can tell; `cfg.attrs` covers `numAttrs` initialised entries. That the
+        // arguments match the kernel and the memory they name is valid and race-free
+        // until the kernel completes is the caller's guarantee (see `# Safety`).
+        unsafe { dl::launch_ex(&cfg, self.as_raw(), ptrs) }
     }
 
-    /// Launches with raw parameter pointers on `stream`. The count is checked where
-    /// the driver can tell; sizes cannot be.
+    /// Launches with raw parameter pointers on `stream` (which must belong to the
+    /// function's device). The count is checked where the driver can tell (CUDA 12.4+,
+    /// see [`Function::param_sizes`]); sizes cannot be, since the pointers carry none.
+    /// Takes any number of arguments (the typed forms take at most
+    /// [`MAX_KERNEL_ARGS`]).
     ///
     /// # Safety
-    /// `params[i]` points to a value of the kernel's i-th parameter type, alive for
-    /// the call; pointers the kernel dereferences are valid device memory.
+    /// As for [`Function::launch`], and: `params` holds one pointer per kernel
+    /// parameter, `params[i]` pointing to a readable value of the kernel's i-th
+    /// parameter type (its size and layout), alive for the call (the driver copies the
+    /// values before returning).
     #[inline]
     pub unsafe fn launch_raw(
         &self,
@@ -340,19 +429,25 @@ impl Function {
         }
         self.check_stream(stream)?;
         make_current(self.device_id())?;
-        // The pointers are the caller's promise (see `# Safety`); the module is alive.
-        dl::launch(
-            self.as_raw(),
-            config.grid.to_array(),
-            config.block.to_array(),
-            config.shared_mem_bytes,
-            stream.as_raw(),
-            params.as_mut_ptr(),
-        )
+        // SAFETY: the module is alive (self holds it) and its context current; the
+        // stream belongs to the device (checked); the parameter pointers, and the memory
+        // the kernel reaches through them, are the caller's guarantee (see `# Safety`).
+        unsafe {
+            dl::launch(
+                self.as_raw(),
+                config.grid.to_array(),
+                config.block.to_array(),
+                config.shared_mem_bytes,
+                stream.as_raw(),
+                params.as_mut_ptr(),
+            )
+        }
     }
 
+    /// # Safety
+    /// As for [`Function::launch`].
     #[inline]
-    fn launch_typed(
+    unsafe fn launch_typed(
         &self,
         kind: Kind,
         stream: &impl AsStream,
@@ -364,27 +459,30 @@ impl Function {
         self.check_stream(stream)?;
         make_current(self.device_id())?;
         let (grid, block) = (config.grid.to_array(), config.block.to_array());
-        // The function's module is alive (self holds it) and its context current; the
-        // stream belongs to the device (checked); `ptrs` holds one pointer per argument,
-        // each alive for the call, with count and sizes checked where the driver can
-        // tell.
-        match kind {
-            Kind::Plain => dl::launch(
-                self.as_raw(),
-                grid,
-                block,
-                config.shared_mem_bytes,
-                stream.as_raw(),
-                ptrs,
-            ),
-            Kind::Cooperative => dl::launch_cooperative(
-                self.as_raw(),
-                grid,
-                block,
-                config.shared_mem_bytes,
-                stream.as_raw(),
-                ptrs,
-            ),
+        // SAFETY: the function's module is alive (self holds it) and its context
+        // current; the stream belongs to the device (checked); `ptrs` holds one pointer
+        // per argument, each alive for the call, with count and sizes checked where the
+        // driver can tell. That the arguments match the kernel and the memory they name
+        // is valid and race-free until the kernel completes is the caller's guarantee.
+        unsafe {
+            match kind {
+                Kind::Plain => dl::launch(
+                    self.as_raw(),
+                    grid,
+                    block,
+                    config.shared_mem_bytes,
+                    stream.as_raw(),
+                    ptrs,
+                ),
+                Kind::Cooperative => dl::launch_cooperative(
+                    self.as_raw(),
+                    grid,
+                    block,
+                    config.shared_mem_bytes,
+                    stream.as_raw(),
+                    ptrs,
+                ),
+            }
         }
     }
 
@@ -467,7 +565,32 @@ impl ParamArray {
 /// `launch!(f, &cfg, (a, b, c))` on the current stream, or
 /// `launch!(f, &cfg, &stream, (a, b, c))`. `f` is a [`Function`] or anything that
 /// dereferences to one (a [`RawKernel`](crate::compiler::RawKernel)); each argument
-/// is a [`KernelArg`]. Evaluates to `Result<()>`.
+/// is a [`KernelArg`], borrowed (not moved) by the launch. Evaluates to `Result<()>`.
+///
+/// It expands to a call of the `unsafe fn` [`Function::launch`] (or
+/// [`Function::launch_on`]) and is therefore only accepted inside an `unsafe` block,
+/// whose `// SAFETY:` comment says why the arguments are right:
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// # let k = cuda_rt::RawKernel::new("", "f", &[])?;
+/// # let stream = cuda_rt::Stream::new()?;
+/// let n = 1024i32;
+/// let (x, y) = (cuda_rt::alloc(4 * n as usize)?, cuda_rt::alloc(4 * n as usize)?);
+/// let cfg = cuda_rt::LaunchConfig::for_num_elems(&k, n as u32)?;
+/// // SAFETY: saxpy(float a, const float* x, float* y, int n): x and y hold n floats each
+/// // on k's device and stay alive and untouched until the synchronize below.
+/// unsafe { cuda_rt::launch!(k, &cfg, &stream, (2.0f32, x, y, n))? };
+/// stream.synchronize()?;
+/// # Ok(()) }
+/// ```
+///
+/// # Safety
+/// As for [`Function::launch`]: the arguments match the kernel's parameters in number,
+/// order and type; every pointer the kernel follows is valid for all its accesses, on
+/// the function's device, until the kernel completes; no host access or unordered
+/// device work races with the kernel on that memory. The argument count and sizes are
+/// checked only when the driver can report them (CUDA 12.4+).
 #[macro_export]
 macro_rules! launch {
     ($f:expr, $cfg:expr, ( $($arg:expr),* $(,)? )) => {

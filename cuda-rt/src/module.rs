@@ -11,9 +11,13 @@
 //! use cuda_rt::module::Module;
 //! use cuda_rt::launch::LaunchConfig;
 //! let module = Module::load_file("kernels.cubin")?;
-//! let f = module.get_function("scale")?;
-//! let (ptr, n) = (0u64, 1024u32); // a device pointer from an allocation
-//! f.launch(&LaunchConfig::for_num_elems(&f, n)?, &[&ptr, &n])?;
+//! let f = module.get_function("scale")?; // scale(float* x, unsigned n)
+//! let n = 1024u32;
+//! let x = cuda_rt::alloc(4 * n as usize)?; // n floats on the current device
+//! // SAFETY: scale(float* x, unsigned n): x holds n floats on the module's device and
+//! // nothing else uses them until the synchronize below.
+//! unsafe { f.launch(&LaunchConfig::for_num_elems(&f, n)?, &[&x, &n])? };
+//! cuda_rt::synchronize()?;
 //! # Ok(()) }
 //! ```
 

@@ -151,8 +151,9 @@ cuda_rt::gpu_test!(saxpy_compiled_by_nvrtc_matches_host_values, {
     let (dx, dy) = (DevBuf::from_slice(&x), DevBuf::from_slice(&y));
     let a = 2.5f32;
     let cfg = LaunchConfig::for_num_elems(&k, n as u32).unwrap();
-    k.launch(&cfg, &[&a, &dx.ptr, &dy.ptr, &(n as i32)])
-        .unwrap();
+    // SAFETY: saxpy(a, x, y, n): dx and dy hold n f32 each, read back by a synchronous
+    // copy; threads past n do nothing.
+    unsafe { k.launch(&cfg, &[&a, &dx.ptr, &dy.ptr, &(n as i32)]) }.unwrap();
     let got: Vec<f32> = dy.read(n);
     for i in 0..n {
         assert_eq!(got[i], a * x[i] + y[i], "element {i}");
@@ -166,10 +167,10 @@ cuda_rt::gpu_test!(template_kernel_runs_through_its_name_expression, {
     let ff = m.get_function("add_one<float>").unwrap();
     let xs = DevBuf::from_slice(&[1i32, 2, 3]);
     let fs = DevBuf::from_slice(&[0.5f32, 1.5]);
-    fi.launch(&LaunchConfig::new(1, 32), &[&xs.ptr, &3i32])
-        .unwrap();
-    ff.launch(&LaunchConfig::new(1, 32), &[&fs.ptr, &2i32])
-        .unwrap();
+    // SAFETY: add_one<int>(int* x, int n): xs holds the 3 ints n = 3 reaches.
+    unsafe { fi.launch(&LaunchConfig::new(1, 32), &[&xs.ptr, &3i32]) }.unwrap();
+    // SAFETY: add_one<float>(float* x, int n): fs holds the 2 floats n = 2 reaches.
+    unsafe { ff.launch(&LaunchConfig::new(1, 32), &[&fs.ptr, &2i32]) }.unwrap();
     assert_eq!(xs.read::<i32>(3), [2, 3, 4]);
     assert_eq!(fs.read::<f32>(2), [1.5, 2.5]);
     // The lowered name works as a plain name too.
@@ -185,8 +186,8 @@ cuda_rt::gpu_test!(ptx_output_is_jit_loaded_and_runs, {
     let k = m.get_function("saxpy").unwrap();
     let x = DevBuf::from_slice(&[1.0f32, 2.0]);
     let y = DevBuf::from_slice(&[10.0f32, 20.0]);
-    k.launch(&LaunchConfig::new(1, 2), &[&3.0f32, &x.ptr, &y.ptr, &2i32])
-        .unwrap();
+    // SAFETY: saxpy(a, x, y, n): x and y hold the 2 f32 each that n = 2 reaches.
+    unsafe { k.launch(&LaunchConfig::new(1, 2), &[&3.0f32, &x.ptr, &y.ptr, &2i32]) }.unwrap();
     assert_eq!(y.read::<f32>(2), [13.0, 26.0]);
 });
 

@@ -27,7 +27,9 @@ cuda_rt::gpu_test!(launch_macro_on_an_explicit_stream_matches_host, {
         DevBuf::from_slice(&vec![1.0f32; n as usize]),
     );
     let cfg = LaunchConfig::new(Dim3::from((n as u32).div_ceil(128)), 128);
-    cuda_rt::launch!(k, &cfg, &stream, (3.0f32, dx.ptr, dy.ptr, n)).unwrap();
+    // SAFETY: saxpy(a, x, y, n): dx and dy hold n f32 each on device 0, alive and
+    // untouched until the synchronize below.
+    unsafe { cuda_rt::launch!(k, &cfg, &stream, (3.0f32, dx.ptr, dy.ptr, n)) }.unwrap();
     stream.synchronize().unwrap();
     let got: Vec<f32> = dy.read(n as usize);
     for (i, g) in got.iter().enumerate() {
@@ -44,7 +46,9 @@ cuda_rt::gpu_test!(memory_pointers_are_kernel_arguments, {
     px.copy_from_host(&x).unwrap();
     py.copy_from_host(&vec![2.0f32; n as usize]).unwrap();
     let cfg = LaunchConfig::new(Dim3::from((n as u32).div_ceil(256)), 256);
-    cuda_rt::launch!(k, &cfg, (0.5f32, px, py, n)).unwrap();
+    // SAFETY: saxpy(a, x, y, n): px and py hold n f32 each on device 0; the copy back
+    // below runs after the kernel on the current stream, and both outlive it.
+    unsafe { cuda_rt::launch!(k, &cfg, (0.5f32, px, py, n)) }.unwrap();
     let mut got = vec![0.0f32; n as usize];
     py.copy_to_host(&mut got).unwrap();
     for (i, g) in got.iter().enumerate() {
@@ -67,9 +71,8 @@ cuda_rt::gpu_test!(wrong_argument_count_is_an_error_before_launching, {
         return;
     }
     let y = DevBuf::new(16);
-    let err = k
-        .launch(&LaunchConfig::new(1, 4), &[&1.0f32, &y.ptr, &4i32])
-        .unwrap_err();
+    // SAFETY: refused before launching (3 arguments for saxpy's 4 parameters).
+    let err = unsafe { k.launch(&LaunchConfig::new(1, 4), &[&1.0f32, &y.ptr, &4i32]) }.unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::InvalidArgument(_)), "{msg}");
     assert!(
@@ -102,8 +105,8 @@ cuda_rt::gpu_test!(wrong_argument_size_is_an_error_before_launching, {
     }
     let (x, y) = (DevBuf::new(16), DevBuf::new(16));
     // n passed as i64 where the kernel takes int.
-    let err = k
-        .launch(&LaunchConfig::new(1, 4), &[&1.0f32, &x.ptr, &y.ptr, &4i64])
+    // SAFETY: refused before launching (an 8-byte n where saxpy takes a 4-byte int).
+    let err = unsafe { k.launch(&LaunchConfig::new(1, 4), &[&1.0f32, &x.ptr, &y.ptr, &4i64]) }
         .unwrap_err();
     assert!(err.to_string().contains("sizes [4, 8, 8, 8]"), "{err}");
 });
@@ -157,8 +160,9 @@ extern "C" __global__ void affine(Params p, double* out) {
         alpha: 0.5,
         offset: 10.0,
     };
-    k.launch(&LaunchConfig::new(1, 32), &[&p, &out.ptr])
-        .unwrap();
+    // SAFETY: affine(Params p, double* out): Params is the kernel's struct (repr(C));
+    // out holds p.n = 5 doubles, read back after the kernel by a synchronous copy.
+    unsafe { k.launch(&LaunchConfig::new(1, 32), &[&p, &out.ptr]) }.unwrap();
     assert_eq!(out.read::<f64>(5), [10.0, 10.5, 11.0, 11.5, 12.0]);
 });
 
@@ -175,8 +179,9 @@ extern "C" __global__ void index3(int* out, int w, int h) {
     let (w, h, d) = (8, 6, 4);
     let out = DevBuf::new(4 * w * h * d);
     let cfg = LaunchConfig::new((2, 3, 2), (4u32, 2u32, 2u32));
-    k.launch(&cfg, &[&out.ptr, &(w as i32), &(h as i32)])
-        .unwrap();
+    // SAFETY: index3(int* out, int w, int h): the grid covers exactly w x h x d
+    // threads, and out holds w * h * d ints, read back by a synchronous copy.
+    unsafe { k.launch(&cfg, &[&out.ptr, &(w as i32), &(h as i32)]) }.unwrap();
     let got: Vec<i32> = out.read(w * h * d);
     for z in 0..d {
         for y in 0..h {
@@ -200,7 +205,9 @@ extern "C" __global__ void reverse(int* x) {
     let data: Vec<i32> = (0..n as i32).collect();
     let x = DevBuf::from_slice(&data);
     let cfg = LaunchConfig::new(1, n as u32).with_shared_mem((n * 4) as u32);
-    k.launch(&cfg, &[&x.ptr]).unwrap();
+    // SAFETY: reverse(int* x): one block of n threads with n ints of shared memory;
+    // x holds n ints, read back by a synchronous copy.
+    unsafe { k.launch(&cfg, &[&x.ptr]) }.unwrap();
     let expect: Vec<i32> = data.iter().rev().copied().collect();
     assert_eq!(x.read::<i32>(n), expect);
 });
@@ -235,11 +242,16 @@ cuda_rt::gpu_test!(cooperative_launch_syncs_the_whole_grid, {
     let total = DevBuf::new(4);
     let arrived = DevBuf::from_slice(&[0u32]);
     let stream = Stream::new().unwrap();
-    k.launch_cooperative(
-        &stream,
-        &LaunchConfig::new(blocks, 128),
-        &[&partial.ptr, &total.ptr, &arrived.ptr],
-    )
+    // SAFETY: grid_sum(int* partial, int* total, unsigned* arrived): partial holds one
+    // int per block, total one int, arrived one zeroed unsigned; all outlive the
+    // synchronize below.
+    unsafe {
+        k.launch_cooperative(
+            &stream,
+            &LaunchConfig::new(blocks, 128),
+            &[&partial.ptr, &total.ptr, &arrived.ptr],
+        )
+    }
     .unwrap();
     stream.synchronize().unwrap();
     let b = blocks as i32;
@@ -247,12 +259,15 @@ cuda_rt::gpu_test!(cooperative_launch_syncs_the_whole_grid, {
     // The same through cuLaunchKernelEx's cooperative attribute.
     let total2 = DevBuf::new(4);
     let arrived2 = DevBuf::from_slice(&[0u32]);
-    k.launch_ex(
-        &stream,
-        &LaunchConfig::new(blocks, 128),
-        &[LaunchAttribute::Cooperative(true)],
-        &[&partial.ptr, &total2.ptr, &arrived2.ptr],
-    )
+    // SAFETY: as above, with a fresh total and arrived counter.
+    unsafe {
+        k.launch_ex(
+            &stream,
+            &LaunchConfig::new(blocks, 128),
+            &[LaunchAttribute::Cooperative(true)],
+            &[&partial.ptr, &total2.ptr, &arrived2.ptr],
+        )
+    }
     .unwrap();
     stream.synchronize().unwrap();
     assert_eq!(total2.read::<i32>(1), [b * (b + 1) / 2]);
@@ -278,18 +293,23 @@ extern "C" __global__ void cluster_rank(unsigned* rank, unsigned* size) {
     let cfg = LaunchConfig::new(blocks, 32);
     let cluster = LaunchAttribute::ClusterDim(Dim3::new(2, 1, 1));
     assert!(k.max_potential_cluster_size(&cfg).unwrap() >= 2);
-    k.launch_ex(&stream, &cfg, &[cluster], &[&rank.ptr, &size.ptr])
-        .unwrap();
+    // SAFETY: cluster_rank(unsigned* rank, unsigned* size): both hold one unsigned per
+    // block (8), and outlive the synchronize below.
+    unsafe { k.launch_ex(&stream, &cfg, &[cluster], &[&rank.ptr, &size.ptr]) }.unwrap();
     stream.synchronize().unwrap();
     assert_eq!(size.read::<u32>(8), [2; 8]);
     assert_eq!(rank.read::<u32>(8), [0, 1, 0, 1, 0, 1, 0, 1]);
     // A grid that is not a multiple of the cluster is refused.
-    let bad = k.launch_ex(
-        &stream,
-        &LaunchConfig::new(3, 32),
-        &[cluster],
-        &[&rank.ptr, &size.ptr],
-    );
+    // SAFETY: refused by the driver; were it launched, 3 blocks stay within rank and
+    // size (8 each), which outlive the test.
+    let bad = unsafe {
+        k.launch_ex(
+            &stream,
+            &LaunchConfig::new(3, 32),
+            &[cluster],
+            &[&rank.ptr, &size.ptr],
+        )
+    };
     assert!(bad.is_err());
 });
 
@@ -299,15 +319,18 @@ cuda_rt::gpu_test!(launch_config_for_num_elems_covers_every_element, {
     let x = DevBuf::from_slice(&vec![1.0f32; n as usize]);
     let y = DevBuf::from_slice(&vec![0.0f32; n as usize]);
     let cfg = LaunchConfig::for_num_elems(&k, n as u32).unwrap();
-    k.launch(&cfg, &[&1.0f32, &x.ptr, &y.ptr, &n]).unwrap();
+    // SAFETY: saxpy(a, x, y, n): x and y hold n f32 each, read back by a synchronous
+    // copy; threads past n do nothing.
+    unsafe { k.launch(&cfg, &[&1.0f32, &x.ptr, &y.ptr, &n]) }.unwrap();
     assert!(y.read::<f32>(n as usize).iter().all(|&v| v == 1.0));
 });
 
 cuda_rt::gpu_test!(zero_block_size_is_a_driver_error_not_a_crash, {
     let k = saxpy();
     let y = DevBuf::new(4);
-    let err = k
-        .launch(&LaunchConfig::new(1, 0), &[&1.0f32, &y.ptr, &y.ptr, &1i32])
+    // SAFETY: refused by the driver (block of 0 threads); were it launched, y holds the
+    // one f32 that n = 1 reaches.
+    let err = unsafe { k.launch(&LaunchConfig::new(1, 0), &[&1.0f32, &y.ptr, &y.ptr, &1i32]) }
         .unwrap_err();
     assert!(err.to_string().contains("cuLaunchKernel"), "{err}");
 });

@@ -109,7 +109,9 @@ cuda_rt::gpu_test!(
         write_raw(scale, &[1.0f32, 0.5]);
         let out = common::DevBuf::new(16);
         let f = m.get_function("bump").unwrap();
-        f.launch(&LaunchConfig::new(1, 32), &[&out.ptr]).unwrap();
+        // SAFETY: bump(float* out): threads below 4 write out[0..4], which holds 4
+        // floats read back by a synchronous copy.
+        unsafe { f.launch(&LaunchConfig::new(1, 32), &[&out.ptr]) }.unwrap();
         assert_eq!(read_raw::<i32>(counters, 4), [11, 22, 33, 44]);
         assert_eq!(out.read::<f32>(4), [11.0, 11.0, 33.0, 22.0]);
     }
@@ -184,7 +186,8 @@ cuda_rt::gpu_test!(functions_keep_their_module_loaded, {
         m.get_function("bump").unwrap()
     };
     let out = common::DevBuf::new(16);
-    f.launch(&LaunchConfig::new(1, 4), &[&out.ptr]).unwrap();
+    // SAFETY: bump(float* out): out holds the 4 floats it writes, alive past the sync.
+    unsafe { f.launch(&LaunchConfig::new(1, 4), &[&out.ptr]) }.unwrap();
     common::sync();
     assert_eq!(f.module().get_global("counters").unwrap().1, 16);
 });

@@ -190,6 +190,32 @@ impl RawModule {
 
 /// One kernel compiled from CUDA C++ (CuPy's `RawKernel`): dereferences to its
 /// [`Function`], so it launches and reports attributes directly.
+///
+/// Its launch methods are [`Function`]'s ([`launch`](Function::launch),
+/// [`launch_on`](Function::launch_on), [`launch_cooperative`](Function::launch_cooperative),
+/// [`launch_ex`](Function::launch_ex), [`launch_raw`](Function::launch_raw) and the
+/// [`launch!`](crate::launch!) macro): `unsafe`, since the kernel runs with whatever
+/// arguments the caller passes; each one's `# Safety` says what the caller guarantees
+/// (the arguments match the kernel's parameters; every pointer the kernel follows is
+/// valid, on the kernel's device, until it completes; no data race).
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::{LaunchConfig, RawKernel};
+/// let k = RawKernel::new(
+///     r#"extern "C" __global__ void fill(int* out, int v, int n) {
+///            int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] = v; }"#,
+///     "fill",
+///     &[],
+/// )?;
+/// let n = 4096i32;
+/// let out = cuda_rt::alloc(4 * n as usize)?;
+/// // SAFETY: fill(int* out, int v, int n): out holds n ints on k's device, alive and
+/// // untouched by anything else until the synchronize below.
+/// unsafe { k.launch(&LaunchConfig::for_num_elems(&k, n as u32)?, &[&out, &7i32, &n])? };
+/// cuda_rt::synchronize()?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct RawKernel {
     module: RawModule,

@@ -4,9 +4,10 @@
 //! These are on the launch hot path: inlined, one table load (the entry point is
 //! resolved once and cached by cuda-sys) and one branch on the result.
 //!
-//! Like the rest of this crate-private layer, the functions are safe to call but take
-//! raw handles and pointers whose validity the safe layer guarantees (see each
-//! function's "Caller guarantees").
+//! Unlike most of this crate-private layer, the launch functions are `unsafe fn`: they
+//! run arbitrary device code with the caller's parameters, which nothing here can
+//! check, so the promise travels up to the public `unsafe fn`s of `crate::launch` (see
+//! each function's `# Safety`).
 //!
 //! The `unsafe impl`s that make primitives, pointers and plain-data types kernel
 //! arguments live here too.
@@ -19,11 +20,15 @@ use crate::launch::{KernelArg, PlainData};
 
 /// `cuLaunchKernel`.
 ///
-/// Caller guarantees: `f` is a function of a loaded module whose context is current; `stream` a stream
+/// # Safety
+/// `f` is a function of a loaded module whose context is current; `stream` a stream
 /// of that context (or 0/2); `params` holds one pointer per kernel parameter, each to
-/// a value of the parameter's size, alive for the call.
+/// a value of the parameter's type, alive for the call (null when the kernel takes
+/// none). The kernel's use of those values is sound: every pointer it follows is valid
+/// for all its accesses until it completes, with no data race (see
+/// `crate::module::Function::launch`).
 #[inline]
-pub fn launch(
+pub unsafe fn launch(
     f: sys::CUfunction,
     grid: [u32; 3],
     block: [u32; 3],
@@ -32,7 +37,8 @@ pub fn launch(
     params: *mut *mut c_void,
 ) -> Result<()> {
     let launch = super::api()?.cuLaunchKernel()?;
-    // SAFETY: the caller guarantees valid handles and parameter pointers (see above).
+    // SAFETY: the caller guarantees valid handles, parameter pointers and a sound
+    // kernel (see `# Safety`).
     let rc = unsafe {
         launch(
             f,
@@ -53,9 +59,10 @@ pub fn launch(
 
 /// `cuLaunchCooperativeKernel`.
 ///
-/// Caller guarantees: as for [`launch`].
+/// # Safety
+/// As for [`launch`].
 #[inline]
-pub fn launch_cooperative(
+pub unsafe fn launch_cooperative(
     f: sys::CUfunction,
     grid: [u32; 3],
     block: [u32; 3],
@@ -64,7 +71,8 @@ pub fn launch_cooperative(
     params: *mut *mut c_void,
 ) -> Result<()> {
     let launch = super::api()?.cuLaunchCooperativeKernel()?;
-    // SAFETY: the caller guarantees valid handles and parameter pointers (see above).
+    // SAFETY: the caller guarantees valid handles, parameter pointers and a sound
+    // kernel (see `# Safety`).
     let rc = unsafe {
         launch(
             f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params,
@@ -75,15 +83,18 @@ pub fn launch_cooperative(
 
 /// `cuLaunchKernelEx`.
 ///
-/// Caller guarantees: as for [`launch`]; `config.attrs` points to `config.numAttrs` initialised entries.
+/// # Safety
+/// As for [`launch`] (`config.hStream` is the stream); `config.attrs` points to
+/// `config.numAttrs` initialised entries.
 #[inline]
-pub fn launch_ex(
+pub unsafe fn launch_ex(
     config: &sys::CUlaunchConfig,
     f: sys::CUfunction,
     params: *mut *mut c_void,
 ) -> Result<()> {
     let launch = super::api()?.cuLaunchKernelEx()?;
-    // SAFETY: the caller guarantees valid handles and parameter pointers (see above).
+    // SAFETY: the caller guarantees valid handles, parameter pointers and a sound
+    // kernel (see `# Safety`).
     let rc = unsafe { launch(config, f, params, std::ptr::null_mut()) };
     check(rc, "cuLaunchKernelEx")
 }
