@@ -42,19 +42,27 @@ fn pipeline(
     t.copy_from_device_async(x, bytes, None).unwrap();
     let fork = s1.record(Some(event())).unwrap();
     s2.wait_event(&fork).unwrap();
-    add_one(k, s1, t.ptr(), N);
+    // SAFETY: t holds N f32 on device 0, freed on s1 only after this pipeline's
+    // kernels (stream-ordered, or a free node of the captured graph).
+    unsafe { add_one(k, s1, t.ptr(), N) };
     let u = {
         let _on2 = s2.enter().unwrap();
         let u = cuda_rt::alloc(bytes).unwrap();
         u.copy_from_device_async(x, bytes, None).unwrap();
-        axpy(k, s2, u.ptr(), x.ptr(), 2.0, N);
+        // SAFETY: u and x hold N f32 each; u is freed after the join, x is the
+        // caller's and outlives the pipeline's work (and every graph launch).
+        unsafe { axpy(k, s2, u.ptr(), x.ptr(), 2.0, N) };
         u
     };
     let join = s2.record(Some(event())).unwrap();
     s1.wait_event(&join).unwrap();
     y.memset_async(0, bytes, None).unwrap();
-    axpy(k, s1, y.ptr(), t.ptr(), 1.0, N);
-    axpy(k, s1, y.ptr(), u.ptr(), 0.5, N);
+    // SAFETY: y, t and u hold N f32 each; y is the caller's (alive past the work), t
+    // and u are freed on s1 after these kernels.
+    unsafe {
+        axpy(k, s1, y.ptr(), t.ptr(), 1.0, N);
+        axpy(k, s1, y.ptr(), u.ptr(), 0.5, N);
+    }
     let r = ran.clone();
     s1.launch_host_func_repeatable(move || {
         r.fetch_add(1, Ordering::SeqCst);
@@ -140,8 +148,12 @@ gpu_test!(
             s.begin_capture(CaptureMode::ThreadLocal).unwrap();
             let out = cuda_rt::alloc(N * 4).unwrap();
             out.memset_async(0, N * 4, None).unwrap();
-            add_one(&k, &s, out.ptr(), N);
-            add_one(&k, &s, out.ptr(), N);
+            // SAFETY: out holds N f32 and stays alive past every launch of the graph
+            // (the test keeps it, and the graph owns the allocation).
+            unsafe {
+                add_one(&k, &s, out.ptr(), N);
+                add_one(&k, &s, out.ptr(), N);
+            }
             out
         };
         let graph = s.end_capture().unwrap();
@@ -190,7 +202,9 @@ gpu_test!(
         m.memset(0, N * 4).unwrap();
         let s = Stream::non_blocking().unwrap();
         s.begin_capture(CaptureMode::Global).unwrap();
-        add_one(&k, &s, m.ptr(), N);
+        // SAFETY: m holds N f32; dropped during the capture, it is freed only after the
+        // graph (what this test checks).
+        unsafe { add_one(&k, &s, m.ptr(), N) };
         drop(m); // the graph uses it: it must not be freed yet
         let graph = s.end_capture().unwrap();
         assert_eq!(frees.load(Ordering::SeqCst), 0);
@@ -330,8 +344,11 @@ gpu_test!(dot_dump_contains_the_nodes, {
     let s = Stream::non_blocking().unwrap();
     let p = cuda_rt::alloc(N * 4).unwrap();
     s.begin_capture(CaptureMode::Global).unwrap();
-    add_one(&k, &s, p.ptr(), N);
-    axpy(&k, &s, p.ptr(), p.ptr(), 1.0, N);
+    // SAFETY: p holds N f32 and outlives the graph, which is never launched.
+    unsafe {
+        add_one(&k, &s, p.ptr(), N);
+        axpy(&k, &s, p.ptr(), p.ptr(), 1.0, N);
+    }
     let graph = s.end_capture().unwrap();
     assert_eq!(graph.node_count().unwrap(), 2);
     let dot = graph.to_dot().unwrap();
@@ -348,7 +365,8 @@ gpu_test!(dot_dump_contains_the_nodes, {
 fn capture_add_one(k: &Kernels, s: &Stream, p: &MemoryPointer, times: usize) -> Graph {
     s.begin_capture(CaptureMode::Global).unwrap();
     for _ in 0..times {
-        add_one(k, s, p.ptr(), N);
+        // SAFETY: p holds N f32; the callers keep it past every launch of the graph.
+        unsafe { add_one(k, s, p.ptr(), N) };
     }
     s.end_capture().unwrap()
 }
@@ -404,7 +422,8 @@ gpu_test!(instantiate_flags_are_kept_and_uploaded_graphs_run, {
     let p = cuda_rt::alloc(N * 4).unwrap();
     p.memset(0, N * 4).unwrap();
     s.begin_capture(CaptureMode::Relaxed).unwrap();
-    add_one(&k, &s, p.ptr(), N);
+    // SAFETY: p holds N f32 and outlives the graph's launches (synchronized below).
+    unsafe { add_one(&k, &s, p.ptr(), N) };
     let flags = InstantiateFlags::USE_NODE_PRIORITY;
     let mut g = s.end_capture_with(flags).unwrap();
     assert_eq!(g.flags(), flags);

@@ -143,10 +143,22 @@ pub fn blocks(n: usize) -> u32 {
 }
 
 /// Raw `cuLaunchKernel` of `f` on `stream` with `params` (pointers to the values).
-pub fn launch(f: Func, grid: u32, block: u32, stream: &impl AsStream, params: &mut [*mut c_void]) {
+///
+/// # Safety
+/// `f` is a live function of a module loaded in `stream`'s context; `params` holds one
+/// pointer per kernel parameter, each to a value of the parameter's type, alive for
+/// the call; every pointer the kernel follows is valid for its accesses until the
+/// kernel completes (or, captured, until the graph's last launch completes), with no
+/// data race (as for `cuda_rt::Function::launch`).
+pub unsafe fn launch(
+    f: Func,
+    grid: u32,
+    block: u32,
+    stream: &impl AsStream,
+    params: &mut [*mut c_void],
+) {
     let api = sys::api().unwrap();
-    // SAFETY: `f` is a live function; `params` has one pointer per kernel parameter,
-    // each to a value of the parameter's type, alive for the call.
+    // SAFETY: the caller's guarantees (see `# Safety`).
     check(
         unsafe {
             api.cuLaunchKernel().unwrap()(
@@ -172,18 +184,28 @@ pub fn launch(f: Func, grid: u32, block: u32, stream: &impl AsStream, params: &m
 }
 
 /// `add_one(x, n)` on `stream`.
-pub fn add_one(k: &Kernels, stream: &impl AsStream, x: u64, n: usize) {
+///
+/// # Safety
+/// `k` is the module `Kernels::load` loaded; `x` holds `n` f32 on device 0, alive
+/// and not accessed by the host or unordered work until the kernel (or the graph it
+/// is captured into, at every launch) completes.
+pub unsafe fn add_one(k: &Kernels, stream: &impl AsStream, x: u64, n: usize) {
     let mut x = x;
     let mut n32 = n as i32;
     let mut p = [
         (&mut x as *mut u64).cast::<c_void>(),
         (&mut n32 as *mut i32).cast::<c_void>(),
     ];
-    launch(k.add_one, blocks(n), 256, stream, &mut p);
+    // SAFETY: add_one(float* x, int n) gets a pointer and an int; `x` is the caller's
+    // guarantee.
+    unsafe { launch(k.add_one, blocks(n), 256, stream, &mut p) };
 }
 
 /// `axpy(y, x, a, n)` on `stream`: y = a * x + y.
-pub fn axpy(k: &Kernels, stream: &impl AsStream, y: u64, x: u64, a: f32, n: usize) {
+///
+/// # Safety
+/// As for [`add_one`], for both `y` (written) and `x` (read).
+pub unsafe fn axpy(k: &Kernels, stream: &impl AsStream, y: u64, x: u64, a: f32, n: usize) {
     let (mut y, mut x, mut a) = (y, x, a);
     let mut n32 = n as i32;
     let mut p = [
@@ -192,10 +214,14 @@ pub fn axpy(k: &Kernels, stream: &impl AsStream, y: u64, x: u64, a: f32, n: usiz
         (&mut a as *mut f32).cast::<c_void>(),
         (&mut n32 as *mut i32).cast::<c_void>(),
     ];
-    launch(k.axpy, blocks(n), 256, stream, &mut p);
+    // SAFETY: axpy(float* y, const float* x, float a, int n) gets two pointers, a
+    // float and an int; `y` and `x` are the caller's guarantee.
+    unsafe { launch(k.axpy, blocks(n), 256, stream, &mut p) };
 }
 
 /// `empty()` on `stream`, one block of one thread.
 pub fn empty(k: &Kernels, stream: &impl AsStream) {
-    launch(k.empty, 1, 1, stream, &mut []);
+    // SAFETY: empty() takes no parameters and touches no memory; `k.empty` is the
+    // function `Kernels::load` looked up.
+    unsafe { launch(k.empty, 1, 1, stream, &mut []) };
 }
