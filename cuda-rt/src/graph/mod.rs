@@ -43,10 +43,11 @@ mod memory;
 mod node;
 
 use std::any::Any;
+use std::cell::{Cell, RefCell};
 use std::ffi::CString;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub use capture::{any_capture_active, CaptureMode, CaptureStatus};
 pub use memory::capture_aware_alloc;
@@ -87,19 +88,30 @@ bitflags::bitflags! {
 /// Both are destroyed on drop. Made by capture ([`AsStream::end_capture`], already
 /// instantiated) or by [`Graph::new`] and the `add_*_node` methods (instantiated on
 /// first launch, or by [`Graph::instantiate`]).
+///
+/// # Threads
+/// A `Graph` is [`Send`] but not [`Sync`]: it can move to another thread, but two
+/// threads cannot use one graph at the same time. CUDA does not synchronize graph
+/// objects internally and asks that every call on one graph or executable be
+/// serialized, even calls that look read-only (launch, which may instantiate first,
+/// clone, node listing). Share a graph between threads behind a `Mutex`. Its
+/// [`Node`]s borrow it, so they stay on its thread too.
 pub struct Graph {
     raw: usize,
     device: i32,
-    exec: OnceLock<usize>,
+    /// The executable, if instantiated (a `Cell`: lazily made by `launch(&self)`,
+    /// dropped by `add_*_node(&self)`; this is what makes the graph `!Sync`).
+    exec: Cell<Option<usize>>,
     flags: InstantiateFlags,
-    /// What the graph's nodes refer to and must outlive: memory, events, closures.
-    keep: Vec<Arc<dyn Any + Send + Sync>>,
+    /// What the graph's nodes refer to and must outlive: memory, events, closures,
+    /// kernel modules. Only ever added to while the graph lives.
+    keep: RefCell<Vec<Arc<dyn Any + Send + Sync>>>,
     /// Allocations of the capture that outlived it: the graph owns their blocks.
     allocs: Vec<Arc<AllocState>>,
     /// The last launch's stream, for the owned allocations.
     launches: Arc<LaunchRecord>,
     /// Whether it was ever launched (so there is work to wait for on drop).
-    launched: AtomicBool,
+    launched: Cell<bool>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -109,7 +121,7 @@ impl std::fmt::Debug for Graph {
             .field("device", &self.device)
             .field("instantiated", &self.exec.get().is_some())
             .field("flags", &self.flags)
-            .field("kept_alive", &self.keep.len())
+            .field("kept_alive", &self.keep.borrow().len())
             .field("owned_allocations", &self.allocs.len())
             .finish()
     }
@@ -128,12 +140,12 @@ impl Graph {
         Graph {
             raw: raw as usize,
             device,
-            exec: OnceLock::new(),
+            exec: Cell::new(None),
             flags,
-            keep: Vec::new(),
+            keep: RefCell::new(Vec::new()),
             allocs: Vec::new(),
             launches: Arc::default(),
-            launched: AtomicBool::new(false),
+            launched: Cell::new(false),
         }
     }
 
@@ -147,7 +159,7 @@ impl Graph {
         flags: InstantiateFlags,
     ) -> Result<Graph> {
         let mut g = Self::from_parts(raw, device, flags);
-        g.keep = keep;
+        g.keep = RefCell::new(keep);
         let rec = Arc::clone(&g.launches);
         g.allocs = allocs
             .into_iter()
@@ -167,7 +179,7 @@ impl Graph {
 
     /// The raw `CUgraphExec`, when instantiated (owned by this value).
     pub fn exec_raw(&self) -> Option<sys::CUgraphExec> {
-        self.exec.get().map(|&e| e as sys::CUgraphExec)
+        self.exec.get().map(|e| e as sys::CUgraphExec)
     }
 
     /// The device the graph belongs to.
@@ -203,12 +215,12 @@ impl Graph {
         let e = driver::graph::instantiate(self.as_raw(), driver_flags(flags))
             .map_err(|e| explain(e, "Graph::instantiate"))?;
         self.flags = flags;
-        let _ = self.exec.set(e as usize);
+        self.exec.set(Some(e as usize));
         Ok(())
     }
 
     /// Destroys the executable, if any (queued launches still finish).
-    fn drop_exec(&mut self) {
+    fn drop_exec(&self) {
         if let Some(e) = self.exec.take() {
             let _ = driver::graph::exec_destroy(e as sys::CUgraphExec);
         }
@@ -217,10 +229,10 @@ impl Graph {
     /// The executable, instantiated now with the graph's flags if it is not yet.
     #[inline]
     fn exec(&self) -> Result<sys::CUgraphExec> {
-        if let Some(&e) = self.exec.get() {
-            return Ok(e as sys::CUgraphExec);
+        match self.exec.get() {
+            Some(e) => Ok(e as sys::CUgraphExec),
+            None => self.instantiate_lazily(),
         }
-        self.instantiate_lazily()
     }
 
     #[cold]
@@ -228,14 +240,9 @@ impl Graph {
         make_current(self.device)?;
         let e = driver::graph::instantiate(self.as_raw(), driver_flags(self.flags))
             .map_err(|e| explain(e, "Graph::instantiate"))?;
-        if let Err(e) = self.exec.set(e as usize) {
-            // Another thread instantiated first: keep its executable.
-            let _ = driver::graph::exec_destroy(e as sys::CUgraphExec);
-        }
-        self.exec
-            .get()
-            .map(|&e| e as sys::CUgraphExec)
-            .ok_or_else(|| Error::InvalidState("the graph lost its executable".into()))
+        // The graph is not `Sync`: no other thread can have instantiated meanwhile.
+        self.exec.set(Some(e as usize));
+        Ok(e)
     }
 
     /// Launches the graph on `stream` (`cuGraphLaunch`), instantiating it first if
@@ -244,7 +251,7 @@ impl Graph {
     pub fn launch<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
         let e = self.exec()?;
         make_current(stream.device_id())?;
-        if !self.launched.load(Ordering::Relaxed) {
+        if !self.launched.get() {
             self.first_launch(e, stream.as_raw())?;
         }
         driver::graph::launch(e, stream.as_raw()).map_err(|e| explain(e, "Graph::launch"))?;
@@ -261,7 +268,7 @@ impl Graph {
         if self.flags.contains(InstantiateFlags::UPLOAD) {
             driver::graph::upload(e, stream).map_err(|e| explain(e, "Graph::launch (upload)"))?;
         }
-        self.launched.store(true, Ordering::Relaxed);
+        self.launched.set(true);
         Ok(())
     }
 
@@ -284,7 +291,8 @@ impl Graph {
         make_current(self.device)?;
         match driver::graph::exec_update(e, from.as_raw())? {
             Ok(()) => {
-                self.keep.extend(from.keep.iter().cloned());
+                let kept = from.kept();
+                self.keep.get_mut().extend(kept);
                 Ok(())
             }
             Err(reason) => Err(Error::InvalidArgument(format!(
@@ -312,22 +320,35 @@ impl Graph {
         make_current(self.device)?;
         let raw = driver::graph::clone(self.as_raw())?;
         let mut g = Self::from_parts(raw, self.device, self.flags);
-        g.keep = self.keep.clone();
+        g.keep = RefCell::new(self.kept());
         Ok(g)
     }
 
-    /// Ties `obj` (memory, an event, anything the graph's nodes refer to) to the
-    /// graph: it is dropped after the graph, once the graph's launches have finished.
-    pub fn keep_alive(&mut self, obj: Arc<dyn Any + Send + Sync>) {
-        self.keep.push(obj);
+    /// Ties `obj` (memory, an event, a kernel's module, anything the graph's nodes
+    /// refer to) to the graph: it is dropped after the graph, once the graph's launches
+    /// have finished. Clones, child-graph copies and updated executables of this graph
+    /// keep it too.
+    pub fn keep_alive(&self, obj: Arc<dyn Any + Send + Sync>) {
+        self.keep_obj(obj);
     }
 
-    /// The graph's nodes (`cuGraphGetNodes`).
-    pub fn nodes(&self) -> Result<Vec<Node>> {
+    /// Adds `obj` to the keep-alive list.
+    fn keep_obj(&self, obj: Arc<dyn Any + Send + Sync>) {
+        // No borrow of the list is ever held across a call that could reach here.
+        self.keep.borrow_mut().push(obj);
+    }
+
+    /// A copy of the keep-alive list.
+    fn kept(&self) -> Vec<Arc<dyn Any + Send + Sync>> {
+        self.keep.borrow().clone()
+    }
+
+    /// The graph's nodes (`cuGraphGetNodes`), borrowing the graph.
+    pub fn nodes(&self) -> Result<Vec<Node<'_>>> {
         make_current(self.device)?;
         Ok(driver::graph::nodes(self.as_raw())?
             .into_iter()
-            .map(Node::from_raw)
+            .map(|n| Node::from_raw(n, self))
             .collect())
     }
 
@@ -373,7 +394,7 @@ impl Graph {
 
     /// Marks the executable stale after the graph changed: the next launch
     /// instantiates again.
-    fn changed(&mut self) {
+    fn changed(&self) {
         self.drop_exec();
     }
 }
@@ -408,7 +429,7 @@ impl Drop for Graph {
     fn drop(&mut self) {
         let _ = make_current(self.device);
         // What the graph keeps alive may be in use by queued launches: wait for them.
-        if !self.keep.is_empty() && self.launched.load(Ordering::Relaxed) {
+        if !self.keep.get_mut().is_empty() && self.launched.get() {
             let _ = driver::context::synchronize();
         }
         self.drop_exec();

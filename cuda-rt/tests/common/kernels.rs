@@ -91,9 +91,17 @@ fn check(rc: sys::CUresult, what: &str) {
 #[derive(Clone, Copy, Debug)]
 pub struct Func(pub sys::CUfunction);
 
-impl AsFunction for Func {
+// SAFETY: a function of the module `Kernels::load` loads on device 0 and never
+// unloads; the parameter sizes are not known.
+unsafe impl AsFunction for Func {
     fn as_raw(&self) -> sys::CUfunction {
         self.0
+    }
+    fn device_id(&self) -> i32 {
+        0
+    }
+    fn keep_alive(&self) -> std::sync::Arc<dyn std::any::Any + Send + Sync> {
+        std::sync::Arc::new(())
     }
 }
 
