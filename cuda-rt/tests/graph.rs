@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cuda_rt::graph::{CaptureMode, CaptureStatus, InstantiateFlags, KernelArgs, LaunchConfig};
 use cuda_rt::memory::{ClosureAllocator, MemoryPointer};
-use cuda_rt::{gpu_test, AsStream, Error, Event, EventFlags, Graph, Stream};
+use cuda_rt::{gpu_test, AsStream, Error, Event, EventFlags, Graph, Module, Stream};
 use kernels::{add_one, axpy, Kernels};
 
 const N: usize = 4096;
@@ -449,24 +449,20 @@ gpu_test!(explicit_graph_of_every_node_type_runs, {
     let ev = Arc::new(event());
 
     // child: b += 1
-    let mut child = Graph::new().unwrap();
+    let child = Graph::new().unwrap();
     let mut args = KernelArgs::new();
     args.push_ptr(&b).push(N as i32);
-    child
-        .add_kernel_node(
-            &[],
-            &k.add_one,
-            LaunchConfig::new(kernels::blocks(N), 256),
-            &args,
-        )
-        .unwrap();
+    let cfg = LaunchConfig::new(kernels::blocks(N), 256);
+    // SAFETY: add_one(float* x, int n) gets b (kept alive by the graph) and n = N, the
+    // floats b holds; the module is never unloaded.
+    unsafe { child.add_kernel_node(&[], &k.add_one, cfg, &args) }.unwrap();
 
-    let mut g = Graph::new().unwrap();
+    let g = Graph::new().unwrap();
     let set = g.add_memset_node(&[], &a, 1.0f32.to_bits(), 4, N).unwrap();
     let mut args = KernelArgs::new();
     args.push_ptr(&a).push(N as i32);
-    let cfg = LaunchConfig::new(kernels::blocks(N), 256);
-    let kern = g.add_kernel_node(&[set], &k.add_one, cfg, &args).unwrap(); // a = 2
+    // SAFETY: as above, with a.
+    let kern = unsafe { g.add_kernel_node(&[set], &k.add_one, cfg, &args) }.unwrap(); // a = 2
     let copy = g.add_memcpy_node(&[kern], &b, &a, N * 4).unwrap(); // b = 2
     let rec = g.add_event_record_node(&[copy], ev.clone()).unwrap();
     let wait = g.add_event_wait_node(&[rec], ev.clone()).unwrap();
@@ -505,4 +501,143 @@ gpu_test!(explicit_graph_of_every_node_type_runs, {
     // waiting on the event the graph records works outside it
     s.wait_event(&ev).unwrap();
     ev.synchronize().unwrap();
+});
+
+// ---- soundness: nodes, kernel nodes' modules, threads ----
+
+/// `Graph` moves between threads but is not shared by them (the compile-fail test
+/// `graph_shared_across_threads` holds the other half).
+#[test]
+fn graph_is_send() {
+    fn send<T: Send>() {}
+    send::<Graph>();
+}
+
+gpu_test!(
+    kernel_node_keeps_its_module_loaded_after_function_and_module_drop,
+    {
+        let _serial = serial();
+        cuda_rt::device::set_device_id(0).unwrap();
+        let s = Stream::non_blocking().unwrap();
+        let p = cuda_rt::alloc(N * 4).unwrap();
+        let input: Vec<f32> = (0..N).map(|j| j as f32 * 0.5 - 700.0).collect();
+        p.copy_from_host(&input).unwrap();
+        let g = Graph::new().unwrap();
+        {
+            let module = Module::load_data(kernels::PTX.as_bytes()).unwrap();
+            let f = module.get_function("add_one").unwrap();
+            let mut args = KernelArgs::new();
+            args.push_ptr(&p).push(N as i32);
+            let cfg = LaunchConfig::new(kernels::blocks(N), 256);
+            // SAFETY: add_one(float* x, int n) gets p (kept alive by the graph) and
+            // n = N, the floats p holds.
+            unsafe { g.add_kernel_node(&[], &f, cfg, &args) }.unwrap();
+            drop(f);
+            drop(module);
+        }
+        // Load and unload other modules meanwhile: a dangling CUfunction would now
+        // name freed or reused driver memory.
+        for _ in 0..4 {
+            let m = Module::load_data(kernels::PTX.as_bytes()).unwrap();
+            let _ = m.get_function("axpy").unwrap();
+        }
+        for round in 1..=3 {
+            g.launch(&s).unwrap();
+            s.synchronize().unwrap();
+            let got = read(&p, N);
+            for (j, (&v, &x)) in got.iter().zip(&input).enumerate() {
+                assert_eq!(v, x + round as f32, "round {round}, element {j}");
+            }
+        }
+        // a clone keeps the module too, after the original is gone
+        let c = g.try_clone().unwrap();
+        drop(g);
+        c.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        let got = read(&p, N);
+        for (j, (&v, &x)) in got.iter().zip(&input).enumerate() {
+            assert_eq!(v, x + 4.0, "clone, element {j}");
+        }
+    }
+);
+
+gpu_test!(
+    kernel_node_arguments_are_checked_where_the_driver_can_tell,
+    {
+        let _serial = serial();
+        cuda_rt::device::set_device_id(0).unwrap();
+        let module = Module::load_data(kernels::PTX.as_bytes()).unwrap();
+        let f = module.get_function("add_one").unwrap();
+        let sizes = match f.param_sizes() {
+            Ok(sizes) => sizes,
+            Err(why) => {
+                // Nothing would catch a missing argument: the driver would read past
+                // the parameter array. Not tried.
+                eprintln!("note: skipped: {why}");
+                return;
+            }
+        };
+        assert_eq!(sizes, &[8, 4]);
+        let p = cuda_rt::alloc(N * 4).unwrap();
+        let g = Graph::new().unwrap();
+        let mut args = KernelArgs::new();
+        args.push_ptr(&p);
+        // SAFETY: the driver reported the parameter sizes, so the argument list with n
+        // missing is refused before it reaches the driver.
+        let r = unsafe { g.add_kernel_node(&[], &f, LaunchConfig::new(1, 1), &args) };
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("2 parameter(s)"), "{e}");
+        assert_eq!(g.node_count().unwrap(), 0);
+    }
+);
+
+gpu_test!(
+    nodes_of_one_graph_are_held_together_and_refused_by_another,
+    {
+        let _serial = serial();
+        cuda_rt::device::set_device_id(0).unwrap();
+        let a = Graph::new().unwrap();
+        let b = Graph::new().unwrap();
+        // several nodes held while more are added (the add methods take &self)
+        let n1 = b.add_empty_node(&[]).unwrap();
+        let n2 = b.add_empty_node(&[]).unwrap();
+        let join = b.add_empty_node(&[n1, n2]).unwrap();
+        let listed = b.nodes().unwrap();
+        assert_eq!(listed.len(), 3);
+        assert!(listed.contains(&n1) && listed.contains(&n2) && listed.contains(&join));
+        assert_eq!(join.graph_raw(), b.as_raw());
+        // a node of graph a as a dependency in graph b: an error, b unchanged
+        let na = a.add_empty_node(&[]).unwrap();
+        let e = b.add_empty_node(&[join, na]).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("belongs to graph"), "{e}");
+        assert_eq!(b.node_count().unwrap(), 3);
+        // and a node of a graph's clone is not a node of the graph
+        let c = b.try_clone().unwrap();
+        let nc = c.nodes().unwrap()[0];
+        assert!(b.add_empty_node(&[nc]).is_err());
+        let s = Stream::non_blocking().unwrap();
+        b.launch(&s).unwrap();
+        s.synchronize().unwrap();
+    }
+);
+
+gpu_test!(a_graph_moves_to_another_thread_and_launches_there, {
+    let _serial = serial();
+    let k = Kernels::load();
+    let p = cuda_rt::alloc(N * 4).unwrap();
+    p.memset(0, N * 4).unwrap();
+    let s = Stream::non_blocking().unwrap();
+    let g = capture_add_one(&k, &s, &p, 2);
+    let q = p.clone();
+    std::thread::spawn(move || {
+        cuda_rt::device::set_device_id(0).unwrap();
+        let s = Stream::non_blocking().unwrap();
+        g.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        assert!(read(&q, N).iter().all(|&v| v == 2.0));
+    })
+    .join()
+    .unwrap();
 });
