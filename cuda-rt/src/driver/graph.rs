@@ -20,17 +20,35 @@ pub fn begin_capture(s: sys::CUstream, mode: sys::CUstreamCaptureMode) -> Result
 /// `cuStreamEndCapture`: the captured graph, or the error; a graph the driver hands
 /// back with an error is destroyed here.
 pub fn end_capture(s: sys::CUstream) -> Result<sys::CUgraph> {
-    let mut g: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: `g` is a valid out pointer; `s` a live stream.
-    let r = drv!(cuStreamEndCapture(s, &mut g));
-    if let Err(e) = r {
-        if !g.is_null() {
-            // SAFETY: the graph was created by this call and nobody else has it.
-            let _ = drv!(cuGraphDestroy(g));
+    match end_capture_raw(s) {
+        (Ok(()), g) => Ok(g),
+        (Err(e), g) => {
+            discard(g);
+            Err(e)
         }
-        return Err(e);
     }
-    Ok(g)
+}
+
+/// `cuStreamEndCapture` alone: the driver's verdict and the graph it handed back
+/// (possibly null). On an error the caller owns a non-null graph and destroys it
+/// ([`discard`]); nothing is destroyed here, so no user-object destructor runs
+/// during this call.
+pub fn end_capture_raw(s: sys::CUstream) -> (Result<()>, sys::CUgraph) {
+    let mut g: sys::CUgraph = std::ptr::null_mut();
+    let r = end_capture_into(s, &mut g);
+    (r, g)
+}
+
+fn end_capture_into(s: sys::CUstream, g: &mut sys::CUgraph) -> Result<()> {
+    // SAFETY: `g` is a valid out pointer; `s` a live stream.
+    drv!(cuStreamEndCapture(s, g))
+}
+
+/// Destroys a graph handed back with a failed [`end_capture_raw`], if there is one.
+pub fn discard(g: sys::CUgraph) {
+    if !g.is_null() {
+        let _ = destroy(g);
+    }
 }
 
 /// `cuStreamGetCaptureInfo` (the 12.3 ABI): status, capture id and the graph being

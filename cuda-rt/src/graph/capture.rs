@@ -6,10 +6,29 @@
 //! ([`any_capture_active`]) while no capture is active; only when some capture is
 //! active does [`alloc`](crate::memory::alloc) ask the driver whether the current
 //! stream captures.
+//!
+//! Memory and captures. A capture's graph keeps alive exactly:
+//! - memory that cuda-rt's own asynchronous operations (copies, memsets) enqueued on
+//!   a stream of the capture read or write ([`note_use`]), whoever drops the last
+//!   pointer and wherever;
+//! - memory whose last pointer drops while it is under way on a thread that is in it
+//!   (the current stream is in the capture, or the thread began it and has not ended
+//!   it): a courtesy for kernels launched in the capture, whose pointers are the
+//!   launcher's promise;
+//! - its own allocations (memory nodes, see [`crate::graph::capture_aware_alloc`]).
+//!
+//! Any other memory whose last pointer drops while some capture is under way is freed
+//! as usual: at once, or, while a capture in [`CaptureMode::Global`] is under way
+//! (where CUDA refuses the driver calls a free may make on every thread), as soon as
+//! no such capture is left. A capture that ends in error takes its allocations with
+//! it: their blocks never existed outside the failed graph, so their drop frees
+//! nothing.
 
 use std::any::Any;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use crate::driver::context::make_current;
 use crate::driver::{self, sys};
@@ -69,18 +88,61 @@ struct Entry {
     stream: usize,
     device: i32,
     id: u64,
-    /// Objects freed by their owners during the capture, kept for the graph.
+    mode: CaptureMode,
+    /// The thread that began it.
+    thread: ThreadId,
+    /// Objects the graph refers to, kept for it: closures, memory its operations use,
+    /// memory dropped on a thread in the capture.
     keep: Vec<Arc<dyn Any + Send + Sync>>,
+    /// The addresses of the memory objects in `keep` through [`note_use`] (each kept
+    /// once).
+    used: HashSet<usize>,
     /// Allocations made during the capture (memory nodes).
     allocs: Vec<Arc<AllocState>>,
+}
+
+impl Entry {
+    /// Whether `ptr` is in one of the capture's own allocations.
+    fn allocated(&self, ptr: u64) -> bool {
+        self.allocs.iter().any(|a| a.contains(ptr))
+    }
+
+    /// The capture ended without a graph: its allocations died with it.
+    fn abandon(self) {
+        for a in &self.allocs {
+            a.abandon();
+        }
+    }
+}
+
+/// The captures under way and the memory waiting for global-mode captures to end.
+struct Captures {
+    entries: Vec<Entry>,
+    /// Memory dropped, unused by any capture, while a global-mode capture was under
+    /// way: freed once none is left.
+    deferred: Vec<Arc<dyn BaseMemory>>,
+}
+
+impl Captures {
+    /// The memory to free now that a capture ended: all that waited, once no
+    /// global-mode capture is left.
+    fn take_deferred(&mut self) -> Vec<Arc<dyn BaseMemory>> {
+        if self.entries.iter().any(|e| e.mode == CaptureMode::Global) {
+            return Vec::new();
+        }
+        std::mem::take(&mut self.deferred)
+    }
 }
 
 /// How many captures begun through cuda-rt are under way in the process.
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 /// Those captures.
-static CAPTURES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+static CAPTURES: Mutex<Captures> = Mutex::new(Captures {
+    entries: Vec::new(),
+    deferred: Vec::new(),
+});
 
-fn captures() -> std::sync::MutexGuard<'static, Vec<Entry>> {
+fn captures() -> std::sync::MutexGuard<'static, Captures> {
     CAPTURES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -185,26 +247,53 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
             return Err(e);
         }
     };
-    captures().push(Entry {
+    let entry = Entry {
         stream: handle,
         device: s.device_id(),
         id,
+        mode,
+        thread: std::thread::current().id(),
         keep: Vec::new(),
+        used: HashSet::new(),
         allocs: Vec::new(),
-    });
+    };
+    // A record left on this stream by a capture that ended outside cuda-rt is stale
+    // (a stream is in one capture at most): its allocations died with that capture.
+    let stale = take_entry(handle, s.device_id());
+    captures().entries.push(entry);
     ACTIVE.fetch_add(1, Ordering::Relaxed);
+    finish(stale);
     Ok(())
+}
+
+impl Captures {
+    /// Removes the record of the capture begun on `handle`, if cuda-rt began one
+    /// there.
+    fn take(&mut self, handle: usize, device: i32) -> Option<Entry> {
+        let i = self
+            .entries
+            .iter()
+            .position(|e| e.stream == handle && e.device == device)?;
+        let entry = self.entries.remove(i);
+        ACTIVE.fetch_sub(1, Ordering::Relaxed);
+        Some(entry)
+    }
 }
 
 /// Removes the record of the capture begun on `handle`, if cuda-rt began one there.
 fn take_entry(handle: usize, device: i32) -> Option<Entry> {
-    let mut c = captures();
-    let i = c
-        .iter()
-        .position(|e| e.stream == handle && e.device == device)?;
-    let entry = c.remove(i);
-    ACTIVE.fetch_sub(1, Ordering::Relaxed);
-    Some(entry)
+    captures().take(handle, device)
+}
+
+/// After a record was removed: a capture that left no graph (`abandoned`) takes its
+/// allocations with it, and the memory deferred for global-mode captures is freed
+/// once none is left. Runs outside the lock: freeing may call the allocator.
+fn finish(abandoned: Option<Entry>) {
+    if let Some(e) = abandoned {
+        e.abandon();
+    }
+    let deferred = captures().take_deferred();
+    drop(deferred);
 }
 
 /// `AsStream::end_capture_with`.
@@ -213,7 +302,7 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Resul
     let (status, _) = info(s)?;
     if status == CaptureStatus::None {
         // A record left by a capture that ended some other way is stale: drop it.
-        drop(take_entry(handle, s.device_id()));
+        finish(take_entry(handle, s.device_id()));
         return Err(Error::Capture(format!(
             "end_capture on stream {handle:#x} of device {}: the stream is not capturing \
              (begin_capture it first; a stream forked into a capture is ended through \
@@ -221,13 +310,31 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Resul
             s.device_id()
         )));
     }
-    let ended = driver::graph::end_capture(s.as_raw());
-    let entry = take_entry(handle, s.device_id());
-    let raw = ended.map_err(|e| explain(e, "end_capture"))?;
+    // The end and the removal of the record happen under the lock, so a thread that
+    // frees a capture's allocation or notes a use of memory under it (see
+    // `in_capture_locked`) sees the capture either under way or ended with its record
+    // gone. The failed graph, if any, is destroyed after: its user objects'
+    // destructors run outside the lock.
+    let (ended, entry) = {
+        let mut c = captures();
+        let ended = driver::graph::end_capture_raw(s.as_raw());
+        (ended, c.take(handle, s.device_id()))
+    };
+    let raw = match ended {
+        (Ok(()), raw) => raw,
+        (Err(e), failed) => {
+            driver::graph::discard(failed);
+            // No graph: the allocations made in the capture are dead (their addresses
+            // may go to another graph's memory now), so their drop frees nothing.
+            finish(entry);
+            return Err(explain(e, "end_capture"));
+        }
+    };
     let (keep, allocs) = match entry {
         Some(e) => (e.keep, e.allocs),
         None => (Vec::new(), Vec::new()),
     };
+    finish(None);
     Graph::from_capture(raw, s.device_id(), keep, allocs, flags)
 }
 
@@ -250,7 +357,8 @@ pub(crate) fn with_entry_of<R>(
         CaptureStatus::None => return Ok(None),
     };
     let mut c = captures();
-    Ok(c.iter_mut()
+    Ok(c.entries
+        .iter_mut()
         .find(|e| e.id == id && e.device == s.device_id())
         .map(|e| {
             f(&mut EntryRef {
@@ -271,31 +379,94 @@ pub(crate) struct EntryRef<'a> {
 #[derive(Debug)]
 struct KeptMemory(#[allow(dead_code)] Arc<dyn BaseMemory>);
 
-/// Called when the last pointer to `mem` drops while some capture is active: keeps
-/// `mem` alive for the graph of the capture the current stream belongs to (else the
-/// capture begun last), so a graph that may use it never sees it reused by a pool or
-/// freed. Allocations made during the capture (memory nodes) are not kept: they are
-/// freed inside the graph.
+/// Called when the last pointer to `mem` drops while some capture is active (see the
+/// module docs): keeps `mem` for the graph of the capture this thread is in (its
+/// current stream is in it, or it began it), else frees it as usual, now or, while a
+/// global-mode capture is under way, once none is. Allocations made during a capture
+/// (memory nodes) are left to their own drop, which frees them inside the graph.
 pub(crate) fn keep_for_graph(mem: &Arc<dyn BaseMemory>) {
     if mem.size() == 0 {
         return;
     }
-    let s = get_current_stream();
-    let id = match info(&s) {
+    let id = match info(&get_current_stream()) {
         Ok((CaptureStatus::Active { id }, _)) => Some(id),
         _ => None,
     };
+    let me = std::thread::current().id();
     let ptr = mem.ptr();
     let mut c = captures();
-    let pos = id
-        .and_then(|id| c.iter().position(|e| e.id == id))
-        .or_else(|| c.len().checked_sub(1));
-    let Some(i) = pos else { return };
-    let e = &mut c[i];
-    if e.allocs.iter().any(|a| a.contains(ptr)) {
+    if c.entries.iter().any(|e| e.allocated(ptr)) {
         return;
     }
-    e.keep.push(Arc::new(KeptMemory(Arc::clone(mem))));
+    let mine = match id {
+        Some(id) => c.entries.iter().position(|e| e.id == id),
+        None => c.entries.iter().rposition(|e| e.thread == me),
+    };
+    match mine {
+        Some(i) => c.entries[i]
+            .keep
+            .push(Arc::new(KeptMemory(Arc::clone(mem)))),
+        // Not this thread's capture: used by none (their uses are noted), freed as
+        // usual, unless a global-mode capture would refuse the free's driver calls.
+        None if c.entries.iter().any(|e| e.mode == CaptureMode::Global) => {
+            c.deferred.push(Arc::clone(mem));
+        }
+        None => {}
+    }
+}
+
+/// Notes that work enqueued on `s` reads or writes the memory objects `mems`: while
+/// `s` is in a capture cuda-rt began, that capture's graph keeps them alive (once
+/// each), so no pool reuses them while the graph can run, whichever thread drops
+/// their last pointer. The capture's own allocations are left alone (their drop
+/// frees them inside the graph). One relaxed atomic load while no capture is active.
+///
+/// cuda-rt's memory operations that enqueue work on a stream call it (the
+/// asynchronous device copies and memsets of [`MemoryPointer`]).
+///
+/// [`MemoryPointer`]: crate::memory::MemoryPointer
+#[inline]
+pub(crate) fn note_use<S: AsStream + ?Sized>(s: &S, mems: &[&Arc<dyn BaseMemory>]) -> Result<()> {
+    if !any_capture_active() {
+        return Ok(());
+    }
+    note_use_slow(s, mems)
+}
+
+#[cold]
+fn note_use_slow<S: AsStream + ?Sized>(s: &S, mems: &[&Arc<dyn BaseMemory>]) -> Result<()> {
+    // Asked under the lock: the capture cannot end between the answer and the note.
+    let mut c = captures();
+    let (status, _) = info(s)?;
+    let CaptureStatus::Active { id } = status else {
+        return Ok(());
+    };
+    let Some(e) = c
+        .entries
+        .iter_mut()
+        .find(|e| e.id == id && e.device == s.device_id())
+    else {
+        return Ok(());
+    };
+    for &m in mems {
+        if m.size() == 0 || e.allocated(m.ptr()) {
+            continue;
+        }
+        // The address of a kept object is unique while the entry keeps it.
+        if e.used.insert(Arc::as_ptr(m).cast::<()>() as usize) {
+            e.keep.push(Arc::new(KeptMemory(Arc::clone(m))));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` with whether `s` is in the capture `id` now, under the lock that
+/// [`end`] holds while it ends a capture: the capture cannot end while `f` runs (so
+/// `f` may enqueue work on `s` into that capture). `f` must not take the lock.
+pub(crate) fn in_capture_locked<R>(s: &StreamRef, id: u64, f: impl FnOnce(bool) -> R) -> R {
+    let _c = captures();
+    let now = matches!(info(s), Ok((CaptureStatus::Active { id: c }, _)) if c == id);
+    f(now)
 }
 
 /// Adds `obj` to the keep-alive list of the capture `s` belongs to; `false` when `s`
@@ -309,7 +480,7 @@ pub(crate) fn keep_in_capture<S: AsStream + ?Sized>(
         return Ok(false);
     };
     let mut c = captures();
-    match c.iter_mut().find(|e| e.id == id) {
+    match c.entries.iter_mut().find(|e| e.id == id) {
         Some(e) => {
             e.keep.push(obj);
             Ok(true)

@@ -18,8 +18,13 @@
 //! What happens to such memory depends on when its last pointer drops:
 //! - during the capture: it is freed inside the graph (`cuMemFreeAsync`, a
 //!   memory-free node) on the current stream when that stream is in the same capture,
-//!   else on the stream it was allocated on. Drop a buffer used on a forked stream
-//!   after the fork is joined back.
+//!   else on the stream it was allocated on while that one still is. Drop a buffer
+//!   used on a forked stream after the fork is joined back. When neither stream is in
+//!   the capture any more (it was invalidated, say), nothing is freed: the capture's
+//!   end decides, as for memory still referred to then.
+//! - if the capture ends in error: no graph comes of it and the block never existed
+//!   outside it; its address may be given to another graph's memory, so the drop
+//!   frees nothing.
 //! - after the capture: the graph owns it. Its graph is instantiated with
 //!   [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`](crate::graph::InstantiateFlags), so each
 //!   launch frees the previous launch's block before allocating it again, and the
@@ -54,8 +59,13 @@ impl LaunchRecord {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
     }
 
-    fn last(&self) -> Option<StreamRef> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Runs `f` on the stream of the last launch, if there was one.
+    fn with_last<R>(&self, f: impl FnOnce(&StreamRef) -> R) -> Option<R> {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(f)
     }
 }
 
@@ -71,6 +81,9 @@ enum Phase {
     },
     /// Freed inside the graph: nothing to do outside it.
     FreedInGraph,
+    /// Its capture ended in error: the block died with the graph that never was (its
+    /// address may belong to another graph's memory by now): nothing to free.
+    Abandoned,
     /// The graph owns it: after each launch the block is live until the next launch.
     GraphOwned(Arc<LaunchRecord>),
 }
@@ -92,6 +105,14 @@ impl AllocState {
     /// Whether `ptr` is inside this allocation.
     pub(crate) fn contains(&self, ptr: u64) -> bool {
         ptr >= self.ptr && ptr < self.ptr + self.size as u64
+    }
+
+    /// The capture ended without a graph: the block is gone with it.
+    pub(crate) fn abandon(&self) {
+        let mut p = self.phase();
+        if matches!(*p, Phase::Capturing { .. }) {
+            *p = Phase::Abandoned;
+        }
     }
 
     /// At the end of the capture: `true` (and the graph owns it from now) when it was
@@ -117,13 +138,14 @@ impl Drop for AllocState {
         // Only a block the graph owns, after a launch, is live outside the graph. A
         // capture that ended some other way took its nodes with it.
         let Phase::GraphOwned(rec) = p else { return };
-        let Some(s) = rec.last() else { return };
-        let _ = make_current(self.device).and_then(|()| {
-            driver::memory::free_async(self.ptr, s.as_raw()).or_else(|_| {
-                // The launch stream is gone: finish all work, free in order with it.
-                context::synchronize()?;
-                driver::memory::free_async(self.ptr, std::ptr::null_mut())
-            })
+        rec.with_last(|s| {
+            let _ = make_current(self.device).and_then(|()| {
+                driver::memory::free_async(self.ptr, s.as_raw()).or_else(|_| {
+                    // The launch stream is gone: finish all work, free in order with it.
+                    context::synchronize()?;
+                    driver::memory::free_async(self.ptr, std::ptr::null_mut())
+                })
+            });
         });
     }
 }
@@ -161,21 +183,29 @@ unsafe impl BaseMemory for GraphMemory {
 impl Drop for GraphMemory {
     fn drop(&mut self) {
         let mut p = self.state.phase();
-        let Phase::Capturing { ref stream, id } = *p else {
-            return;
+        let freed = match &*p {
+            Phase::Capturing { stream, id } => {
+                // Free on the current stream when it is in the same capture (the
+                // user's place in the work), else on the stream that allocated while it
+                // still is: never on a stream outside the capture, where the address
+                // may belong to another graph's memory.
+                // The checks and the free run under the lock `end_capture` takes, so
+                // the capture cannot end in between.
+                let free_on = |s: &StreamRef| {
+                    capture::in_capture_locked(s, *id, |now| {
+                        now && driver::memory::free_async(self.state.ptr, s.as_raw()).is_ok()
+                    })
+                };
+                let cur = current_stream_of(stream.device_id());
+                free_on(&cur) || free_on(stream)
+            }
+            _ => return,
         };
-        // Free on the current stream when it is in the same capture (the user's
-        // place in the work), else on the stream that allocated.
-        let cur = current_stream_of(stream.device_id());
-        let on = match capture::info(&cur) {
-            Ok((capture::CaptureStatus::Active { id: cid }, _)) if cid == id => cur.as_raw(),
-            _ => stream.as_raw(),
-        };
-        if driver::memory::free_async(self.state.ptr, on).is_ok() {
+        if freed {
             *p = Phase::FreedInGraph;
         }
-        // Otherwise (the capture was invalidated or ended elsewhere) the graph, if
-        // one comes of it, owns the block.
+        // Otherwise (the capture was invalidated, or ended outside cuda-rt) the end of
+        // the capture decides: the graph owns the block, or it died with the capture.
     }
 }
 
@@ -198,16 +228,18 @@ fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
         return None;
     }
     let r = capture::with_entry_of(&s, |entry| -> Result<MemoryPointer> {
-        make_current(s.device_id())?;
+        let device = s.device_id();
+        make_current(device)?;
         let ptr = driver::memory::alloc_async(size, s.as_raw())
             .map_err(|e| capture::explain(e, "allocation during a capture"))?;
         let id = entry.id;
         let state = Arc::new(AllocState {
             ptr,
             size,
-            device: s.device_id(),
+            device,
             phase: Mutex::new(Phase::Capturing {
-                stream: s.clone(),
+                // The same current stream as `s`, owned.
+                stream: current_stream_of(device),
                 id,
             }),
         });

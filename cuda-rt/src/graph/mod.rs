@@ -31,12 +31,25 @@
 //! stream that is not capturing, an unjoined fork.
 //!
 //! # Memory
-//! Allocations during a capture become memory nodes (see [`capture_aware_alloc`] for
-//! the reasons and the lifetime rules). Memory whose last pointer drops while a
-//! capture is under way is kept alive by that capture's graph, so no pool hands it
-//! out while the graph can run. Memory allocated before a capture and used by it must
-//! otherwise outlive the graph: hand it to [`Graph::keep_alive`] when it should not.
-//! A graph waits for its launches to finish before releasing what it keeps alive.
+//! Allocations during a capture become memory nodes of exactly that capture's graph
+//! (see [`capture_aware_alloc`] for the reasons and the lifetime rules); a capture
+//! that ends in error takes them with it, and their drop frees nothing. Memory that
+//! cuda-rt's asynchronous copies and memsets use in a capture is kept alive by that
+//! capture's graph, whichever thread drops its last pointer, so no pool hands it out
+//! while the graph can run. Memory whose last pointer drops on a thread that is in a
+//! capture (its current stream is in it, or it began it) is kept by that capture's
+//! graph too. Other memory is freed as usual while captures are under way on other
+//! threads: at once, or, while a [`CaptureMode::Global`] capture is under way (CUDA
+//! then refuses a free's driver calls on every thread), as soon as none is left.
+//! Memory a captured kernel uses (an address given to an `unsafe` launch) must
+//! otherwise outlive the graph: hand it to [`Graph::keep_alive`]. A graph waits for its
+//! launches to finish before releasing what it keeps alive.
+//!
+//! # Nodes and threads
+//! A [`Node`] borrows its graph and cannot outlive it; nodes are added through `&self`,
+//! so several can be held while more are added. A [`Graph`] is `Send` but not `Sync`
+//! (CUDA asks that calls on one graph be serialized). Kernel nodes are `unsafe`
+//! ([`Graph::add_kernel_node`]) and keep their kernel's module loaded.
 
 mod capture;
 mod memory;
@@ -55,7 +68,7 @@ pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
 
 pub(crate) use capture::{
     begin as begin_capture, end as end_capture, explain, info as capture_info, keep_for_graph,
-    keep_in_capture,
+    keep_in_capture, note_use,
 };
 
 use crate::device::get_device_id;

@@ -54,10 +54,12 @@ impl fmt::Debug for MemoryPointer {
 }
 
 impl Drop for MemoryPointer {
-    /// The last pointer to a memory object dropped while a capture is under way hands
-    /// the object to the graph being captured, which may use it on every launch: it
-    /// is released only after the graph (see [`crate::graph`]). Otherwise the last
-    /// pointer hands the object to [`BaseMemory::recycle`].
+    /// The last pointer to a memory object dropped while a capture is under way, on a
+    /// thread in that capture, hands the object to the graph being captured, which may
+    /// use it on every launch: it is released only after the graph (see
+    /// [`crate::graph`]; memory that a capture's operations use is kept by its graph
+    /// anyway). Otherwise the last pointer hands the object to
+    /// [`BaseMemory::recycle`].
     #[inline]
     fn drop(&mut self) {
         let Some(mem) = &self.mem else { return };
@@ -419,7 +421,9 @@ impl MemoryPointer {
         }
         let s = stream_or_current(stream);
         make_current(s.device_id())?;
-        self.d2d(src, size, Some(s.as_raw()))
+        self.d2d(src, size, Some(s.as_raw()))?;
+        // A graph captured on `s` copies between these on every launch: it keeps both.
+        crate::graph::note_use(&s, &[self.m(), src.m()])
     }
 
     /// Copies `size` bytes from this pointer to `dst`, synchronously.
@@ -509,10 +513,13 @@ impl MemoryPointer {
             return Ok(());
         }
         self.check_align(what, width as u64)?;
+        let mut queued_on = None;
         let stream = if is_async {
             let s = stream_or_current(stream);
             make_current(s.device_id())?;
-            Some(s.as_raw())
+            let raw = s.as_raw();
+            queued_on = Some(s);
+            Some(raw)
         } else {
             match sync_via(what)? {
                 SyncVia::Legacy => {
@@ -534,7 +541,12 @@ impl MemoryPointer {
         match (is_async, stream) {
             (false, None) => r.map_err(|e| capture_error(what, e)),
             (false, Some(s)) => r.and_then(|()| dm::stream_synchronize(s)),
-            (true, _) => r,
+            // A graph captured on the stream sets this memory on every launch: it
+            // keeps it.
+            (true, _) => r.and_then(|()| match &queued_on {
+                Some(s) => crate::graph::note_use(s, &[self.m()]),
+                None => Ok(()),
+            }),
         }
     }
 }
