@@ -641,3 +641,184 @@ gpu_test!(a_graph_moves_to_another_thread_and_launches_there, {
     .join()
     .unwrap();
 });
+
+// ---- soundness: memory of failed captures and of other threads ----
+
+gpu_test!(
+    allocations_of_a_failed_capture_free_nothing_of_another_graph,
+    {
+        let _serial = serial();
+        let k = Kernels::load();
+        let s = Stream::non_blocking().unwrap();
+        // Capture A allocates, then a synchronize invalidates it: no graph comes of it.
+        let mut stale: Vec<MemoryPointer> = {
+            let _on = s.enter().unwrap();
+            s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+            let v: Vec<_> = (0..4).map(|_| cuda_rt::alloc(N * 4).unwrap()).collect();
+            let e = s.synchronize().unwrap_err();
+            assert!(matches!(e, Error::Capture(_)), "{e}");
+            v
+        };
+        let e = s.end_capture().unwrap_err();
+        assert!(e.to_string().contains("invalidated"), "{e}");
+        let stale_addrs: Vec<u64> = stale.iter().map(MemoryPointer::ptr).collect();
+        // Capture B allocates (its addresses may be A's) and keeps its allocation;
+        // half of A's pointers drop during B's capture, on B's stream.
+        let (out, b) = {
+            let _on = s.enter().unwrap();
+            s.begin_capture(CaptureMode::Global).unwrap();
+            let out = cuda_rt::alloc(N * 4).unwrap();
+            out.memset_async(0, N * 4, None).unwrap();
+            for _ in 0..3 {
+                // SAFETY: out holds N f32, an allocation of this capture that the
+                // graph owns afterwards; the test keeps it past every launch.
+                unsafe { add_one(&k, &s, out.ptr(), N) };
+            }
+            stale.truncate(2);
+            (out, s.end_capture().unwrap())
+        };
+        eprintln!(
+            "failed capture's addresses {stale_addrs:#x?}, the graph's {:#x}",
+            out.ptr()
+        );
+        assert_eq!(b.owned_allocation_count(), 1);
+        b.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        assert!(read(&out, N).iter().all(|&v| v == 3.0));
+        // The rest drop after B: still nothing of B's may be freed.
+        drop(stale);
+        for round in 0..3 {
+            b.launch(&s).unwrap();
+            s.synchronize().unwrap();
+            let got = read(&out, N);
+            assert!(
+                got.iter().all(|&v| v == 3.0),
+                "round {round}: {:?}",
+                &got[..4]
+            );
+        }
+        // A new allocation elsewhere does not land in B's memory either.
+        let other = cuda_rt::alloc(N * 4).unwrap();
+        other.memset(0xff, N * 4).unwrap();
+        b.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        assert!(read(&out, N).iter().all(|&v| v == 3.0));
+        assert!(!cuda_rt::graph::any_capture_active());
+    }
+);
+
+gpu_test!(
+    allocations_of_an_unjoined_capture_free_nothing_after_it_fails,
+    {
+        let _serial = serial();
+        let k = Kernels::load();
+        let s1 = Stream::non_blocking().unwrap();
+        let s2 = Stream::non_blocking().unwrap();
+        let stale = {
+            let _on = s1.enter().unwrap();
+            s1.begin_capture(CaptureMode::Global).unwrap();
+            let p = cuda_rt::alloc(N * 4).unwrap();
+            let fork = s1.record(Some(event())).unwrap();
+            s2.wait_event(&fork).unwrap();
+            kernels::empty(&k, &s2); // never joined back
+            p
+        };
+        let e = s1.end_capture().unwrap_err();
+        assert!(e.to_string().contains("never joined back"), "{e}");
+        let p = cuda_rt::alloc(N * 4).unwrap();
+        p.memset(0, N * 4).unwrap();
+        let g = capture_add_one(&k, &s1, &p, 1);
+        drop(stale); // frees nothing: its capture is gone
+        g.launch(&s1).unwrap();
+        s1.synchronize().unwrap();
+        assert!(read(&p, N).iter().all(|&v| v == 1.0));
+    }
+);
+
+gpu_test!(
+    memory_dropped_on_another_thread_during_a_capture_is_not_kept_by_its_graph,
+    {
+        let _serial = serial();
+        let k = Kernels::load();
+        let pool = cuda_rt::MemoryPool::new();
+        let x = cuda_rt::alloc(N * 4).unwrap();
+        x.memset(0, N * 4).unwrap();
+        let s = Stream::non_blocking().unwrap();
+        let bytes = (N * 4) as u64;
+        for mode in [
+            CaptureMode::ThreadLocal,
+            CaptureMode::Relaxed,
+            CaptureMode::Global,
+        ] {
+            let m = pool.malloc(N * 4).unwrap();
+            let used = pool.used_bytes();
+            assert!(used >= bytes);
+            s.begin_capture(mode).unwrap();
+            x.memset_async(0, N * 4, Some(&s)).unwrap();
+            // SAFETY: x holds N f32 and outlives every launch of the graph.
+            unsafe { add_one(&k, &s, x.ptr(), N) };
+            // m is not used by the capture; its last pointer drops on another thread
+            std::thread::spawn(move || drop(m)).join().unwrap();
+            let during = pool.used_bytes();
+            let graph = s.end_capture().unwrap();
+            let after_end = pool.used_bytes();
+            if mode == CaptureMode::Global {
+                // CUDA refuses a free's driver calls on every thread during a global
+                // capture: the free waits for the capture's end, not the graph's.
+                assert_eq!(during, used, "{mode:?}: deferred while capturing");
+            } else {
+                assert_eq!(during, used - bytes, "{mode:?}: freed at once");
+            }
+            assert_eq!(
+                after_end,
+                used - bytes,
+                "{mode:?}: free before the graph drops"
+            );
+            graph.launch(&s).unwrap();
+            s.synchronize().unwrap();
+            assert!(read(&x, N).iter().all(|&v| v == 1.0), "{mode:?}");
+            drop(graph);
+            assert_eq!(pool.used_bytes(), used - bytes);
+        }
+    }
+);
+
+gpu_test!(
+    memory_a_capture_copies_from_is_kept_by_its_graph_whoever_drops_it,
+    {
+        let _serial = serial();
+        let pool = cuda_rt::MemoryPool::new();
+        let s = Stream::non_blocking().unwrap();
+        let want: Vec<f32> = (0..N).map(|j| (j as f32).sin() * 1000.0).collect();
+        let src = pool.malloc(N * 4).unwrap();
+        src.copy_from_host(&want).unwrap();
+        let src_range = src.ptr()..src.ptr() + (N * 4) as u64;
+        let out = cuda_rt::alloc(N * 4).unwrap();
+        let used = pool.used_bytes();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        out.copy_from_device_async(&src, N * 4, Some(&s)).unwrap();
+        // the last pointer goes on a thread that knows nothing of the capture
+        std::thread::spawn(move || drop(src)).join().unwrap();
+        assert_eq!(pool.used_bytes(), used, "kept by the capture");
+        let graph = s.end_capture().unwrap();
+        assert_eq!(pool.used_bytes(), used, "kept by the graph");
+        // the pool cannot hand the block out while the graph lives
+        let other = pool.malloc(N * 4).unwrap();
+        assert!(
+            !src_range.contains(&other.ptr()),
+            "the graph's source was reused"
+        );
+        other.memset(0xff, N * 4).unwrap();
+        for round in 0..3 {
+            out.memset(0, N * 4).unwrap();
+            graph.launch(&s).unwrap();
+            s.synchronize().unwrap();
+            assert_eq!(read(&out, N), want, "round {round}");
+        }
+        drop(graph);
+        assert_eq!(
+            pool.used_bytes(),
+            used - (N * 4) as u64 + other.size() as u64
+        );
+    }
+);
