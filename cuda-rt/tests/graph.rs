@@ -662,6 +662,12 @@ gpu_test!(
         let e = s.end_capture().unwrap_err();
         assert!(e.to_string().contains("invalidated"), "{e}");
         let stale_addrs: Vec<u64> = stale.iter().map(MemoryPointer::ptr).collect();
+        // Nothing can be written through them any more: they have no room left.
+        for p in &stale {
+            assert_eq!(p.size(), 0);
+            assert!(p.memset_async(1, 4, Some(&s)).is_err());
+            assert!(p.copy_from_host(&[1.0f32]).is_err());
+        }
         // Capture B allocates (its addresses may be A's) and keeps its allocation;
         // half of A's pointers drop during B's capture, on B's stream.
         let (out, b) = {

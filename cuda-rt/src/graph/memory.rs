@@ -172,7 +172,12 @@ unsafe impl BaseMemory for GraphMemory {
     fn ptr(&self) -> u64 {
         self.state.ptr
     }
+    /// 0 once its capture failed: the address may belong to another graph's memory
+    /// by then, so every bounds-checked operation on it is refused.
     fn size(&self) -> usize {
+        if matches!(*self.state.phase(), Phase::Abandoned) {
+            return 0;
+        }
         self.state.size
     }
     fn device_id(&self) -> i32 {

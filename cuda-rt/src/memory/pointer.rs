@@ -180,7 +180,8 @@ impl MemoryPointer {
     /// The bytes from this pointer to the end of its memory.
     #[inline]
     pub fn size(&self) -> usize {
-        self.m().size() - self.offset
+        // A memory can shrink to 0 (an allocation of a graph capture that failed).
+        self.m().size().saturating_sub(self.offset)
     }
 
     /// The device the memory belongs to.
