@@ -11,7 +11,7 @@ use cuda_rt::pinned::{
     self, alloc_pinned_memory, register, PinnedFlags, PinnedMemory, PinnedMemoryPointer,
     PinnedMemoryPool,
 };
-use cuda_rt::{gpu_test, AsStream, Error, MemoryPool, Stream};
+use cuda_rt::{gpu_test, AsStream, CaptureMode, Error, MemoryPool, Stream};
 
 /// The first `len` bytes of `dev` as a [`MemoryPointer`] that keeps `dev` alive (its
 /// owner): what the code under test takes; the checks read `dev` with raw driver
@@ -439,5 +439,62 @@ gpu_test!(
             assert!(raw_read(o.ptr(), n) == pattern(n, 21));
         }
         drop(gate);
+    }
+);
+
+gpu_test!(
+    alone async_pinned_copies_on_a_capturing_stream_are_refused,
+    {
+        let n = 4096;
+        let dev = Arc::new(DevBuf::new(n));
+        dev.fill(0x11);
+        let d = pointer(&dev, n);
+        let mut p = PinnedMemoryPointer::from(PinnedMemory::new(n).unwrap());
+        p.as_mut_slice().unwrap().fill(0x22);
+        let s = Stream::non_blocking().unwrap();
+        s.begin_capture(CaptureMode::Relaxed).unwrap();
+        let errors = [
+            p.copy_to_device_async(&d, &s).unwrap_err(),
+            p.copy_from_device_async(&d, &s).unwrap_err(),
+            // SAFETY: `dev` holds `n` bytes, alive and unaliased until the end.
+            unsafe { p.copy_to_device_async_raw(dev.ptr, &s) }.unwrap_err(),
+            // SAFETY: as above.
+            unsafe { p.copy_from_device_async_raw(dev.ptr, &s) }.unwrap_err(),
+        ];
+        // Refused before reaching the driver: the capture is still good, and empty.
+        let graph = s.end_capture().unwrap();
+        assert_eq!(graph.node_count().unwrap(), 0, "a refused copy was captured");
+        drop(graph);
+        for e in errors {
+            assert!(matches!(e, Error::Capture(_)), "{e}");
+            assert!(e.to_string().contains("capturing a graph"), "{e}");
+        }
+        // No fence was recorded, nothing was copied.
+        assert!(p.as_mut_slice().unwrap().iter().all(|&b| b == 0x22));
+        assert!(dev.read(0, n).iter().all(|&b| b == 0x11));
+        // After the capture the same copy works.
+        p.copy_to_device_async(&d, &s).unwrap();
+        s.synchronize().unwrap();
+        assert!(dev.read(0, n).iter().all(|&b| b == 0x22));
+    }
+);
+
+gpu_test!(
+    alone async_pinned_copy_on_a_capturing_per_thread_default_stream_is_refused,
+    {
+        // The per-thread default stream can capture too: the check covers every
+        // stream but the legacy default one (which cannot).
+        let n = 512;
+        let dev = Arc::new(DevBuf::new(n));
+        let d = pointer(&dev, n);
+        let p = PinnedMemoryPointer::from(PinnedMemory::new(n).unwrap());
+        let s = Stream::per_thread();
+        s.begin_capture(CaptureMode::Relaxed).unwrap();
+        let e = p.copy_to_device_async(&d, &s).unwrap_err();
+        let graph = s.end_capture().unwrap();
+        assert_eq!(graph.node_count().unwrap(), 0, "a refused copy was captured");
+        assert!(matches!(e, Error::Capture(_)), "{e}");
+        p.copy_to_device_async(&d, &s).unwrap();
+        s.synchronize().unwrap();
     }
 );

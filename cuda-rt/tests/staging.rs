@@ -11,7 +11,7 @@ use cuda_rt::pinned::{
     copy_device_to_host, copy_device_to_host_raw, copy_host_to_device, copy_host_to_device_raw,
     parallel_memcpy, set_staging_threads, staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD,
 };
-use cuda_rt::{get_current_stream, gpu_test, Error, Stream};
+use cuda_rt::{get_current_stream, gpu_test, AsStream, CaptureMode, Error, Stream};
 
 /// The first `len` bytes of `dev` as a [`MemoryPointer`] that keeps `dev` alive (its
 /// owner); the checks read `dev` with raw driver copies. Bytes past `len` are a guard.
@@ -145,6 +145,55 @@ gpu_test!(
         }
     }
 );
+
+gpu_test!(
+    alone copies_on_a_capturing_stream_fail_and_no_graph_replays_them,
+    {
+        // Synchronous copies cannot be captured: the driver refuses their wait (or the
+        // copy itself) and invalidates the capture, so whatever was captured is never
+        // replayed.
+        let s = Stream::non_blocking().unwrap();
+        for &n in &[4096usize, PAGEABLE_THRESHOLD + 4096] {
+            let dev = Arc::new(DevBuf::new(n));
+            dev.fill(0x11);
+            let d = pointer(&dev, n);
+            let host = vec![0x22u8; n];
+            let mut back = vec![0x33u8; n];
+            for to_device in [true, false] {
+                s.begin_capture(CaptureMode::Relaxed).unwrap();
+                let r = if to_device {
+                    copy_host_to_device(&d, &host, &s)
+                } else {
+                    copy_device_to_host(&mut back, &d, &s)
+                };
+                let end = s.end_capture();
+                assert!(r.is_err(), "{n} bytes, to device: {to_device}: a copy was captured");
+                if let Ok(g) = end {
+                    assert_eq!(g.node_count().unwrap(), 0, "{n} bytes: a graph holds the copy");
+                }
+            }
+            s.synchronize().unwrap();
+            assert!(dev.read(0, n).iter().all(|&b| b == 0x11));
+            assert!(back.iter().all(|&b| b == 0x33));
+        }
+    }
+);
+
+gpu_test!(concurrent_copies_from_several_threads_are_byte_exact, {
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let stream = Stream::new().unwrap();
+                let n = 5 * CHUNK_SIZE / 2 + t;
+                h2d_then_check(n, &stream, 50 + t as u64);
+                d2h_then_check(n, &stream, 60 + t as u64);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+});
 
 gpu_test!(empty_copies_do_nothing, {
     let stream = Stream::new().unwrap();

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::fence::{Fence, Pending};
 use super::pool::PinnedCore;
-use crate::driver::{context, host, sys};
+use crate::driver::{self, context, host, sys};
 use crate::error::{Error, Result};
 use crate::memory::arena::{AtomicBlock, Block, RawBlock};
 use crate::memory::MemoryPointer;
-use crate::stream::AsStream;
+use crate::stream::{AsStream, LEGACY_DEFAULT_HANDLE};
 
 bitflags::bitflags! {
     /// `cuMemHostAlloc` flags. The default is [`PORTABLE`](Self::PORTABLE) alone.
@@ -252,7 +252,8 @@ impl Drop for Owner {
 ///   recorded on it have finished, whatever happens to the handles;
 /// - the device side of a safe copy is a [`MemoryPointer`]: bounds-checked before any
 ///   CUDA call, and held by the copy's fence until the copy has finished; the forms
-///   that take a raw device address (`*_raw`) are `unsafe`.
+///   that take a raw device address (`*_raw`) are `unsafe`;
+/// - a stream that is capturing a graph is refused ([`Error::Capture`]).
 pub struct PinnedMemoryPointer {
     owner: Option<Arc<Owner>>,
     offset: usize,
@@ -485,6 +486,10 @@ impl PinnedMemoryPointer {
     /// a pool, and the fence holds a clone of `dst`, so the device memory is neither
     /// freed nor handed to another user (dropping `dst` right after this call is
     /// fine). No host synchronisation.
+    ///
+    /// A stream that is capturing a graph is refused with [`Error::Capture`]: the
+    /// graph would copy out of this memory on every launch, long after it has gone
+    /// back to its pool (a fence recorded during a capture never completes).
     pub fn copy_to_device_async(
         &self,
         dst: &MemoryPointer,
@@ -499,14 +504,15 @@ impl PinnedMemoryPointer {
             return Ok(());
         }
         let (src, d, len) = (o.addr() + self.offset as u64, dst.ptr(), self.len);
-        Self::enqueue(o, stream, false, Some(dst), |s| {
+        Self::enqueue(what, o, stream, false, Some(dst), |s| {
             host::htod_async(d, src, len, s)
         })
     }
 
     /// [`copy_to_device_async`](Self::copy_to_device_async) to a raw device address,
     /// with no bounds check and nothing kept alive on the device side. The pinned side
-    /// is protected as in the safe form.
+    /// is protected as in the safe form, and capturing streams are refused the same
+    /// way.
     ///
     /// # Safety
     /// `dst` must be the start of at least [`len`](Self::len) bytes of memory that
@@ -521,6 +527,7 @@ impl PinnedMemoryPointer {
         dst: u64,
         stream: &(impl AsStream + ?Sized),
     ) -> Result<()> {
+        let what = "copy_to_device_async_raw";
         let Some(o) = &self.owner else {
             return Ok(());
         };
@@ -528,7 +535,7 @@ impl PinnedMemoryPointer {
             return Ok(());
         }
         let (src, len) = (o.addr() + self.offset as u64, self.len);
-        Self::enqueue(o, stream, false, None, |s| {
+        Self::enqueue(what, o, stream, false, None, |s| {
             host::htod_async(dst, src, len, s)
         })
     }
@@ -543,6 +550,9 @@ impl PinnedMemoryPointer {
     /// handed out again, and the fence holds a clone of `src`, so the device memory is
     /// not reused meanwhile (dropping `src` right after this call is fine). No host
     /// synchronisation.
+    ///
+    /// A stream that is capturing a graph is refused with [`Error::Capture`], as for
+    /// [`copy_to_device_async`](Self::copy_to_device_async).
     pub fn copy_from_device_async(
         &mut self,
         src: &MemoryPointer,
@@ -558,14 +568,15 @@ impl PinnedMemoryPointer {
             return Ok(());
         }
         let (dst, s_addr) = (o.addr() + offset, src.ptr());
-        Self::enqueue(o, stream, true, Some(src), |s| {
+        Self::enqueue(what, o, stream, true, Some(src), |s| {
             host::dtoh_async(dst, s_addr, len, s)
         })
     }
 
     /// [`copy_from_device_async`](Self::copy_from_device_async) from a raw device
     /// address, with no bounds check and nothing kept alive on the device side. The
-    /// pinned side is protected as in the safe form.
+    /// pinned side is protected as in the safe form, and capturing streams are refused
+    /// the same way.
     ///
     /// # Safety
     /// `src` must be the start of at least [`len`](Self::len) bytes of memory that
@@ -580,15 +591,16 @@ impl PinnedMemoryPointer {
         src: u64,
         stream: &(impl AsStream + ?Sized),
     ) -> Result<()> {
+        let what = "copy_from_device_async_raw";
         let (len, offset) = (self.len, self.offset as u64);
-        let Some(o) = self.unique_owner("copy_from_device_async_raw")? else {
+        let Some(o) = self.unique_owner(what)? else {
             return Ok(());
         };
         if len == 0 {
             return Ok(());
         }
         let dst = o.addr() + offset;
-        Self::enqueue(o, stream, true, None, |s| {
+        Self::enqueue(what, o, stream, true, None, |s| {
             host::dtoh_async(dst, src, len, s)
         })
     }
@@ -596,7 +608,10 @@ impl PinnedMemoryPointer {
     /// Issues `copy` on `stream` after any earlier copy in flight on the memory (on
     /// another stream, the stream waits for it), then records the new fence, which
     /// holds `keep` (the device side) and what the earlier fence still held.
+    /// Refuses a capturing stream first (one `cuStreamIsCapturing`; none for the
+    /// legacy default stream, which cannot capture).
     fn enqueue(
+        what: &str,
         o: &Owner,
         stream: &(impl AsStream + ?Sized),
         writes: bool,
@@ -606,6 +621,7 @@ impl PinnedMemoryPointer {
         let device = stream.device_id();
         context::make_current(device)?;
         let s = stream.as_raw();
+        refuse_capture(what, s, device)?;
         let mut f = Fence::new(device, writes, keep.cloned())?;
         let mut g = o.inflight();
         o.fenced.store(true, Ordering::Relaxed);
@@ -645,6 +661,29 @@ impl PinnedMemoryPointer {
             None => Ok(()),
         }
     }
+}
+
+/// Refuses an asynchronous copy on a stream that is capturing a graph (an invalidated
+/// capture counts): the captured copy would run on every launch of the graph, while
+/// its fence, recorded during the capture, is never waited for, so the pinned block
+/// would go back to its pool and be handed out again while launches still use it.
+#[inline]
+fn refuse_capture(what: &str, s: sys::CUstream, device: i32) -> Result<()> {
+    if s as usize != LEGACY_DEFAULT_HANDLE && driver::stream::is_capturing(s)? {
+        return Err(capturing(what, s, device));
+    }
+    Ok(())
+}
+
+#[cold]
+fn capturing(what: &str, s: sys::CUstream, device: i32) -> Error {
+    Error::Capture(format!(
+        "{what}: stream {:#x} of device {device} is capturing a graph, and an \
+         asynchronous pinned copy cannot be captured: every launch of the graph would \
+         copy to or from this pinned memory after it has gone back to its pool; copy on \
+         a stream that is not capturing, or end the capture first",
+        s as usize
+    ))
 }
 
 #[cold]

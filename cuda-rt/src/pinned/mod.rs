@@ -25,7 +25,9 @@
 //! asynchronous copy, until the copy has completed: the copy's fence holds a clone).
 //! The forms that take a raw device address (`*_raw`) are `unsafe fn`: with unified
 //! addressing a raw address can be host memory behind a live Rust reference, or a
-//! block an allocator has handed to someone else.
+//! block an allocator has handed to someone else. Asynchronous pinned copies refuse a
+//! stream that is capturing a graph ([`Error::Capture`]): the graph would use the
+//! pinned block on every launch, after it went back to its pool.
 //!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {

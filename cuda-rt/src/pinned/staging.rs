@@ -16,7 +16,10 @@
 //! The safe forms take the device side as a [`MemoryPointer`], whose room is checked
 //! before any CUDA call (more bytes than are left behind it is an error, and nothing
 //! is copied). The forms that take a raw device address ([`copy_host_to_device_raw`],
-//! [`copy_device_to_host_raw`]) are `unsafe`.
+//! [`copy_device_to_host_raw`]) are `unsafe`. On a stream that is capturing a graph
+//! the copy fails: its synchronisation is refused by the driver, which invalidates
+//! the capture, so no graph can come of it (a [`MemoryPointer`] host copy refuses a
+//! capturing current stream before any CUDA call).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
