@@ -485,7 +485,10 @@ impl PinnedMemoryPointer {
     /// neither written through a view of this crate nor freed nor handed out again by
     /// a pool, and the fence holds a clone of `dst`, so the device memory is neither
     /// freed nor handed to another user (dropping `dst` right after this call is
-    /// fine). No host synchronisation.
+    /// fine). No host synchronisation. The fence, and the clone with it, goes at the
+    /// next copy on or wait for this pinned memory ([`synchronize`](Self::synchronize),
+    /// a view), or, once the pinned memory went back to its pool, at the pool's next
+    /// allocation after the copy: until then the device memory is not reused.
     ///
     /// A stream that is capturing a graph is refused with [`Error::Capture`]: the
     /// graph would copy out of this memory on every launch, long after it has gone
@@ -549,7 +552,8 @@ impl PinnedMemoryPointer {
     /// views of the pinned memory wait for it, the pinned memory is neither freed nor
     /// handed out again, and the fence holds a clone of `src`, so the device memory is
     /// not reused meanwhile (dropping `src` right after this call is fine). No host
-    /// synchronisation.
+    /// synchronisation. The clone goes with the fence, as for
+    /// [`copy_to_device_async`](Self::copy_to_device_async).
     ///
     /// A stream that is capturing a graph is refused with [`Error::Capture`], as for
     /// [`copy_to_device_async`](Self::copy_to_device_async).
