@@ -5,9 +5,11 @@
 //! threads); pinned pool malloc+free vs raw cuMemHostAlloc+cuMemFreeHost of 1 MiB.
 //! One JSON object per line, then a table. Without a GPU: a skip line, exit 0.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::memory::{Memory, MemoryPointer};
 use cuda_rt::pinned::{self, PinnedMemoryPointer, PinnedMemoryPool};
 use cuda_rt::Stream;
 
@@ -81,12 +83,10 @@ fn main() {
     let stream = Stream::new().unwrap();
     let mut rows = Vec::new();
 
-    let mut dptr: sys::CUdeviceptr = 0;
-    // SAFETY: valid out pointer; a context is current.
-    ok(
-        unsafe { api.cuMemAlloc_v2().unwrap()(&mut dptr, SIZE) },
-        "cuMemAlloc",
-    );
+    // Plain cuMemAlloc'd memory: cuda-rt's copies take the pointer, the raw ones the
+    // address.
+    let dev = MemoryPointer::from_memory(Arc::new(Memory::new(SIZE).unwrap()));
+    let dptr: sys::CUdeviceptr = dev.ptr();
 
     // Raw pinned buffer.
     let mut raw_pinned: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -106,7 +106,7 @@ fn main() {
         .unwrap();
     p.as_mut_slice().unwrap().fill(2);
     let ours = time(REPS, || {
-        p.copy_to_device_async(dptr, &stream).unwrap();
+        p.copy_to_device_async(&dev, &stream).unwrap();
         p.synchronize().unwrap();
     });
     // SAFETY: raw_pinned holds SIZE bytes; dptr SIZE bytes.
@@ -125,7 +125,7 @@ fn main() {
         },
     );
     let ours = time(REPS, || {
-        p.copy_from_device_async(dptr, &stream).unwrap();
+        p.copy_from_device_async(&dev, &stream).unwrap();
         p.synchronize().unwrap();
     });
     // SAFETY: as above.
@@ -164,7 +164,7 @@ fn main() {
     );
 
     let ours = time(REPS, || {
-        pinned::copy_host_to_device(dptr, &host, &stream).unwrap()
+        pinned::copy_host_to_device(&dev, &host, &stream).unwrap()
     });
     // SAFETY: host holds SIZE bytes.
     let raw = time(REPS, || {
@@ -197,7 +197,7 @@ fn main() {
         },
     );
     let ours = time(REPS, || {
-        pinned::copy_device_to_host(&mut host, dptr, &stream).unwrap()
+        pinned::copy_device_to_host(&mut host, &dev, &stream).unwrap()
     });
     // SAFETY: host holds SIZE bytes.
     let raw = time(REPS, || {
@@ -286,8 +286,8 @@ fn main() {
     // SAFETY: allocated above, freed once.
     unsafe {
         api.cuMemFreeHost().unwrap()(raw_pinned);
-        api.cuMemFree_v2().unwrap()(dptr);
     }
+    drop(dev);
 
     println!();
     println!(

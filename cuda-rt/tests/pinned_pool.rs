@@ -3,9 +3,21 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::{pattern, DevBuf, Gate};
+use cuda_rt::memory::{MemoryPointer, UnownedMemory};
 use cuda_rt::pinned::{self, PinnedMemoryPool, ALLOCATION_UNIT_BYTES};
 use cuda_rt::{gpu_test, AsStream, Stream};
+
+/// `dev` as a [`MemoryPointer`] that keeps it alive (its owner); the checks read `dev`
+/// with raw driver copies.
+fn pointer(dev: &Arc<DevBuf>) -> MemoryPointer {
+    // SAFETY: `dev` is cuMemAlloc'd memory of `dev.len` bytes, freed only when the
+    // `DevBuf` drops, which the memory object keeps alive (its owner).
+    let m = unsafe { UnownedMemory::new(dev.ptr, dev.len, Arc::clone(dev), Some(0)) }.unwrap();
+    MemoryPointer::from_memory(Arc::new(m))
+}
 
 gpu_test!(free_then_malloc_same_size_reuses_pointer, {
     let pool = PinnedMemoryPool::new();
@@ -54,7 +66,7 @@ gpu_test!(
     {
         let n = 1 << 20;
         let pool = PinnedMemoryPool::new();
-        let dev = DevBuf::new(n);
+        let dev = Arc::new(DevBuf::new(n));
         let stream = Stream::new().unwrap();
         let data = pattern(n, 5);
         let mut p = pool.malloc(n).unwrap();
@@ -62,7 +74,7 @@ gpu_test!(
         let addr = p.ptr();
 
         let mut gate = Gate::close(stream.as_raw());
-        p.copy_to_device_async(dev.ptr, &stream).unwrap();
+        p.copy_to_device_async(&pointer(&dev), &stream).unwrap();
         drop(p); // the copy is held behind the gate: still pending
         if pool.n_deferred_blocks() == 0 {
             // compute-sanitizer makes async copies from pinned memory synchronous, so
@@ -95,13 +107,13 @@ gpu_test!(
 gpu_test!(free_all_blocks_waits_for_copies_in_flight, {
     let n = 1 << 20;
     let pool = PinnedMemoryPool::new();
-    let dev = DevBuf::new(n);
+    let dev = Arc::new(DevBuf::new(n));
     let stream = Stream::new().unwrap();
     let data = pattern(n, 6);
     let mut p = pool.malloc(n).unwrap();
     p.as_mut_slice().unwrap().copy_from_slice(&data);
     let gate = Gate::close(stream.as_raw());
-    p.copy_to_device_async(dev.ptr, &stream).unwrap();
+    p.copy_to_device_async(&pointer(&dev), &stream).unwrap();
     drop(p);
     let tx = gate.opener();
     let t = std::thread::spawn(move || {

@@ -3,12 +3,25 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::{pattern, DevBuf};
+use cuda_rt::memory::{MemoryPointer, UnownedMemory};
 use cuda_rt::pinned::{
-    copy_device_to_host, copy_host_to_device, parallel_memcpy, set_staging_threads,
-    staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD,
+    copy_device_to_host, copy_device_to_host_raw, copy_host_to_device, copy_host_to_device_raw,
+    parallel_memcpy, set_staging_threads, staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD,
 };
-use cuda_rt::{get_current_stream, gpu_test, Stream};
+use cuda_rt::{get_current_stream, gpu_test, AsStream, CaptureMode, Error, Stream};
+
+/// The first `len` bytes of `dev` as a [`MemoryPointer`] that keeps `dev` alive (its
+/// owner); the checks read `dev` with raw driver copies. Bytes past `len` are a guard.
+fn pointer(dev: &Arc<DevBuf>, len: usize) -> MemoryPointer {
+    assert!(len <= dev.len);
+    // SAFETY: `dev` is cuMemAlloc'd memory of at least `len` bytes, freed only when the
+    // `DevBuf` drops, which the memory object keeps alive (its owner).
+    let m = unsafe { UnownedMemory::new(dev.ptr, len, Arc::clone(dev), Some(0)) }.unwrap();
+    MemoryPointer::from_memory(Arc::new(m))
+}
 
 const SIZES: &[usize] = &[
     1,
@@ -25,18 +38,20 @@ const SIZES: &[usize] = &[
 /// so nothing is aligned.
 fn h2d_then_check(n: usize, stream: &Stream, seed: u64) {
     let host = pattern(n + 3, seed);
-    let dev = DevBuf::new(n + 1);
-    copy_host_to_device(dev.ptr + 1, &host[3..], stream).unwrap();
+    let dev = Arc::new(DevBuf::new(n + 1));
+    let dst = pointer(&dev, n + 1).offset_by(1).unwrap();
+    copy_host_to_device(&dst, &host[3..], stream).unwrap();
     let back = dev.read(1, n);
     assert!(back == host[3..], "host to device, {n} bytes");
 }
 
 fn d2h_then_check(n: usize, stream: &Stream, seed: u64) {
     let data = pattern(n, seed);
-    let dev = DevBuf::new(n + 1);
+    let dev = Arc::new(DevBuf::new(n + 1));
     dev.write(1, &data);
+    let src = pointer(&dev, n + 1).offset_by(1).unwrap();
     let mut host = vec![0x5Au8; n + 5];
-    copy_device_to_host(&mut host[3..3 + n], dev.ptr + 1, stream).unwrap();
+    copy_device_to_host(&mut host[3..3 + n], &src, stream).unwrap();
     assert!(host[3..3 + n] == data[..], "device to host, {n} bytes");
     assert!(host[..3].iter().chain(&host[3 + n..]).all(|&b| b == 0x5A));
 }
@@ -65,12 +80,104 @@ gpu_test!(round_trip_of_256_mib_plus_3_is_byte_exact, {
 gpu_test!(copies_on_the_current_default_stream_are_byte_exact, {
     let n = 2 * CHUNK_SIZE + 1;
     let host = pattern(n, 40);
-    let dev = DevBuf::new(n);
-    copy_host_to_device(dev.ptr, &host, &get_current_stream()).unwrap();
+    let dev = Arc::new(DevBuf::new(n));
+    let d = pointer(&dev, n);
+    copy_host_to_device(&d, &host, &get_current_stream()).unwrap();
+    assert!(dev.read(0, n) == host);
     let mut back = vec![0u8; n];
-    copy_device_to_host(&mut back, dev.ptr, &get_current_stream()).unwrap();
+    copy_device_to_host(&mut back, &d, &get_current_stream()).unwrap();
     assert!(back == host);
 });
+
+gpu_test!(raw_address_copies_are_byte_exact, {
+    let n = CHUNK_SIZE + 5;
+    let host = pattern(n, 41);
+    let dev = DevBuf::new(n);
+    let stream = Stream::new().unwrap();
+    // SAFETY: `dev` holds `n` bytes, alive and touched by nothing else until it drops.
+    unsafe { copy_host_to_device_raw(dev.ptr, &host, &stream) }.unwrap();
+    assert!(dev.read(0, n) == host);
+    let mut back = vec![0u8; n];
+    // SAFETY: as above.
+    unsafe { copy_device_to_host_raw(&mut back, dev.ptr, &stream) }.unwrap();
+    assert!(back == host);
+});
+
+gpu_test!(
+    copies_past_the_end_of_the_memory_pointer_fail_and_write_nothing,
+    {
+        let stream = Stream::non_blocking().unwrap();
+        // Below and above the staging threshold: the check comes before either path.
+        for (i, &room) in [4096usize, PAGEABLE_THRESHOLD + 4096].iter().enumerate() {
+            let guard = 4096;
+            let dev = Arc::new(DevBuf::new(room + guard));
+            let fill = pattern(room + guard, 90 + i as u64);
+            dev.write(0, &fill);
+            let whole = pointer(&dev, room);
+            let tail = whole.offset_by(room as isize - 10).unwrap();
+
+            let host = pattern(room + 1, 95);
+            let e = copy_host_to_device(&whole, &host, &stream).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            assert!(e.to_string().contains("do not fit"), "{e}");
+            assert!(copy_host_to_device(&tail, &host[..11], &stream).is_err());
+
+            let mut back = vec![0x5Au8; room + 1];
+            let e = copy_device_to_host(&mut back, &whole, &stream).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            assert!(copy_device_to_host(&mut back[..11], &tail, &stream).is_err());
+            assert!(
+                back.iter().all(|&b| b == 0x5A),
+                "the host memory was written"
+            );
+
+            stream.synchronize().unwrap();
+            assert!(
+                dev.read(0, room + guard) == fill,
+                "the device memory was written"
+            );
+
+            // Exactly the room left fits, and the guard stays as it was.
+            copy_host_to_device(&tail, &host[..10], &stream).unwrap();
+            let mut expect = fill.clone();
+            expect[room - 10..room].copy_from_slice(&host[..10]);
+            assert!(dev.read(0, room + guard) == expect);
+        }
+    }
+);
+
+gpu_test!(
+    alone copies_on_a_capturing_stream_fail_and_no_graph_replays_them,
+    {
+        // Synchronous copies cannot be captured: the driver refuses their wait (or the
+        // copy itself) and invalidates the capture, so whatever was captured is never
+        // replayed.
+        let s = Stream::non_blocking().unwrap();
+        for &n in &[4096usize, PAGEABLE_THRESHOLD + 4096] {
+            let dev = Arc::new(DevBuf::new(n));
+            dev.fill(0x11);
+            let d = pointer(&dev, n);
+            let host = vec![0x22u8; n];
+            let mut back = vec![0x33u8; n];
+            for to_device in [true, false] {
+                s.begin_capture(CaptureMode::Relaxed).unwrap();
+                let r = if to_device {
+                    copy_host_to_device(&d, &host, &s)
+                } else {
+                    copy_device_to_host(&mut back, &d, &s)
+                };
+                let end = s.end_capture();
+                assert!(r.is_err(), "{n} bytes, to device: {to_device}: a copy was captured");
+                if let Ok(g) = end {
+                    assert_eq!(g.node_count().unwrap(), 0, "{n} bytes: a graph holds the copy");
+                }
+            }
+            s.synchronize().unwrap();
+            assert!(dev.read(0, n).iter().all(|&b| b == 0x11));
+            assert!(back.iter().all(|&b| b == 0x33));
+        }
+    }
+);
 
 gpu_test!(concurrent_copies_from_several_threads_are_byte_exact, {
     let handles: Vec<_> = (0..4)
@@ -90,11 +197,34 @@ gpu_test!(concurrent_copies_from_several_threads_are_byte_exact, {
 
 gpu_test!(empty_copies_do_nothing, {
     let stream = Stream::new().unwrap();
-    copy_host_to_device(0, &[], &stream).unwrap();
-    copy_device_to_host(&mut [], 0, &stream).unwrap();
+    let null = MemoryPointer::null(0);
+    copy_host_to_device(&null, &[], &stream).unwrap();
+    copy_device_to_host(&mut [], &null, &stream).unwrap();
+    // SAFETY: no byte is copied.
+    unsafe {
+        copy_host_to_device_raw(0, &[], &stream).unwrap();
+        copy_device_to_host_raw(&mut [], 0, &stream).unwrap();
+    }
 });
 
 // ---- host only (run everywhere) ----
+
+#[test]
+fn copies_past_the_end_of_a_memory_pointer_fail_before_any_cuda_call() {
+    // A null pointer of size 0 and the current stream: no CUDA call makes either.
+    let null = MemoryPointer::null(0);
+    let s = get_current_stream();
+    let e = copy_host_to_device(&null, &[1u8; 3], &s).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("3 bytes do not fit"), "{e}");
+    let mut back = [7u8; 3];
+    let e = copy_device_to_host(&mut back, &null, &s).unwrap_err();
+    assert!(e.to_string().contains("3 bytes do not fit"), "{e}");
+    assert_eq!(back, [7; 3]);
+    // Size 0 fits anywhere and is a no-op.
+    copy_host_to_device(&null, &[], &s).unwrap();
+    copy_device_to_host(&mut [], &null, &s).unwrap();
+}
 
 #[test]
 fn staging_threads_can_be_set_and_copies_stay_exact() {

@@ -293,7 +293,7 @@ impl MemoryPointer {
         let via = sync_via(what)?;
         if staged(src) {
             let s = via.stream(self.device_id());
-            return crate::pinned::copy_host_to_device(self.ptr(), dm::as_bytes(src), &s)
+            return crate::pinned::copy_host_to_device(self, dm::as_bytes(src), &s)
                 .map_err(|e| capture_error(what, e));
         }
         match via {
@@ -344,7 +344,7 @@ impl MemoryPointer {
         let via = sync_via(what)?;
         if staged(dst) {
             let s = via.stream(self.device_id());
-            return crate::pinned::copy_device_to_host(dm::as_bytes_mut(dst), self.ptr(), &s)
+            return crate::pinned::copy_device_to_host(dm::as_bytes_mut(dst), self, &s)
                 .map_err(|e| capture_error(what, e));
         }
         match via {

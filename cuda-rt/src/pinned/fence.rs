@@ -1,13 +1,16 @@
 //! In-flight fences: an event recorded after an asynchronous copy that uses pinned
-//! memory, so the memory is neither reused nor freed before the copy has finished.
+//! memory, so the memory is neither reused nor freed before the copy has finished;
+//! the fence also holds the device side of the copy (a [`MemoryPointer`] clone) until
+//! then.
 //! Events are recycled through a small per-device cache, so recording a fence costs
 //! one `cuEventRecord` after the first use on a device.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::driver::context::MAX_DEVICES;
 use crate::driver::{host, sys};
 use crate::error::{Error, Result};
+use crate::memory::MemoryPointer;
 
 /// Most idle events kept per device; more are destroyed.
 const CACHE_CAP: usize = 64;
@@ -56,27 +59,63 @@ pub(crate) trait Pending: Send + 'static {
 }
 
 /// An event recorded on a stream after a copy; gives its event back when dropped.
+///
+/// It also keeps alive the device memory of the copies it covers (a clone of each
+/// [`MemoryPointer`], a reference count): the memory goes back to its allocator only
+/// when the fence is dropped, which happens once the fence is done (or waited for),
+/// so a copy never writes or reads device memory that someone else was given.
 #[derive(Debug)]
 pub(crate) struct Fence {
     event: usize,
     device: i32,
     /// The copy writes the pinned memory (device to host): readers must wait too.
     writes: bool,
+    /// The device memory of the fenced copy (`None` for a copy to or from a raw
+    /// address, whose caller keeps it alive).
+    keep: Option<MemoryPointer>,
+    /// The device memory of earlier copies on the same pinned memory that had not
+    /// finished when this fence replaced theirs ([`inherit`](Self::inherit)). Empty
+    /// (no heap allocation) unless copies to distinct memory overlap.
+    earlier: Vec<MemoryPointer>,
 }
 
 impl Fence {
-    /// Records a fence on `stream` (of `device`, whose context is current).
-    pub(crate) fn record(stream: sys::CUstream, device: i32, writes: bool) -> Result<Fence> {
+    /// A fence of `device` (whose context is current) not recorded yet: its event is
+    /// taken now, so that once the copy is queued only the record is left to do.
+    pub(crate) fn new(device: i32, writes: bool, keep: Option<MemoryPointer>) -> Result<Fence> {
         let event = take_event(device)?;
-        if let Err(e) = host::event_record(event, stream) {
-            give_event(device, event);
-            return Err(e);
-        }
         Ok(Fence {
             event,
             device,
             writes,
+            keep,
+            earlier: Vec::new(),
         })
+    }
+
+    /// Records the fence on `stream` (of the fence's device), after the copy.
+    pub(crate) fn record(&self, stream: sys::CUstream) -> Result<()> {
+        host::event_record(self.event, stream)
+    }
+
+    /// Takes over what `older` keeps alive: `older` fences copies on the same pinned
+    /// memory that have not finished, and the stream of this fence waits for `older`'s
+    /// event before its own copy, so this fence is done only after them.
+    pub(crate) fn inherit(&mut self, older: &mut Fence) {
+        if older.writes {
+            self.writes = true;
+        }
+        let earlier = std::mem::take(&mut older.earlier);
+        for m in earlier.into_iter().chain(older.keep.take()) {
+            let held = self
+                .keep
+                .iter()
+                .chain(&self.earlier)
+                .any(|k| same_memory(k, &m));
+            if !held {
+                self.earlier.push(m);
+            }
+        }
     }
 
     /// The raw event.
@@ -89,15 +128,15 @@ impl Fence {
         self.writes
     }
 
-    /// Marks that a copy covered by this fence writes the pinned memory.
-    pub(crate) fn set_writes(&mut self) {
-        self.writes = true;
-    }
-
     /// Waits, returning the driver's error if there is one.
     pub(crate) fn synchronize(&self) -> Result<()> {
         host::event_synchronize(self.event)
     }
+}
+
+/// Whether two pointers keep the same memory object alive (one of them is enough).
+fn same_memory(a: &MemoryPointer, b: &MemoryPointer) -> bool {
+    Arc::ptr_eq(a.mem(), b.mem())
 }
 
 impl Pending for Fence {

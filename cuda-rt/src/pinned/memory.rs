@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::fence::{Fence, Pending};
 use super::pool::PinnedCore;
-use crate::driver::{context, host};
+use crate::driver::{self, context, host, sys};
 use crate::error::{Error, Result};
 use crate::memory::arena::{AtomicBlock, Block, RawBlock};
-use crate::stream::AsStream;
+use crate::memory::MemoryPointer;
+use crate::stream::{AsStream, LEGACY_DEFAULT_HANDLE};
 
 bitflags::bitflags! {
     /// `cuMemHostAlloc` flags. The default is [`PORTABLE`](Self::PORTABLE) alone.
@@ -198,12 +199,16 @@ impl Owner {
     /// unless `all`).
     fn wait(&self, all: bool) -> Result<()> {
         let mut g = self.inflight();
-        if let Some(f) = g.as_ref() {
-            if all || f.writes() {
+        let done = match g.as_ref() {
+            Some(f) if all || f.writes() => {
                 f.synchronize()?;
-                *g = None;
+                g.take()
             }
-        }
+            _ => None,
+        };
+        drop(g);
+        // The device memory the fence kept alive goes back with no lock held.
+        drop(done);
         Ok(())
     }
 }
@@ -240,10 +245,15 @@ impl Drop for Owner {
 /// - [`as_slice`](Self::as_slice) waits for a device-to-host copy in flight into the
 ///   memory; [`as_mut_slice`](Self::as_mut_slice) and
 ///   [`copy_from_device_async`](Self::copy_from_device_async) (which write) need the
-///   only handle to the allocation (`&mut self` and no clone or offset alive) and
-///   wait for any copy in flight;
+///   only handle to the allocation (`&mut self` and no clone or offset alive); the
+///   view waits for any copy in flight, the copy is queued after it (its stream waits
+///   for the copy's event);
 /// - the memory is not freed, or handed out again by a pool, before the copies
-///   recorded on it have finished, whatever happens to the handles.
+///   recorded on it have finished, whatever happens to the handles;
+/// - the device side of a safe copy is a [`MemoryPointer`]: bounds-checked before any
+///   CUDA call, and held by the copy's fence until the copy has finished; the forms
+///   that take a raw device address (`*_raw`) are `unsafe`;
+/// - a stream that is capturing a graph is refused ([`Error::Capture`]).
 pub struct PinnedMemoryPointer {
     owner: Option<Arc<Owner>>,
     offset: usize,
@@ -466,67 +476,185 @@ impl PinnedMemoryPointer {
         host::typed_mut(b).ok_or_else(|| misaligned::<T>(p, n))
     }
 
-    /// Copies the range to device address `dst` on `stream`, asynchronously, and
-    /// records an event after the copy: until it completes the memory is neither
-    /// written through a view of this crate nor freed nor handed out again by a pool.
-    /// `dst` must be device memory of at least [`len`](Self::len) bytes that stays
-    /// allocated until the copy is done.
-    pub fn copy_to_device_async(&self, dst: u64, stream: &impl AsStream) -> Result<()> {
+    /// Copies the range ([`len`](Self::len) bytes) to the device memory at `dst` on
+    /// `stream`, asynchronously. The bytes must fit in the room left behind `dst`
+    /// ([`MemoryPointer::size`]): more is an error, and nothing is copied.
+    ///
+    /// An event recorded after the copy (a fence) protects both sides until the copy
+    /// has completed, whatever happens to the handles meanwhile: the pinned memory is
+    /// neither written through a view of this crate nor freed nor handed out again by
+    /// a pool, and the fence holds a clone of `dst`, so the device memory is neither
+    /// freed nor handed to another user (dropping `dst` right after this call is
+    /// fine). No host synchronisation. The fence, and the clone with it, goes at the
+    /// next copy on or wait for this pinned memory ([`synchronize`](Self::synchronize),
+    /// a view), or, once the pinned memory went back to its pool, at the pool's next
+    /// allocation after the copy: until then the device memory is not reused.
+    ///
+    /// A stream that is capturing a graph is refused with [`Error::Capture`]: the
+    /// graph would copy out of this memory on every launch, long after it has gone
+    /// back to its pool (a fence recorded during a capture never completes).
+    pub fn copy_to_device_async(
+        &self,
+        dst: &MemoryPointer,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        let what = "copy_to_device_async";
+        super::check_room(what, "destination", dst, self.len)?;
         let Some(o) = &self.owner else {
             return Ok(());
         };
         if self.len == 0 {
             return Ok(());
         }
-        let src = o.addr() + self.offset as u64;
-        Self::enqueue(o, stream, false, |s| {
-            host::htod_async(dst, src, self.len, s)
+        let (src, d, len) = (o.addr() + self.offset as u64, dst.ptr(), self.len);
+        Self::enqueue(what, o, stream, false, Some(dst), |s| {
+            host::htod_async(d, src, len, s)
         })
     }
 
-    /// Copies [`len`](Self::len) bytes from device address `src` into the range on
-    /// `stream`, asynchronously, recording an event after the copy: views wait for
-    /// it, and the memory is neither freed nor handed out again before it completes.
-    /// Needs the only handle to the allocation (`&mut self`, no clone or offset).
-    pub fn copy_from_device_async(&mut self, src: u64, stream: &impl AsStream) -> Result<()> {
-        let len = self.len;
-        let offset = self.offset as u64;
-        let Some(o) = self.unique_owner("copy_from_device_async")? else {
+    /// [`copy_to_device_async`](Self::copy_to_device_async) to a raw device address,
+    /// with no bounds check and nothing kept alive on the device side. The pinned side
+    /// is protected as in the safe form, and capturing streams are refused the same
+    /// way.
+    ///
+    /// # Safety
+    /// `dst` must be the start of at least [`len`](Self::len) bytes of memory that
+    /// CUDA copies may write (device, managed or mapped pinned memory) and that, from
+    /// this call until the copy has completed on `stream` (a synchronisation of the
+    /// stream, or of an event recorded on it after this call):
+    /// - stays allocated and is not handed to any other user by its allocator;
+    /// - is neither read nor written by anything else: no Rust reference to it is
+    ///   alive, and no other host code or device work touches it.
+    pub unsafe fn copy_to_device_async_raw(
+        &self,
+        dst: u64,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        let what = "copy_to_device_async_raw";
+        let Some(o) = &self.owner else {
+            return Ok(());
+        };
+        if self.len == 0 {
+            return Ok(());
+        }
+        let (src, len) = (o.addr() + self.offset as u64, self.len);
+        Self::enqueue(what, o, stream, false, None, |s| {
+            host::htod_async(dst, src, len, s)
+        })
+    }
+
+    /// Copies [`len`](Self::len) bytes from the device memory at `src` into the range
+    /// on `stream`, asynchronously. They must lie in the room left behind `src`
+    /// ([`MemoryPointer::size`]): more is an error, and nothing is copied. Needs the
+    /// only handle to the allocation (`&mut self`, no clone or offset alive).
+    ///
+    /// A fence recorded after the copy protects both sides until it has completed:
+    /// views of the pinned memory wait for it, the pinned memory is neither freed nor
+    /// handed out again, and the fence holds a clone of `src`, so the device memory is
+    /// not reused meanwhile (dropping `src` right after this call is fine). No host
+    /// synchronisation. The clone goes with the fence, as for
+    /// [`copy_to_device_async`](Self::copy_to_device_async).
+    ///
+    /// A stream that is capturing a graph is refused with [`Error::Capture`], as for
+    /// [`copy_to_device_async`](Self::copy_to_device_async).
+    pub fn copy_from_device_async(
+        &mut self,
+        src: &MemoryPointer,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        let what = "copy_from_device_async";
+        super::check_room(what, "source", src, self.len)?;
+        let (len, offset) = (self.len, self.offset as u64);
+        let Some(o) = self.unique_owner(what)? else {
+            return Ok(());
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let (dst, s_addr) = (o.addr() + offset, src.ptr());
+        Self::enqueue(what, o, stream, true, Some(src), |s| {
+            host::dtoh_async(dst, s_addr, len, s)
+        })
+    }
+
+    /// [`copy_from_device_async`](Self::copy_from_device_async) from a raw device
+    /// address, with no bounds check and nothing kept alive on the device side. The
+    /// pinned side is protected as in the safe form, and capturing streams are refused
+    /// the same way.
+    ///
+    /// # Safety
+    /// `src` must be the start of at least [`len`](Self::len) bytes of memory that
+    /// CUDA copies may read (device, managed or mapped pinned memory) and that, from
+    /// this call until the copy has completed on `stream` (a synchronisation of the
+    /// stream, or of an event recorded on it after this call):
+    /// - stays allocated and is not handed to any other user by its allocator;
+    /// - is not written by anything else: no `&mut` reference to it is alive, and no
+    ///   other host code or device work writes it.
+    pub unsafe fn copy_from_device_async_raw(
+        &mut self,
+        src: u64,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        let what = "copy_from_device_async_raw";
+        let (len, offset) = (self.len, self.offset as u64);
+        let Some(o) = self.unique_owner(what)? else {
             return Ok(());
         };
         if len == 0 {
             return Ok(());
         }
         let dst = o.addr() + offset;
-        Self::enqueue(o, stream, true, |s| host::dtoh_async(dst, src, len, s))
+        Self::enqueue(what, o, stream, true, None, |s| {
+            host::dtoh_async(dst, src, len, s)
+        })
     }
 
     /// Issues `copy` on `stream` after any earlier copy in flight on the memory (on
-    /// another stream, the stream waits for it), then records the new fence.
+    /// another stream, the stream waits for it), then records the new fence, which
+    /// holds `keep` (the device side) and what the earlier fence still held.
+    /// Refuses a capturing stream first (one `cuStreamIsCapturing`; none for the
+    /// legacy default stream, which cannot capture).
     fn enqueue(
+        what: &str,
         o: &Owner,
-        stream: &impl AsStream,
+        stream: &(impl AsStream + ?Sized),
         writes: bool,
-        copy: impl FnOnce(crate::driver::sys::CUstream) -> Result<()>,
+        keep: Option<&MemoryPointer>,
+        copy: impl FnOnce(sys::CUstream) -> Result<()>,
     ) -> Result<()> {
         let device = stream.device_id();
         context::make_current(device)?;
         let s = stream.as_raw();
+        refuse_capture(what, s, device)?;
+        let mut f = Fence::new(device, writes, keep.cloned())?;
         let mut g = o.inflight();
         o.fenced.store(true, Ordering::Relaxed);
-        let earlier_writes = match g.as_ref() {
-            Some(f) if !f.is_done() => {
-                host::stream_wait_event(s, f.event())?;
-                f.writes()
+        let after_earlier = match g.as_ref() {
+            Some(old) if !old.is_done() => {
+                host::stream_wait_event(s, old.event())?;
+                true
             }
             _ => false,
         };
         copy(s)?;
-        let mut f = Fence::record(s, device, writes)?;
-        if earlier_writes {
-            f.set_writes();
+        if let Err(e) = f.record(s) {
+            // The copy is queued but cannot be fenced: wait for it here (an error path
+            // only), so nothing it uses is reused under it. The earlier fence stays.
+            let _ = host::stream_synchronize(s);
+            return Err(e);
         }
-        *g = Some(f);
+        if after_earlier {
+            if let Some(old) = g.as_mut() {
+                // This copy's stream waited for the earlier one: the new fence is done
+                // only after it, so it may hold what the earlier one held.
+                f.inherit(old);
+            }
+        }
+        let done = g.replace(f);
+        drop(g);
+        // The earlier fence (finished, or inherited) goes with no lock held: it may
+        // drop the last pointer to device memory.
+        drop(done);
         Ok(())
     }
 
@@ -537,6 +665,29 @@ impl PinnedMemoryPointer {
             None => Ok(()),
         }
     }
+}
+
+/// Refuses an asynchronous copy on a stream that is capturing a graph (an invalidated
+/// capture counts): the captured copy would run on every launch of the graph, while
+/// its fence, recorded during the capture, is never waited for, so the pinned block
+/// would go back to its pool and be handed out again while launches still use it.
+#[inline]
+fn refuse_capture(what: &str, s: sys::CUstream, device: i32) -> Result<()> {
+    if s as usize != LEGACY_DEFAULT_HANDLE && driver::stream::is_capturing(s)? {
+        return Err(capturing(what, s, device));
+    }
+    Ok(())
+}
+
+#[cold]
+fn capturing(what: &str, s: sys::CUstream, device: i32) -> Error {
+    Error::Capture(format!(
+        "{what}: stream {:#x} of device {device} is capturing a graph, and an \
+         asynchronous pinned copy cannot be captured: every launch of the graph would \
+         copy to or from this pinned memory after it has gone back to its pool; copy on \
+         a stream that is not capturing, or end the capture first",
+        s as usize
+    ))
 }
 
 #[cold]

@@ -8,24 +8,37 @@
 //! - [`PinnedMemory`] owns one `cuMemHostAlloc` allocation (portable by default;
 //!   mapped and write-combined on request, [`PinnedFlags`]).
 //! - [`PinnedMemoryPointer`] is a handle to a range of it, with offsets, byte and
-//!   typed views, and asynchronous copies to and from the device that keep the memory
-//!   from being reused or freed until they have finished.
+//!   typed views, and asynchronous copies to and from a device [`MemoryPointer`] that
+//!   keep both the pinned and the device memory from being reused or freed until they
+//!   have finished.
 //! - [`PinnedMemoryPool`] caches pinned memory; it wastes at most 511 bytes per
 //!   request (see [`pool`]'s doc), where CuPy rounds to a power of two.
 //! - [`register`] page-locks a `&mut [u8]` the program already has, until the guard
 //!   drops.
-//! - [`copy_host_to_device`] / [`copy_device_to_host`] copy ordinary memory through
-//!   pooled pinned staging buffers with several chunks in flight and the host side
-//!   spread over persistent worker threads (see [`staging`]).
+//! - [`copy_host_to_device`] / [`copy_device_to_host`] copy ordinary memory to or from
+//!   a [`MemoryPointer`] through pooled pinned staging buffers with several chunks in
+//!   flight and the host side spread over persistent worker threads (see [`staging`]).
+//!
+//! # Soundness
+//! The safe copies name the device side with a [`MemoryPointer`]: its bounds are
+//! checked before any CUDA call, and it keeps the device memory alive (for an
+//! asynchronous copy, until the copy has completed: the copy's fence holds a clone).
+//! The forms that take a raw device address (`*_raw`) are `unsafe fn`: with unified
+//! addressing a raw address can be host memory behind a live Rust reference, or a
+//! block an allocator has handed to someone else. Asynchronous pinned copies refuse a
+//! stream that is capturing a graph ([`Error::Capture`]): the graph would use the
+//! pinned block on every launch, after it went back to its pool.
 //!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
 //! use cuda_rt::pinned;
 //! let mut buf = pinned::alloc_pinned_memory(1 << 20)?;
 //! buf.as_mut_slice_of::<f32>()?.fill(1.0);
-//! # let dev_ptr = 0u64;
-//! buf.copy_to_device_async(dev_ptr, &cuda_rt::get_current_stream())?;
-//! drop(buf); // the memory goes back to the pool only once the copy has finished
+//! let dev = cuda_rt::alloc(1 << 20)?;
+//! buf.copy_to_device_async(&dev, &cuda_rt::get_current_stream())?;
+//! // Both go back to their pools only once the copy has finished.
+//! drop(buf);
+//! drop(dev);
 //! # Ok(()) }
 //! ```
 
@@ -45,9 +58,13 @@ pub use pool::PinnedMemoryPool;
 pub const ALLOCATION_UNIT_BYTES: usize = pool::ALLOCATION_UNIT;
 pub use register::{register, register_with_flags, RegisterFlags, RegisteredMemory};
 pub use staging::{
-    copy_device_to_host, copy_host_to_device, parallel_memcpy, set_staging_threads,
-    staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD, STAGING_BUFFERS,
+    copy_device_to_host, copy_device_to_host_raw, copy_host_to_device, copy_host_to_device_raw,
+    parallel_memcpy, set_staging_threads, staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD,
+    STAGING_BUFFERS,
 };
+
+use crate::error::{Error, Result};
+use crate::memory::MemoryPointer;
 
 /// The process-wide default pinned memory pool (created on first use).
 pub fn get_default_pinned_memory_pool() -> PinnedMemoryPool {
@@ -105,4 +122,26 @@ pub(crate) fn with_current_allocator<R>(f: impl Fn(Option<&PinnedMemoryPool>) ->
         // Thread exiting, or `f` re-entered: read the shared setting.
         _ => f(read_allocator().as_ref()),
     }
+}
+
+/// Checks that `bytes` bytes fit in the room left behind the device pointer `p` (the
+/// `side` of the copy `what`), before any CUDA call.
+#[inline]
+pub(crate) fn check_room(what: &str, side: &str, p: &MemoryPointer, bytes: usize) -> Result<()> {
+    if bytes > p.size() {
+        return Err(no_room(what, side, p, bytes));
+    }
+    Ok(())
+}
+
+#[cold]
+fn no_room(what: &str, side: &str, p: &MemoryPointer, bytes: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "{what}: {bytes} bytes do not fit: the device {side} has only {} bytes left behind \
+         the pointer {:#x} (offset {} of a memory of {} bytes)",
+        p.size(),
+        p.ptr(),
+        p.offset(),
+        p.mem().size()
+    ))
 }

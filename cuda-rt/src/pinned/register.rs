@@ -1,9 +1,11 @@
 //! Page-locking memory the program already has (`cuMemHostRegister`), undone when the
 //! guard is dropped (`cuMemHostUnregister`). The guard borrows the memory mutably, so
-//! nothing else can touch or free it while it is registered.
+//! nothing else can touch or free it while it is registered. Its copies are
+//! synchronous and name the device side with a bounds-checked [`MemoryPointer`].
 
 use crate::driver::{context, host};
 use crate::error::Result;
+use crate::memory::MemoryPointer;
 use crate::stream::AsStream;
 
 bitflags::bitflags! {
@@ -84,24 +86,40 @@ impl RegisteredMemory<'_> {
         host::device_pointer(self.ptr())
     }
 
-    /// Copies the bytes to device address `dst` (at least [`len`](Self::len) bytes)
-    /// on `stream` and waits for the copy.
-    pub fn copy_to_device(&self, dst: u64, stream: &impl AsStream) -> Result<()> {
+    /// Copies the bytes to the device memory at `dst` on `stream` and waits for the
+    /// copy. More bytes than the room left behind `dst` ([`MemoryPointer::size`]) is an
+    /// error, and nothing is copied. (Memory known only by a raw address can be wrapped
+    /// in a [`MemoryPointer`] with the `unsafe`
+    /// [`UnownedMemory::new`](crate::memory::UnownedMemory::new).)
+    pub fn copy_to_device(
+        &self,
+        dst: &MemoryPointer,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        super::check_room("copy_to_device", "destination", dst, self.bytes.len())?;
         if self.bytes.is_empty() {
             return Ok(());
         }
         context::make_current(stream.device_id())?;
-        host::htod_sync(dst, self.bytes, stream.as_raw())
+        // `dst` keeps the device memory allocated for the whole call, which returns
+        // once the copy is over.
+        host::htod_sync(dst.ptr(), self.bytes, stream.as_raw())
     }
 
-    /// Copies [`len`](Self::len) bytes from device address `src` into the memory on
-    /// `stream` and waits for the copy.
-    pub fn copy_from_device(&mut self, src: u64, stream: &impl AsStream) -> Result<()> {
+    /// Fills the memory from the device memory at `src` on `stream` and waits for the
+    /// copy. More bytes than the room left behind `src` ([`MemoryPointer::size`]) is an
+    /// error, and nothing is copied.
+    pub fn copy_from_device(
+        &mut self,
+        src: &MemoryPointer,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        super::check_room("copy_from_device", "source", src, self.bytes.len())?;
         if self.bytes.is_empty() {
             return Ok(());
         }
         context::make_current(stream.device_id())?;
-        host::dtoh_sync(self.bytes, src, stream.as_raw())
+        host::dtoh_sync(self.bytes, src.ptr(), stream.as_raw())
     }
 
     /// Unregisters now, returning the driver's error if there is one (drop ignores it).

@@ -12,6 +12,14 @@
 //!
 //! Both directions are synchronous: they return once the bytes are at their
 //! destination. They run on the given stream, so they follow the work queued on it.
+//!
+//! The safe forms take the device side as a [`MemoryPointer`], whose room is checked
+//! before any CUDA call (more bytes than are left behind it is an error, and nothing
+//! is copied). The forms that take a raw device address ([`copy_host_to_device_raw`],
+//! [`copy_device_to_host_raw`]) are `unsafe`. On a stream that is capturing a graph
+//! the copy fails: its synchronisation is refused by the driver, which invalidates
+//! the capture, so no graph can come of it (a [`MemoryPointer`] host copy refuses a
+//! capturing current stream before any CUDA call).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +29,7 @@ use super::fence::{give_event, take_event};
 use super::PinnedMemoryPointer;
 use crate::driver::{context, host, sys};
 use crate::error::{Error, Result};
+use crate::memory::MemoryPointer;
 use crate::stream::AsStream;
 
 /// Copies of fewer bytes than this use the driver's own copy; larger ones are staged.
@@ -416,10 +425,38 @@ impl Plan {
     }
 }
 
-/// Copies `src` to device address `dst` (at least `src.len()` bytes of device
-/// memory) on `stream`; returns when the bytes are on the device. Staged through
-/// pinned buffers at and above [`PAGEABLE_THRESHOLD`] bytes (see the module doc).
-pub fn copy_host_to_device(dst: u64, src: &[u8], stream: &impl AsStream) -> Result<()> {
+/// Copies all of `src` to the device memory at `dst` on `stream`; returns when the
+/// bytes are on the device. More bytes than the room left behind `dst`
+/// ([`MemoryPointer::size`]) is an error, and nothing is copied; fewer fill a prefix.
+/// Staged through pinned buffers at and above [`PAGEABLE_THRESHOLD`] bytes (see the
+/// module doc).
+pub fn copy_host_to_device(
+    dst: &MemoryPointer,
+    src: &[u8],
+    stream: &(impl AsStream + ?Sized),
+) -> Result<()> {
+    super::check_room("copy_host_to_device", "destination", dst, src.len())?;
+    // SAFETY: `dst` has room for `src.len()` bytes (checked above) of memory that CUDA
+    // copies may write (`BaseMemory`'s contract), which no Rust reference aliases (the
+    // memory is reached only through copies), and which `dst` keeps allocated for the
+    // whole call; the call returns only once the copy is over (or, on an error, after
+    // waiting for the stream).
+    unsafe { copy_host_to_device_raw(dst.ptr(), src, stream) }
+}
+
+/// [`copy_host_to_device`] to a raw device address, with no bounds check.
+///
+/// # Safety
+/// `dst` must be the start of at least `src.len()` bytes of memory that CUDA copies
+/// may write (device, managed or mapped pinned memory) that stays allocated, is not
+/// handed to another user by its allocator, and is neither read nor written by
+/// anything else (no live Rust reference to it, no other host code or device work)
+/// until this call returns.
+pub unsafe fn copy_host_to_device_raw(
+    dst: u64,
+    src: &[u8],
+    stream: &(impl AsStream + ?Sized),
+) -> Result<()> {
     if src.is_empty() {
         return Ok(());
     }
@@ -462,10 +499,36 @@ pub fn copy_host_to_device(dst: u64, src: &[u8], stream: &impl AsStream) -> Resu
     Ok(())
 }
 
-/// Copies `dst.len()` bytes from device address `src` into `dst` on `stream`;
-/// returns when the bytes are in `dst`. Staged through pinned buffers at and above
-/// [`PAGEABLE_THRESHOLD`] bytes (see the module doc).
-pub fn copy_device_to_host(dst: &mut [u8], src: u64, stream: &impl AsStream) -> Result<()> {
+/// Fills all of `dst` from the device memory at `src` on `stream`; returns when the
+/// bytes are in `dst`. More bytes than the room left behind `src`
+/// ([`MemoryPointer::size`]) is an error, and nothing is copied. Staged through
+/// pinned buffers at and above [`PAGEABLE_THRESHOLD`] bytes (see the module doc).
+pub fn copy_device_to_host(
+    dst: &mut [u8],
+    src: &MemoryPointer,
+    stream: &(impl AsStream + ?Sized),
+) -> Result<()> {
+    super::check_room("copy_device_to_host", "source", src, dst.len())?;
+    // SAFETY: `src` has `dst.len()` bytes (checked above) of memory that CUDA copies
+    // may read (`BaseMemory`'s contract), which no Rust reference aliases, and which
+    // `src` keeps allocated for the whole call; the call returns only once the copy is
+    // over (or, on an error, after waiting for the stream).
+    unsafe { copy_device_to_host_raw(dst, src.ptr(), stream) }
+}
+
+/// [`copy_device_to_host`] from a raw device address, with no bounds check.
+///
+/// # Safety
+/// `src` must be the start of at least `dst.len()` bytes of memory that CUDA copies
+/// may read (device, managed or mapped pinned memory) that stays allocated, is not
+/// handed to another user by its allocator, and is not written by anything else (no
+/// live `&mut` reference to it, no other host code or device work) until this call
+/// returns.
+pub unsafe fn copy_device_to_host_raw(
+    dst: &mut [u8],
+    src: u64,
+    stream: &(impl AsStream + ?Sized),
+) -> Result<()> {
     if dst.is_empty() {
         return Ok(());
     }
