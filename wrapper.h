@@ -3,7 +3,11 @@
  * Every function returns CURT_SUCCESS (0) or an error code: a positive CUDA driver
  * code (CUresult) when the driver failed, otherwise one of the negative CURT_ERROR_*
  * codes. After a failure, curt_last_error() gives the message (thread-local, valid until
- * the next failing call on the same thread). No function ever unwinds or aborts. */
+ * the next failing call on the same thread, or the thread's exit). No function ever
+ * unwinds or aborts, wherever it is called from: also from a thread-local or
+ * pthread_key_create destructor while a thread exits, or from an atexit handler. Once
+ * the thread's storage is torn down (those places), calls still return their codes but
+ * record no message, and curt_last_error() returns "". */
 #ifndef CUDA_RT_WRAPPER_H
 #define CUDA_RT_WRAPPER_H
 
@@ -22,7 +26,8 @@ extern "C" {
 #define CURT_ERROR_OTHER (-6)
 #define CURT_ERROR_PANIC (-99)
 
-/* The last error message on this thread ("" if none). */
+/* The last error message on this thread ("" if none, or once the thread's storage is
+ * torn down). Never NULL. */
 const char *curt_last_error(void);
 
 /* 1 if CUDA is usable, else 0 (the reason is in curt_last_error()). */

@@ -1,15 +1,54 @@
-// Build: gcc -O2 -shared -fPIC -o /tmp/fakecuda/libcuda.so.1 scripts/fake-libcuda.c
+// Build: gcc -O2 -shared -fPIC -o /tmp/fakecuda/libcuda.so.1 scripts/fake-libcuda.c -ldl
 // Use:   CUDA_RT_LIBCUDA=/tmp/fakecuda/libcuda.so.1 target/release/examples/hot_paths async
 // Minimal fake libcuda for host-side instruction counting: every call succeeds
 // and does (almost) nothing.
+//
+// Like a real 12.x/13.x driver it exports cuGetProcAddress_v2, through which cuda-rt
+// resolves every entry point. Two macros make it an older driver, for the loader's
+// tests (cuda-sys/tests/loader.rs):
+//   -DFAKE_DRIVER_VERSION=11080     what cuDriverGetVersion reports (default 13000)
+//   -DFAKE_NO_GET_PROC_ADDRESS      leave cuGetProcAddress_v2 out, as drivers before 12.0
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#ifndef FAKE_DRIVER_VERSION
+#define FAKE_DRIVER_VERSION 13000
+#endif
 typedef int CUresult;
 static uint64_t next_ptr = 1ull << 40;
 static int ctx_dummy;
 CUresult cuInit(unsigned f) { return 0; }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+CUresult cuDriverGetVersion(int *v) { *v = FAKE_DRIVER_VERSION; return 0; }
+#ifndef FAKE_NO_GET_PROC_ADDRESS
+// The fake has one version of each function: `sym` at any ABI version is the newest of
+// sym_v3, sym_v2 and sym that this file defines (looked up in this library only).
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {
+    static void *self;
+    (void)ver; (void)flags;
+    *pfn = 0;
+    if (!self) {
+        Dl_info info;
+        if (!dladdr((void *)cuInit, &info) || !(self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD))) {
+            if (status) *status = 1;
+            return 500; // CUDA_ERROR_NOT_FOUND
+        }
+    }
+    const char *suffixes[] = {"_v3", "_v2", ""};
+    for (int i = 0; i < 3; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "%s%s", sym, suffixes[i]);
+        if ((*pfn = dlsym(self, name))) {
+            if (status) *status = 0;
+            return 0;
+        }
+    }
+    if (status) *status = 1; // CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+    return 500;
+}
+#endif
 CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
 CUresult cuDeviceGet(int *d, int o) { *d = o; return 0; }
 CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = &ctx_dummy; return 0; }

@@ -9,6 +9,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 export CUDA_RT_REQUIRE_GPU=1
 export CUDA_RT_SHIM_DIR="$HERE/lib"
 export CUDA_RT_C_SMOKE="$HERE/c_smoke"
+export CUDA_RT_C_TEARDOWN="$HERE/c_teardown"
 export LD_LIBRARY_PATH="$HERE/lib:${LD_LIBRARY_PATH:-}"
 OUTDIR=${OUT:-/tmp}
 passed=0; failed=0; failed_bins=()

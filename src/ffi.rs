@@ -1,8 +1,17 @@
 //! The exported functions. Each one goes through [`guard`], which turns a `Result` into
 //! a code, records the message and catches panics.
+//!
+//! The promise of `wrapper.h` is that no function unwinds or aborts, whenever it is
+//! called: also from a thread-local or `pthread_key_create` destructor while the thread
+//! exits, or from an `atexit` handler after the main thread's thread-locals are gone.
+//! So the last-error slot is reached only through `try_with` and `try_borrow*` (a slot
+//! that is torn down, or busy, is skipped, never a panic), every message is recorded
+//! inside the unwind guard, and [`curt_last_error`] answers `""` (a static string) when
+//! the thread has no slot any more.
 
+use std::any::Any;
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cuda_rt::{Device, Error};
@@ -24,13 +33,51 @@ pub const CURT_ERROR_OTHER: c_int = -6;
 /// A panic was caught inside cuda-rt (a bug: please report it).
 pub const CURT_ERROR_PANIC: c_int = -99;
 
+/// What [`curt_last_error`] returns when there is no message: static, so it stays valid
+/// whatever happens to the thread's storage.
+static EMPTY: &CStr = c"";
+
+const PANIC_MESSAGE: &str = "internal error: a panic was caught at the C boundary";
+
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The thread's last error message; `None` until a call fails on the thread.
+    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
 }
 
+/// Records `msg` as this thread's last error. Never panics: when the thread's storage
+/// is torn down (a destructor or `atexit` handler calling in) or the slot is busy, the
+/// message is dropped and only the code tells the caller what happened.
 fn set_last_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|l| {
+        if let Ok(mut slot) = l.try_borrow_mut() {
+            *slot = Some(c);
+        }
+    });
+}
+
+/// Drops a caught panic's payload without letting a panicking `Drop` escape: a
+/// second panic from it is caught too and its payload leaked.
+fn discard_panic(payload: Box<dyn Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
+    }
+}
+
+/// Runs `body` under the unwind guard: its value, or `on_panic` after recording that a
+/// panic was caught. Recording happens inside the guard as well, so even a panic while
+/// recording (none is expected) ends as a code.
+fn unwind_guard<T>(body: impl FnOnce() -> T, on_panic: T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(payload) => {
+            discard_panic(payload);
+            if let Err(p) = catch_unwind(|| set_last_error(PANIC_MESSAGE)) {
+                std::mem::forget(p);
+            }
+            on_panic
+        }
+    }
 }
 
 /// The code for an error: a positive CUDA driver code (`CUresult`) when the driver
@@ -52,19 +99,19 @@ pub fn error_code(e: &Error) -> c_int {
 }
 
 /// Runs `f` (which must check its pointer arguments before any other work, so a bad
-/// argument is reported as such), converting its outcome to a code and catching any panic.
+/// argument is reported as such), converting its outcome to a code and recording the
+/// message, all inside the unwind guard.
 fn guard(f: impl FnOnce() -> cuda_rt::Result<()>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => CURT_SUCCESS,
-        Ok(Err(e)) => {
-            set_last_error(&e.to_string());
-            error_code(&e)
-        }
-        Err(_) => {
-            set_last_error("internal error: a panic was caught at the C boundary");
-            CURT_ERROR_PANIC
-        }
-    }
+    unwind_guard(
+        || match f() {
+            Ok(()) => CURT_SUCCESS,
+            Err(e) => {
+                set_last_error(&e.to_string());
+                error_code(&e)
+            }
+        },
+        CURT_ERROR_PANIC,
+    )
 }
 
 fn out<T>(p: *mut T, name: &str) -> cuda_rt::Result<&'static mut T> {
@@ -74,24 +121,38 @@ fn out<T>(p: *mut T, name: &str) -> cuda_rt::Result<&'static mut T> {
 }
 
 /// The last error message on this thread (empty if none); valid until the next call
-/// that fails on this thread.
+/// that fails on this thread, or the thread's exit. Called while the thread's storage
+/// is torn down (from a destructor or an `atexit` handler), it returns `""`.
 #[no_mangle]
 pub extern "C" fn curt_last_error() -> *const c_char {
-    LAST_ERROR.with(|l| l.borrow().as_ptr())
+    unwind_guard(
+        || {
+            LAST_ERROR
+                .try_with(|l| match l.try_borrow().as_deref() {
+                    // The CString's buffer is on the heap: it stays where it is until
+                    // the slot is overwritten or torn down, as documented.
+                    Ok(Some(c)) => c.as_ptr(),
+                    _ => EMPTY.as_ptr(),
+                })
+                .unwrap_or(EMPTY.as_ptr())
+        },
+        EMPTY.as_ptr(),
+    )
 }
 
 /// 1 if CUDA is usable, else 0 (the reason is then in `curt_last_error`).
 #[no_mangle]
 pub extern "C" fn curt_is_available() -> c_int {
-    let r = catch_unwind(cuda_rt::availability);
-    match r {
-        Ok(Ok(_)) => 1,
-        Ok(Err(reason)) => {
-            set_last_error(&reason);
-            0
-        }
-        Err(_) => 0,
-    }
+    unwind_guard(
+        || match cuda_rt::availability() {
+            Ok(_) => 1,
+            Err(reason) => {
+                set_last_error(&reason);
+                0
+            }
+        },
+        0,
+    )
 }
 
 /// Writes the number of CUDA devices to `*count`.

@@ -46,20 +46,21 @@ fn shim_dir() -> PathBuf {
     exe.parent().unwrap().to_path_buf()
 }
 
-/// Compiles tests/c/smoke.c against the shim, or takes the program already built by
-/// scripts/build-gpu.sh (`CUDA_RT_C_SMOKE`, on machines without the sources or a C
-/// compiler).
-fn smoke_program(dir: &std::path::Path) -> PathBuf {
-    if let Some(p) = std::env::var_os("CUDA_RT_C_SMOKE") {
+/// Compiles `tests/c/<name>.c` against the shim, or takes the program already built by
+/// scripts/build-gpu.sh (named by the variable `prebuilt`, on machines without the
+/// sources or a C compiler).
+fn c_program(dir: &std::path::Path, name: &str, prebuilt: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(prebuilt) {
         return PathBuf::from(p);
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = std::env::temp_dir().join(format!("cuda_rt_c_smoke_{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("cuda_rt_c_{name}_{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
-        .arg(root.join("tests/c/smoke.c"))
+        .arg(root.join(format!("tests/c/{name}.c")))
         .arg("-I")
         .arg(&root)
+        .arg("-pthread")
         .arg("-L")
         .arg(dir)
         .arg("-lcuda_rt_c")
@@ -67,7 +68,7 @@ fn smoke_program(dir: &std::path::Path) -> PathBuf {
         .arg(&out)
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
-    assert!(status.success(), "compiling tests/c/smoke.c failed");
+    assert!(status.success(), "compiling tests/c/{name}.c failed");
     out
 }
 
@@ -76,7 +77,7 @@ fn c_program_links_the_shim_and_never_crashes() {
     let dir = shim_dir();
     let so = dir.join("libcuda_rt_c.so");
     assert!(so.exists(), "{} not built", so.display());
-    let out = smoke_program(&dir);
+    let out = c_program(&dir, "smoke", "CUDA_RT_C_SMOKE");
     let run = Command::new(&out)
         .env("LD_LIBRARY_PATH", &dir)
         .output()
@@ -85,4 +86,119 @@ fn c_program_links_the_shim_and_never_crashes() {
     println!("{stdout}");
     assert!(run.status.success(), "C smoke test failed:\n{stdout}");
     assert!(stdout.contains("C SMOKE PASSED"));
+}
+
+#[test]
+fn c_program_calling_the_shim_from_a_key_destructor_and_atexit_exits_normally() {
+    let dir = shim_dir();
+    let out = c_program(&dir, "teardown", "CUDA_RT_C_TEARDOWN");
+    let run = Command::new(&out)
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    println!("{stdout}{stderr}");
+    // Before the fix the process died of SIGABRT in the key destructor.
+    assert!(
+        run.status.success(),
+        "C teardown program failed ({}):\n{stdout}{stderr}",
+        run.status
+    );
+    assert!(stdout.contains("KEY DESTRUCTOR DONE"), "{stdout}");
+    assert!(stdout.contains("C TEARDOWN PASSED"), "{stdout}");
+    assert!(!stdout.contains("FAIL "), "{stdout}");
+}
+
+/// What one thread-local destructor saw when it called the shim.
+#[derive(Debug)]
+struct Seen {
+    rc: i32,
+    last_error: String,
+}
+
+static SEEN: std::sync::Mutex<Vec<Seen>> = std::sync::Mutex::new(Vec::new());
+
+/// Calls the shim from its `Drop`, run as a thread-local destructor while the thread
+/// exits: a failing call, `curt_last_error`, then the calls that need CUDA.
+struct CallsTheShimOnDrop;
+
+impl Drop for CallsTheShimOnDrop {
+    fn drop(&mut self) {
+        let rc = curt_device_count(std::ptr::null_mut());
+        let last_error = last_error();
+        let _ = curt_is_available();
+        let mut n = 0;
+        let _ = curt_device_count(&mut n);
+        let _ = curt_driver_version(&mut n);
+        let _ = curt_last_error();
+        SEEN.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Seen { rc, last_error });
+    }
+}
+
+thread_local! {
+    static REGISTERED_BEFORE_THE_SHIM: CallsTheShimOnDrop = const { CallsTheShimOnDrop };
+    static REGISTERED_AFTER_THE_SHIM: CallsTheShimOnDrop = const { CallsTheShimOnDrop };
+}
+
+const TEARDOWN_CHILD_VAR: &str = "CUDA_RT_TEST_TLS_TEARDOWN_CHILD";
+
+/// Not a test of its own: the body of the child process of
+/// `shim_calls_from_thread_local_destructors_neither_panic_nor_abort`, a no-op unless
+/// that test starts it (the bug it guards against aborts the whole process).
+#[test]
+fn tls_teardown_child_process() {
+    if std::env::var_os(TEARDOWN_CHILD_VAR).is_none() {
+        return;
+    }
+    std::thread::spawn(|| {
+        // Destructors run in some order of registration; one key on each side of the
+        // shim's own makes one of them run after the shim's slot is destroyed.
+        REGISTERED_BEFORE_THE_SHIM.with(|_| {});
+        assert_eq!(
+            curt_device_count(std::ptr::null_mut()),
+            CURT_ERROR_INVALID_ARGUMENT
+        );
+        REGISTERED_AFTER_THE_SHIM.with(|_| {});
+    })
+    .join()
+    .unwrap();
+    let seen = SEEN.lock().unwrap();
+    println!("seen: {seen:?}");
+    assert_eq!(seen.len(), 2, "both destructors ran: {seen:?}");
+    assert!(seen.iter().all(|s| s.rc == CURT_ERROR_INVALID_ARGUMENT));
+    // One destructor ran with the shim's slot alive and got the message, the other
+    // after it was destroyed and got "" (what the test is for).
+    assert!(
+        seen.iter().any(|s| s.last_error.is_empty()),
+        "no destructor ran after the shim's slot was torn down: {seen:?}"
+    );
+    assert!(seen
+        .iter()
+        .all(|s| s.last_error.is_empty() || s.last_error == "invalid argument: count is NULL"));
+    println!("TLS TEARDOWN PASSED");
+}
+
+#[test]
+fn shim_calls_from_thread_local_destructors_neither_panic_nor_abort() {
+    let run = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tls_teardown_child_process",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(TEARDOWN_CHILD_VAR, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "child failed ({}):\n{stdout}{stderr}",
+        run.status
+    );
+    assert!(stdout.contains("TLS TEARDOWN PASSED"), "{stdout}{stderr}");
 }

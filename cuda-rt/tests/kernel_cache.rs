@@ -1,17 +1,23 @@
 //! The kernel cache: disk round trips, corrupt and truncated files, concurrent writers
 //! (threads and a second process) run for real with only NVRTC; the memory cache of
-//! loaded modules needs a GPU.
+//! loaded modules needs a GPU. The folder's trust rules (links, modes, owners, forged
+//! entries) are tested through `store`/`load`, with no NVRTC.
 
 #[path = "common_kernel/mod.rs"]
 mod common;
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use common::{nvrtc_or_skip, unique, TempDir, SAXPY};
-use cuda_rt::compiler::cache::{cache_key, decode, KernelCache};
+use cuda_rt::compiler::cache::{
+    cache_key, encode, CacheKey, CacheSecret, Fnv128, KernelCache, FORMAT_VERSION, SECRET_FILE,
+    SECRET_LEN, TAG_LEN,
+};
 use cuda_rt::compiler::facts::nvrtc_facts;
+use cuda_rt::compiler::Compiled;
 use cuda_rt::compiler::{
     nvrtc_call_count, nvrtc_call_count_on_this_thread, nvrtc_version, Output, Program, RawKernel,
     RawModule, Target,
@@ -47,11 +53,11 @@ fn all_files_in(dir: &Path) -> Vec<String> {
     v
 }
 
-/// The kernel files (not the NVRTC facts file) in `dir`.
+/// The kernel files (not the NVRTC facts file, nor the secret) in `dir`.
 fn files_in(dir: &Path) -> Vec<String> {
     all_files_in(dir)
         .into_iter()
-        .filter(|f| !f.ends_with(".facts"))
+        .filter(|f| !f.ends_with(".facts") && f != SECRET_FILE)
         .collect()
 }
 
@@ -126,7 +132,7 @@ fn damaged_file_is_a_miss_that_gets_rewritten(damage: impl Fn(&mut Vec<u8>)) {
     assert_eq!((cache.compile_count(), cache.corrupt_file_count()), (1, 1));
     // Rewritten: a third cache reads it back.
     let key = cache_key(&p, TARGET, nvrtc_version().unwrap());
-    assert_eq!(decode(&std::fs::read(&path).unwrap(), &key).unwrap(), good);
+    assert_eq!(KernelCache::new(Some(dir.path())).load(&key), Some(good));
     let third = KernelCache::new(Some(dir.path()));
     third.compile(&p, TARGET).unwrap();
     assert_eq!(third.compile_count(), 0);
@@ -172,7 +178,10 @@ nvrtc_test!(unwritable_cache_folder_still_compiles, {
     cache
         .compile(&Program::new(&unique(SAXPY)), TARGET)
         .unwrap();
-    assert_eq!(cache.disk_write_failure_count(), 1);
+    assert_eq!(cache.compile_count(), 1);
+    // The folder cannot be made: the cache is in memory only, and says so.
+    assert!(cache.memory_only_reason().is_some());
+    assert_eq!(cache.disk_write_failure_count(), 0);
 });
 
 nvrtc_test!(concurrent_writers_on_one_key_leave_one_valid_file, {
@@ -203,8 +212,8 @@ nvrtc_test!(concurrent_writers_on_one_key_leave_one_valid_file, {
     );
     let key = cache_key(&p, TARGET, nvrtc_version().unwrap());
     assert_eq!(
-        decode(&std::fs::read(cache_file(&dir.0, &p)).unwrap(), &key).unwrap(),
-        results[0]
+        KernelCache::new(Some(dir.path())).load(&key).as_ref(),
+        Some(&results[0])
     );
 });
 
@@ -401,3 +410,218 @@ cuda_rt::gpu_test!(
         assert_eq!(a.as_raw(), b.as_raw());
     }
 );
+
+// ---- The folder's trust rules, through store/load: no NVRTC needed. ----
+
+fn fake_compiled(tag: &str) -> Compiled {
+    Compiled {
+        image: format!("\x7fELF fake cubin {tag}").into_bytes(),
+        output: Output::Cubin,
+        arch: 90,
+        log: String::new(),
+        lowered_names: vec![("k<int>".into(), "_Z1kIiEvv".into())],
+    }
+}
+
+/// A folder of this user's, mode 0700 (what the cache itself would create).
+fn private_dir(tag: &str) -> TempDir {
+    let dir = TempDir::new(tag);
+    assert_eq!(std::fs::metadata(&dir.0).unwrap().mode() & 0o777, 0o700);
+    dir
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+#[test]
+fn stored_entry_is_read_back_by_a_new_cache() {
+    let dir = private_dir("store");
+    let key = CacheKey([1; 16]);
+    let c = fake_compiled("a");
+    let first = KernelCache::new(Some(dir.path()));
+    assert_eq!(first.memory_only_reason(), None);
+    first.store(&key, &c).unwrap();
+    let second = KernelCache::new(Some(dir.path()));
+    assert_eq!(second.load(&key), Some(c));
+    assert_eq!(second.disk_hit_count(), 1);
+    assert_eq!(second.load(&CacheKey([2; 16])), None);
+    // Entries and the secret are private to the user.
+    for f in [key.file_name().as_str(), SECRET_FILE] {
+        let mode = std::fs::metadata(dir.0.join(f)).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
+}
+
+#[test]
+fn missing_cache_folder_is_created_mode_0700() {
+    let dir = TempDir::new("create");
+    let kernels = dir.0.join("cuda-rt").join("kernels");
+    let cache = KernelCache::new(Some(kernels.clone()));
+    assert_eq!(cache.disk_dir(), Some(kernels.clone()));
+    for p in [kernels.parent().unwrap(), &kernels] {
+        assert_eq!(std::fs::metadata(p).unwrap().mode() & 0o777, 0o700);
+    }
+}
+
+#[test]
+fn link_planted_at_an_entry_name_is_not_followed_on_read_or_write() {
+    let dir = private_dir("entry-link");
+    let key = CacheKey([3; 16]);
+    let entry = dir.0.join(key.file_name());
+    let cache = KernelCache::new(Some(dir.path()));
+    // A valid entry for `key`, moved aside and linked back: the content would verify,
+    // so only the link is what refuses it.
+    cache.store(&key, &fake_compiled("linked")).unwrap();
+    let aside = dir.0.join("aside");
+    std::fs::rename(&entry, &aside).unwrap();
+    std::os::unix::fs::symlink(&aside, &entry).unwrap();
+    assert_eq!(cache.load(&key), None);
+    assert_eq!(cache.corrupt_file_count(), 1);
+    // A link to a file of the user's elsewhere: a write replaces the link, and the
+    // file it pointed to is untouched.
+    let victim = TempDir::new("victim");
+    let victim_file = victim.0.join("precious");
+    std::fs::write(&victim_file, b"precious").unwrap();
+    std::fs::remove_file(&entry).unwrap();
+    std::os::unix::fs::symlink(&victim_file, &entry).unwrap();
+    let c = fake_compiled("real");
+    cache.store(&key, &c).unwrap();
+    assert_eq!(std::fs::read(&victim_file).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&entry).unwrap().is_file());
+    assert_eq!(cache.load(&key), Some(c));
+}
+
+/// A cache over `dir`, checked to be refused: memory only, with a reason containing
+/// `why`, no disk folder, and nothing written into `dir`.
+fn assert_refused(dir: &Path, why: &str) {
+    let before = all_files_in(dir);
+    let cache = KernelCache::new(Some(dir.to_path_buf()));
+    let reason = cache.memory_only_reason().expect("the folder is refused");
+    assert!(reason.contains(why), "{reason}");
+    assert!(reason.contains(&dir.display().to_string()), "{reason}");
+    assert_eq!(cache.disk_dir(), None);
+    let key = CacheKey([4; 16]);
+    let err = cache.store(&key, &fake_compiled("x")).unwrap_err();
+    assert_eq!(err.to_string(), reason);
+    assert_eq!(cache.load(&key), None);
+    assert_eq!(all_files_in(dir), before, "a refused folder was written to");
+    // The debug form names the refusal too.
+    let debug = format!("{cache:?}");
+    assert!(debug.contains("is not trusted"), "{debug}");
+}
+
+#[test]
+fn folder_writable_by_others_is_refused_and_left_untouched() {
+    let dir = TempDir::new("mode-777");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_refused(&dir.0, "is writable by group or others (mode 777)");
+}
+
+#[test]
+fn folder_writable_by_its_group_is_refused() {
+    let dir = TempDir::new("mode-770");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o770)).unwrap();
+    assert_refused(&dir.0, "is writable by group or others (mode 770)");
+}
+
+#[test]
+fn folder_owned_by_another_user_is_refused() {
+    if euid() == 0 {
+        // Root can give a folder away: to a user id nobody has.
+        let dir = private_dir("foreign");
+        std::os::unix::fs::chown(&dir.0, Some(4242), Some(4242)).unwrap();
+        assert_refused(&dir.0, "is owned by user 4242, not by this user (0)");
+    } else {
+        // Not root: `/` is root's.
+        let reason = KernelCache::new(Some("/".into()))
+            .memory_only_reason()
+            .expect("/ is refused");
+        assert!(reason.contains("is owned by user 0"), "{reason}");
+    }
+}
+
+#[test]
+fn cache_folder_that_cannot_be_created_leaves_the_cache_in_memory() {
+    let dir = TempDir::new("not-a-folder");
+    let file = dir.0.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let cache = KernelCache::new(Some(file.join("kernels")));
+    let reason = cache.memory_only_reason().unwrap();
+    assert!(reason.contains("cannot be created"), "{reason}");
+    assert!(cache
+        .store(&CacheKey([5; 16]), &fake_compiled("x"))
+        .is_err());
+}
+
+#[test]
+fn cache_without_a_folder_says_it_is_in_memory_only() {
+    let reason = KernelCache::new(None).memory_only_reason().unwrap();
+    assert!(reason.contains("no disk folder is configured"), "{reason}");
+}
+
+/// `compiled` as format 1 wrote it: header and payload, then an unkeyed FNV-1a
+/// checksum that anyone can compute over a cubin of their choosing.
+fn format_1_entry(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
+    let any = CacheSecret::from_bytes([0; SECRET_LEN]);
+    let v2 = encode(&any, key, compiled);
+    let mut out = v2[..v2.len() - TAG_LEN].to_vec();
+    out[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let mut h = Fnv128::new();
+    h.write(&out);
+    out.extend_from_slice(&h.finish());
+    out
+}
+
+#[test]
+fn forged_entries_are_not_returned_and_get_overwritten() {
+    let dir = private_dir("forged");
+    let key = CacheKey([6; 16]);
+    let entry = dir.0.join(key.file_name());
+    let cache = KernelCache::new(Some(dir.path()));
+    assert_eq!(cache.memory_only_reason(), None);
+    let forged = fake_compiled("attacker's cubin");
+    // The old format, with a checksum that verifies.
+    std::fs::write(&entry, format_1_entry(&key, &forged)).unwrap();
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(cache.load(&key), None);
+    // The current format, tagged with a secret that is not this folder's.
+    let wrong = CacheSecret::from_bytes([0xee; SECRET_LEN]);
+    std::fs::write(&entry, encode(&wrong, &key, &forged)).unwrap();
+    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(cache.load(&key), None);
+    assert_eq!(cache.corrupt_file_count(), 2);
+    // What the victim compiles overwrites it, and is what is read back.
+    let real = fake_compiled("victim's cubin");
+    cache.store(&key, &real).unwrap();
+    assert_eq!(KernelCache::new(Some(dir.path())).load(&key), Some(real));
+}
+
+#[test]
+fn entry_writable_by_others_is_a_miss() {
+    let dir = private_dir("entry-mode");
+    let key = CacheKey([7; 16]);
+    let cache = KernelCache::new(Some(dir.path()));
+    let c = fake_compiled("a");
+    cache.store(&key, &c).unwrap();
+    let entry = dir.0.join(key.file_name());
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_eq!(cache.load(&key), None);
+    cache.store(&key, &c).unwrap();
+    assert_eq!(cache.load(&key), Some(c));
+}
+
+#[test]
+fn secret_readable_by_others_makes_the_cache_memory_only() {
+    let dir = private_dir("secret-mode");
+    std::fs::write(dir.0.join(SECRET_FILE), [1u8; SECRET_LEN]).unwrap();
+    std::fs::set_permissions(
+        dir.0.join(SECRET_FILE),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let cache = KernelCache::new(Some(dir.path()));
+    let reason = cache.memory_only_reason().unwrap();
+    assert!(reason.contains("others may read it (mode 644"), "{reason}");
+}

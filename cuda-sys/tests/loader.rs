@@ -31,16 +31,77 @@ fn touch(p: &Path) {
 fn build_so(dir: &Path, name: &str, source: &str) -> PathBuf {
     let c = dir.join(format!("{name}.c"));
     std::fs::write(&c, source).unwrap();
+    build_so_from(dir, name, &c, &[])
+}
+
+/// Builds `dir/name` from the C file `c` with extra compiler arguments.
+fn build_so_from(dir: &Path, name: &str, c: &Path, args: &[&str]) -> PathBuf {
     let so = dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .args(["-shared", "-fPIC", "-o"])
         .arg(&so)
-        .arg(&c)
+        .arg(c)
+        .args(args)
+        .arg("-ldl")
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
     assert!(status.success(), "C compiler failed for {name}");
     so
+}
+
+/// Builds the repository's fake driver (scripts/fake-libcuda.c) as `dir/libcuda.so.1`.
+fn build_fake_libcuda(dir: &Path, args: &[&str]) -> PathBuf {
+    let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fake-libcuda.c");
+    build_so_from(dir, "libcuda.so.1", &c, args)
+}
+
+/// Makes a FIFO at `p`.
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(
+        rc,
+        0,
+        "mkfifo {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Opens `spec` with `env` on another thread, failing the test if that takes more than
+/// 20 s. A FIFO handed to dlopen blocks it forever, holding the system loader's lock
+/// that every other test here (and even spawning a thread) needs; so before failing,
+/// `fifo` is opened for writing without blocking and closed, again until that dlopen
+/// has returned (it reads an empty file and fails), and the other tests go on.
+fn open_within_a_timeout(
+    spec: &'static LibrarySpec,
+    env: SearchEnv,
+    fifo: &Path,
+) -> Result<Library, cuda_sys::LoadError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::time::Duration;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(Library::open_with(spec, &env));
+    });
+    if let Ok(r) = rx.recv_timeout(Duration::from_secs(20)) {
+        return r;
+    }
+    for _ in 0..600 {
+        // Fails (ENXIO) while no one has the FIFO open for reading.
+        drop(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fifo),
+        );
+        if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+            break;
+        }
+    }
+    panic!("opening the library blocked for 20 s: the FIFO reached dlopen");
 }
 
 #[test]
@@ -275,4 +336,145 @@ fn generated_module_reports_a_missing_library_instead_of_panicking() {
         Ok(api) => assert!(api.cuInit().is_ok()),
         Err(e) => assert!(e.to_string().contains("libcuda.so.1"), "{e}"),
     }
+}
+
+/// The reason given for `path` among the paths tried, if it was tried.
+fn reason_for(err: &cuda_sys::LoadError, path: &Path) -> Option<String> {
+    let LoadErrorKind::LibraryNotFound { tried, .. } = err.kind() else {
+        panic!("wrong kind: {err:?}")
+    };
+    let shown = path.display().to_string();
+    tried
+        .iter()
+        .find(|a| a.path == shown)
+        .map(|a| a.reason.clone())
+}
+
+#[test]
+fn override_naming_a_fifo_is_refused_quickly_and_says_it_is_not_a_regular_file() {
+    let dir = temp_dir("fifo");
+    let fifo = dir.join("libcunowhere.so.12");
+    mkfifo(&fifo);
+    let env = SearchEnv::with_root(&dir).var("CUDA_RT_LIBCUNOWHERE", &fifo);
+    let err = open_within_a_timeout(&NOWHERE, env, &fifo).unwrap_err();
+    assert_eq!(
+        reason_for(&err, &fifo).as_deref(),
+        Some(
+            "a FIFO, not a regular file, so it was not opened (CUDA_RT_LIBCUNOWHERE must name the library file or a folder holding it)"
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!(
+            "\n  {}: a FIFO, not a regular file",
+            fifo.display()
+        )),
+        "{msg}"
+    );
+}
+
+#[test]
+fn override_folder_holding_a_fifo_is_refused_quickly() {
+    let dir = temp_dir("fifo-dir");
+    let fifo = dir.join("libcunowhere.so.12");
+    mkfifo(&fifo);
+    let env = SearchEnv::with_root(&dir).var("CUDA_RT_LIBCUNOWHERE", &dir);
+    let err = open_within_a_timeout(&NOWHERE, env, &fifo).unwrap_err();
+    let reason = reason_for(&err, &fifo).expect("the FIFO is among the paths tried");
+    assert!(reason.starts_with("a FIFO, not a regular file"), "{err}");
+}
+
+#[test]
+fn driver_override_naming_a_fifo_never_reaches_dlopen() {
+    let dir = temp_dir("fifo-driver");
+    let fifo = dir.join("libcuda.so.1");
+    mkfifo(&fifo);
+    let env = SearchEnv::with_root(&dir).var("CUDA_RT_LIBCUDA", &fifo);
+    // With a real driver on the machine the system loader's bare name may still find
+    // it after the FIFO is passed over; either way the FIFO is not what opened.
+    match open_within_a_timeout(&specs::DRIVER, env, &fifo) {
+        Ok(lib) => assert_ne!(lib.path(), fifo.display().to_string()),
+        Err(e) => assert!(
+            reason_for(&e, &fifo).is_some_and(|r| r.starts_with("a FIFO")),
+            "{e}"
+        ),
+    }
+}
+
+fn driver_refusal(args: &[&str]) -> (PathBuf, cuda_sys::LoadError) {
+    let dir = temp_dir("old-driver");
+    let so = build_fake_libcuda(&dir, args);
+    let env = SearchEnv::with_root(&dir).var("CUDA_RT_LIBCUDA", &so);
+    let err = Library::open_with(&specs::DRIVER, &env).expect_err("an old driver is refused");
+    (so, err)
+}
+
+#[test]
+fn driver_without_cu_get_proc_address_v2_is_refused_naming_its_version_and_the_minimum() {
+    let (so, err) = driver_refusal(&["-DFAKE_DRIVER_VERSION=11080", "-DFAKE_NO_GET_PROC_ADDRESS"]);
+    let LoadErrorKind::DriverTooOld {
+        version,
+        minimum,
+        has_get_proc_address,
+        ..
+    } = err.kind()
+    else {
+        panic!("wrong kind: {err:?}")
+    };
+    assert_eq!(
+        (*version, *minimum, *has_get_proc_address),
+        (Some(11080), 12000, false)
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "CUDA driver (libcuda.so.1) at {} is too old: it supports CUDA 11.8, and cuda-rt needs a driver for CUDA 12.0 or newer (it lacks cuGetProcAddress_v2); update the NVIDIA driver",
+            so.display()
+        )
+    );
+}
+
+#[test]
+fn driver_reporting_a_version_before_12_0_is_refused_even_with_cu_get_proc_address_v2() {
+    let (so, err) = driver_refusal(&["-DFAKE_DRIVER_VERSION=11080"]);
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "CUDA driver (libcuda.so.1) at {} is too old: it supports CUDA 11.8, and cuda-rt needs a driver for CUDA 12.0 or newer; update the NVIDIA driver",
+            so.display()
+        )
+    );
+}
+
+#[test]
+fn driver_lacking_cu_get_proc_address_v2_is_refused_whatever_version_it_reports() {
+    let (_, err) = driver_refusal(&["-DFAKE_DRIVER_VERSION=12080", "-DFAKE_NO_GET_PROC_ADDRESS"]);
+    let msg = err.to_string();
+    assert!(msg.contains("it supports CUDA 12.8"), "{msg}");
+    assert!(msg.contains("(it lacks cuGetProcAddress_v2)"), "{msg}");
+}
+
+#[test]
+fn repository_fake_driver_loads_and_serves_entry_points_through_cu_get_proc_address() {
+    let dir = temp_dir("fake-libcuda");
+    let so = build_fake_libcuda(&dir, &[]);
+    let env = SearchEnv::with_root(&dir).var("CUDA_RT_LIBCUDA", &so);
+    let lib = Library::open_with(&specs::DRIVER, &env).expect("the fake 13.0 driver loads");
+    assert_eq!(lib.driver_version(), Some(13000));
+    // cuMemAlloc is ABI 3020, served by the fake's cuMemAlloc_v2.
+    let p = lib
+        .resolve("cuMemAlloc_v2")
+        .expect("cuMemAlloc_v2 resolves");
+    // SAFETY: the fake's cuMemAlloc_v2 has this signature.
+    let f: unsafe extern "C" fn(*mut u64, usize) -> i32 = unsafe { std::mem::transmute(p) };
+    let mut ptr = 0u64;
+    // SAFETY: a valid out pointer.
+    assert_eq!(unsafe { f(&mut ptr, 256) }, 0);
+    assert_eq!(ptr, 1 << 40);
+    let err = lib.resolve("cuNoSuchThing").unwrap_err();
+    assert!(
+        err.to_string().ends_with("the driver does not export it"),
+        "{err}"
+    );
 }

@@ -12,25 +12,58 @@
 //! options, name expressions, architecture, output kind and NVRTC version, each
 //! length-prefixed. A file ([`encode`] / [`decode`]) is a header (magic, format
 //! version, key, architecture, output kind, payload length), the payload (image, log,
-//! lowered names) and a 128-bit FNV-1a checksum of everything before it. Files are
-//! written to a temporary name in the same folder and renamed into place, so readers
-//! see a whole file or none, and processes compiling the same kernel at once each
-//! rename a complete, identical file. A file that is truncated, corrupt, for another
-//! key or another format is a miss: the kernel is compiled again and the file
-//! rewritten.
+//! lowered names) and a tag: BLAKE3 in keyed mode over everything before it, keyed
+//! with the user's secret ([`CacheSecret`], 32 random bytes in [`SECRET_FILE`] in the
+//! folder). Files are written to a temporary with an unpredictable name in the same
+//! folder and renamed into place, so readers see a whole file or none, and processes
+//! compiling the same kernel at once each rename a complete, identical file. A file
+//! that is truncated, corrupt, for another key or another format, or whose tag does
+//! not verify, is a miss: the kernel is compiled again and the file rewritten.
+//!
+//! # What the disk cache trusts
+//!
+//! A cubin read from the cache is loaded and run as the compile of the program asked
+//! for, so whoever can write the folder's files can run code in every process that
+//! uses it. The cache therefore uses a folder only if it is a folder **owned by the
+//! effective user and not writable by group or others** (a link to such a folder is
+//! followed); a missing folder is created mode 0700. Any other folder (another user's,
+//! a shared `0777` or group-writable one, `/tmp` itself, a file) is refused: the cache
+//! then keeps kernels in memory only, says why through
+//! [`KernelCache::memory_only_reason`] and prints that reason once per process on
+//! standard error. Nothing is ever read from or written to a refused folder.
+//!
+//! Inside the folder, files are opened without following a link at their name and
+//! used only if they are regular files of the user's, writable by nobody else; new
+//! files are created exclusively (mode 0600) under unpredictable names, so a link
+//! planted in the folder is never written through. An entry is used only if its tag
+//! verifies with the secret, so a file not written by this user's cache (forged,
+//! copied from another machine or user, or in the format before tags, version 1) is
+//! a miss and is overwritten. The secret is read once per [`KernelCache`] and is
+//! itself refused unless it is a regular file of the user's, mode 0600 (readable by
+//! nobody else).
+//!
+//! What remains trusted: the user's own account and root (who can read the secret),
+//! and the NVRTC facts file (see below), which is not tagged: it only names the NVRTC
+//! version in the key and the architectures compiled for, and lives in the same
+//! user-only folder. Like CuPy's kernel cache, the folder must not be shared between
+//! users; unlike CuPy's, a shared or foreign folder is detected and refused rather than
+//! used.
 //!
 //! The NVRTC version in the key comes from a small facts file in the same folder
 //! when NVRTC has been asked once before (see [`super::facts`]), so a warm hit in a
 //! new process makes no NVRTC call at all.
 
+mod disk;
+
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+pub use disk::{check_dir, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_LEN};
 
 use super::facts::nvrtc_facts;
 use super::raw::RawModule;
@@ -122,11 +155,11 @@ pub fn cache_key(program: &Program<'_>, target: Target, nvrtc_version: (i32, i32
 
 /// First bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"CURTKC\r\n";
-/// Version of the file layout.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the file layout: 2 ends with a keyed tag (1, before it, with an unkeyed
+/// FNV-1a checksum, is read as a miss).
+pub const FORMAT_VERSION: u32 = 2;
 /// magic 8, version 4, key 16, arch 4, output 1, pad 3, payload length 8.
 const HEADER_LEN: usize = 44;
-const CHECKSUM_LEN: usize = 16;
 
 fn output_byte(o: Output) -> u8 {
     match o {
@@ -147,8 +180,8 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-/// The bytes of a cache file for `compiled` under `key`. Pure.
-pub fn encode(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
+/// The bytes of a cache file for `compiled` under `key`, tagged with `secret`. Pure.
+pub fn encode(secret: &CacheSecret, key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
     let mut payload = Vec::with_capacity(compiled.image.len() + compiled.log.len() + 64);
     put_bytes(&mut payload, &compiled.image);
     put_bytes(&mut payload, compiled.log.as_bytes());
@@ -157,7 +190,7 @@ pub fn encode(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
         put_bytes(&mut payload, e.as_bytes());
         put_bytes(&mut payload, l.as_bytes());
     }
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + CHECKSUM_LEN);
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TAG_LEN);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&key.0);
@@ -165,9 +198,8 @@ pub fn encode(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
     out.extend_from_slice(&[output_byte(compiled.output), 0, 0, 0]);
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     out.extend_from_slice(&payload);
-    let mut h = Fnv128::new();
-    h.write(&out);
-    out.extend_from_slice(&h.finish());
+    let tag = secret.tag(&out);
+    out.extend_from_slice(&tag);
     out
 }
 
@@ -176,10 +208,11 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-/// Reads a cache file's bytes back, checking magic, version, key, length and checksum.
-/// Never panics, whatever the bytes. Pure.
-pub fn decode(bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
-    if bytes.len() < HEADER_LEN + CHECKSUM_LEN {
+/// Reads a cache file's bytes back, checking magic, version, key, length and the tag
+/// (keyed with `secret`) before anything of the payload is used. Never panics,
+/// whatever the bytes. Pure.
+pub fn decode(secret: &CacheSecret, bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
+    if bytes.len() < HEADER_LEN + TAG_LEN {
         return Err(DecodeError("shorter than its header (truncated)"));
     }
     if bytes[..8] != MAGIC {
@@ -201,14 +234,14 @@ pub fn decode(bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
         _ => return Err(DecodeError("unknown output kind")),
     };
     let payload_len = r.u64()?;
-    let body_end = bytes.len() - CHECKSUM_LEN;
+    let body_end = bytes.len() - TAG_LEN;
     if payload_len != (body_end - HEADER_LEN) as u64 {
         return Err(DecodeError("length does not match (truncated or extended)"));
     }
-    let mut h = Fnv128::new();
-    h.write(&bytes[..body_end]);
-    if h.finish()[..] != bytes[body_end..] {
-        return Err(DecodeError("checksum mismatch (corrupt)"));
+    if !secret.verify(&bytes[..body_end], &bytes[body_end..]) {
+        return Err(DecodeError(
+            "the tag does not verify (corrupt, or not written by this user's cache)",
+        ));
     }
     let mut r = Reader {
         b: &bytes[HEADER_LEN..body_end],
@@ -324,11 +357,29 @@ fn mem_hash(device: i32, program: &Program<'_>, target: Target) -> u64 {
     h.finish()
 }
 
+/// The disk part's configuration and, once checked, its state.
+struct Disk {
+    /// The folder asked for; `None`: memory only by configuration.
+    dir: Option<PathBuf>,
+    /// `None` until first used; then the folder's secret, or why it is refused.
+    state: Option<std::result::Result<CacheSecret, String>>,
+}
+
+/// The disk folder in use and its secret.
+struct DiskInUse {
+    dir: PathBuf,
+    secret: CacheSecret,
+}
+
+/// Why the cache is in memory only when no folder is configured.
+const MEMORY_ONLY_BY_CONFIGURATION: &str = "kernels are cached in memory only: no disk folder is configured (CUDA_RT_KERNEL_CACHE_IN_MEMORY is set, no home or cache folder was found, or set_disk_dir(None) was called)";
+
 /// The kernel cache: compiled modules in memory per device, compiled images on disk
-/// (see the [module docs](self)). [`KernelCache::global`] is the one `RawModule` and
-/// `RawKernel` use; tests and tools make their own.
+/// (see the [module docs](self), also for what the disk folder must be to be used).
+/// [`KernelCache::global`] is the one `RawModule` and `RawKernel` use; tests and tools
+/// make their own.
 pub struct KernelCache {
-    disk: RwLock<Option<PathBuf>>,
+    disk: Mutex<Disk>,
     modules: Mutex<HashMap<u64, Vec<(MemKey, RawModule)>>>,
     compiles: AtomicU64,
     disk_hits: AtomicU64,
@@ -339,8 +390,19 @@ pub struct KernelCache {
 
 impl fmt::Debug for KernelCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No file-system access here: the folder as configured, and why it is not
+        // used if that is known already.
+        let (dir, refused) = {
+            let d = self.lock_disk();
+            let refused = match &d.state {
+                Some(Err(why)) => Some(why.clone()),
+                _ => None,
+            };
+            (d.dir.clone(), refused)
+        };
         f.debug_struct("KernelCache")
-            .field("disk_dir", &self.disk_dir())
+            .field("configured_disk_dir", &dir)
+            .field("refused", &refused)
             .field("compiles", &self.compile_count())
             .field("disk_hits", &self.disk_hit_count())
             .field("memory_hits", &self.memory_hit_count())
@@ -348,13 +410,24 @@ impl fmt::Debug for KernelCache {
     }
 }
 
-static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Prints `reason` on standard error, the first time a cache folder is refused in this
+/// process.
+fn say_once(reason: &str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!("cuda-rt: {reason}");
+    }
+}
 
 impl KernelCache {
-    /// A cache with its disk part in `disk_dir` (`None`: memory only).
+    /// A cache with its disk part in `disk_dir` (`None`: memory only). Nothing is
+    /// checked or created until the disk part is first used.
     pub fn new(disk_dir: Option<PathBuf>) -> KernelCache {
         KernelCache {
-            disk: RwLock::new(disk_dir),
+            disk: Mutex::new(Disk {
+                dir: disk_dir,
+                state: None,
+            }),
             modules: Mutex::new(HashMap::new()),
             compiles: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
@@ -375,20 +448,58 @@ impl KernelCache {
         G.get_or_init(KernelCache::from_env)
     }
 
-    /// The disk folder, `None` when the cache is in memory only.
-    pub fn disk_dir(&self) -> Option<PathBuf> {
-        self.disk
-            .read()
-            .map(|d| d.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+    fn lock_disk(&self) -> std::sync::MutexGuard<'_, Disk> {
+        self.disk.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Moves the disk part to `dir`, or turns it off with `None` (memory only).
-    pub fn set_disk_dir(&self, dir: Option<PathBuf>) {
-        match self.disk.write() {
-            Ok(mut d) => *d = dir,
-            Err(p) => *p.into_inner() = dir,
+    /// The disk part, if there is one and its folder is trusted: checked (and the
+    /// folder created, and its secret read or made) on first use, then remembered.
+    fn disk(&self) -> Option<DiskInUse> {
+        let mut d = self.lock_disk();
+        let dir = d.dir.clone()?;
+        let state = d.state.get_or_insert_with(|| {
+            CacheSecret::load_or_create(&dir).map_err(|why| {
+                let reason = format!(
+                    "kernels are cached in memory only: {why} (the folder must be owned by this user and writable by nobody else; set {CACHE_DIR_VAR} to such a folder)"
+                );
+                say_once(&reason);
+                reason
+            })
+        });
+        match state {
+            Ok(secret) => Some(DiskInUse {
+                dir,
+                secret: secret.clone(),
+            }),
+            Err(_) => None,
         }
+    }
+
+    /// The disk folder in use: `None` when the cache is in memory only, configured so
+    /// or because the folder was refused ([`memory_only_reason`](Self::memory_only_reason)
+    /// says which). The first call checks the folder, creating it if missing.
+    pub fn disk_dir(&self) -> Option<PathBuf> {
+        self.disk().map(|d| d.dir)
+    }
+
+    /// Why the cache keeps compiled kernels in memory only: `None` when it uses its
+    /// disk folder; else no folder is configured, or the folder was refused (another
+    /// user's, writable by group or others, not a folder, or its secret file is not
+    /// trusted) and the message names it and says why. See the [module docs](self).
+    pub fn memory_only_reason(&self) -> Option<String> {
+        if self.disk().is_some() {
+            return None;
+        }
+        match &self.lock_disk().state {
+            Some(Err(why)) => Some(why.clone()),
+            _ => Some(MEMORY_ONLY_BY_CONFIGURATION.to_owned()),
+        }
+    }
+
+    /// Moves the disk part to `dir`, or turns it off with `None` (memory only). The new
+    /// folder is checked when first used.
+    pub fn set_disk_dir(&self, dir: Option<PathBuf>) {
+        *self.lock_disk() = Disk { dir, state: None };
     }
 
     /// How many times this cache ran NVRTC's compiler.
@@ -401,7 +512,8 @@ impl KernelCache {
         self.disk_hits.load(Ordering::Relaxed)
     }
 
-    /// How many disk files were found unusable (truncated, corrupt...) and rewritten.
+    /// How many disk files were found unusable (truncated, corrupt, a tag that does
+    /// not verify, a link or a file not the user's...) and rewritten.
     pub fn corrupt_file_count(&self) -> u64 {
         self.disk_misses_corrupt.load(Ordering::Relaxed)
     }
@@ -428,32 +540,76 @@ impl KernelCache {
         self.disk_dir().map(|d| d.join(key.file_name()))
     }
 
+    /// The compile stored on disk under `key`, if there is a disk part and a usable
+    /// file: a regular file of the user's (a link at its name is not followed), whole,
+    /// for this key and format, with a tag that verifies. Counts a hit, or an unusable
+    /// file. No NVRTC call.
+    pub fn load(&self, key: &CacheKey) -> Option<Compiled> {
+        let disk = self.disk()?;
+        self.load_from(&disk, key)
+    }
+
+    fn load_from(&self, disk: &DiskInUse, key: &CacheKey) -> Option<Compiled> {
+        let read = disk::read_private(&disk.dir.join(key.file_name()));
+        let decoded = match read {
+            Ok(None) => return None,
+            Ok(Some(bytes)) => decode(&disk.secret, &bytes, key).ok(),
+            Err(_) => None,
+        };
+        match decoded {
+            Some(c) => {
+                self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                Some(c)
+            }
+            None => {
+                self.disk_misses_corrupt.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Writes `compiled` to disk under `key` (atomically, tagged with the folder's
+    /// secret). An error when the cache is in memory only (with the reason) or the
+    /// write fails (counted in [`disk_write_failure_count`](Self::disk_write_failure_count)).
+    pub fn store(&self, key: &CacheKey, compiled: &Compiled) -> std::io::Result<()> {
+        let Some(disk) = self.disk() else {
+            let why = self
+                .memory_only_reason()
+                .unwrap_or_else(|| MEMORY_ONLY_BY_CONFIGURATION.to_owned());
+            return Err(std::io::Error::other(why));
+        };
+        self.store_to(&disk, key, compiled)
+    }
+
+    fn store_to(
+        &self,
+        disk: &DiskInUse,
+        key: &CacheKey,
+        compiled: &Compiled,
+    ) -> std::io::Result<()> {
+        let written = write_atomically(&disk.dir, key, &encode(&disk.secret, key, compiled));
+        if written.is_err() {
+            self.disk_write_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        written
+    }
+
     /// Compiles `program` for `target` through the disk cache (no GPU needed): a valid
     /// file is read back; otherwise NVRTC compiles and the file is (re)written
-    /// atomically. Failures to write are counted, not returned.
+    /// atomically. Failures to write are counted, not returned; a refused folder
+    /// leaves the cache in memory only ([`memory_only_reason`](Self::memory_only_reason)).
     pub fn compile(&self, program: &Program<'_>, target: Target) -> Result<Compiled> {
-        let Some(dir) = self.disk_dir() else {
+        let Some(disk) = self.disk() else {
             return self.compile_now(program, target);
         };
         // The NVRTC version from the facts file when there is one: a warm hit opens
         // no `libnvrtc` at all.
-        let key = cache_key(program, target, nvrtc_facts(Some(&dir))?.version);
-        let path = dir.join(key.file_name());
-        if let Ok(bytes) = std::fs::read(&path) {
-            match decode(&bytes, &key) {
-                Ok(c) => {
-                    self.disk_hits.fetch_add(1, Ordering::Relaxed);
-                    return Ok(c);
-                }
-                Err(_) => {
-                    self.disk_misses_corrupt.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+        let key = cache_key(program, target, nvrtc_facts(Some(&disk.dir))?.version);
+        if let Some(c) = self.load_from(&disk, &key) {
+            return Ok(c);
         }
         let compiled = self.compile_now(program, target)?;
-        if write_atomically(&dir, &key, &encode(&key, &compiled)).is_err() {
-            self.disk_write_failures.fetch_add(1, Ordering::Relaxed);
-        }
+        let _ = self.store_to(&disk, &key, &compiled);
         Ok(compiled)
     }
 
@@ -504,33 +660,18 @@ impl KernelCache {
     }
 }
 
-/// Writes `bytes` to `dir/<key>.kcache` through a temporary file in the same folder and
-/// a rename, so the file appears whole or not at all.
+/// Writes `bytes` to `dir/<key>.kcache` atomically; see [`write_file_atomically`].
 pub fn write_atomically(dir: &Path, key: &CacheKey, bytes: &[u8]) -> std::io::Result<()> {
     write_file_atomically(dir, &key.file_name(), bytes)
 }
 
-/// Writes `bytes` to `dir/name` through a temporary file in the same folder and a
-/// rename, so the file appears whole or not at all.
+/// Writes `bytes` to `dir/name` through a temporary file with an unpredictable name in
+/// the same folder (created exclusively, mode 0600, not following links) and a rename,
+/// so the file appears whole or not at all and no link planted in the folder is written
+/// through. `dir` is created (mode 0700) if missing, and refused, with an error saying
+/// why, unless it is the user's and writable by nobody else ([`check_dir`]).
 pub fn write_file_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.{}.{}.tmp",
-        name,
-        std::process::id(),
-        TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_data()?;
-        drop(f);
-        std::fs::rename(&tmp, dir.join(name))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    disk::write_atomically_in(dir, name, bytes)
 }
 
 #[cfg(test)]
@@ -610,40 +751,85 @@ mod tests {
         );
     }
 
+    const SECRET: CacheSecret = CacheSecret::from_bytes([0x5a; SECRET_LEN]);
+
     #[test]
     fn encode_decode_round_trips() {
         let key = CacheKey([7; 16]);
         let c = sample();
-        assert_eq!(decode(&encode(&key, &c), &key), Ok(c));
+        assert_eq!(decode(&SECRET, &encode(&SECRET, &key, &c), &key), Ok(c));
     }
 
     #[test]
     fn every_truncation_is_a_decode_error() {
         let key = CacheKey([1; 16]);
-        let bytes = encode(&key, &sample());
+        let bytes = encode(&SECRET, &key, &sample());
         for n in 0..bytes.len() {
-            assert!(decode(&bytes[..n], &key).is_err(), "truncated at {n}");
+            assert!(
+                decode(&SECRET, &bytes[..n], &key).is_err(),
+                "truncated at {n}"
+            );
         }
     }
 
     #[test]
     fn every_flipped_byte_is_a_decode_error() {
         let key = CacheKey([1; 16]);
-        let bytes = encode(&key, &sample());
+        let bytes = encode(&SECRET, &key, &sample());
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
             b[i] ^= 0x20;
-            assert!(decode(&b, &key).is_err(), "flip at {i}");
+            assert!(decode(&SECRET, &b, &key).is_err(), "flip at {i}");
         }
     }
 
     #[test]
     fn a_file_for_another_key_is_a_miss() {
-        let bytes = encode(&CacheKey([1; 16]), &sample());
+        let bytes = encode(&SECRET, &CacheKey([1; 16]), &sample());
         assert_eq!(
-            decode(&bytes, &CacheKey([2; 16])),
+            decode(&SECRET, &bytes, &CacheKey([2; 16])),
             Err(DecodeError("written for another key"))
         );
+    }
+
+    #[test]
+    fn an_entry_tagged_with_another_secret_is_a_miss() {
+        let key = CacheKey([3; 16]);
+        let mut forged = sample();
+        forged.image = b"\x7fELF attacker's cubin".to_vec();
+        let bytes = encode(&CacheSecret::from_bytes([0xa5; SECRET_LEN]), &key, &forged);
+        assert_eq!(
+            decode(&SECRET, &bytes, &key),
+            Err(DecodeError(
+                "the tag does not verify (corrupt, or not written by this user's cache)"
+            ))
+        );
+    }
+
+    /// A file of format 1: the same header and payload, then an unkeyed FNV-1a
+    /// checksum, which anyone could compute for a cubin of their choosing.
+    fn format_1(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
+        let v2 = encode(&SECRET, key, compiled);
+        let mut out = v2[..v2.len() - TAG_LEN].to_vec();
+        out[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let mut h = Fnv128::new();
+        h.write(&out);
+        out.extend_from_slice(&h.finish());
+        out
+    }
+
+    #[test]
+    fn a_format_1_entry_with_a_valid_checksum_is_a_miss() {
+        let key = CacheKey([4; 16]);
+        let bytes = format_1(&key, &sample());
+        assert_eq!(
+            decode(&SECRET, &bytes, &key),
+            Err(DecodeError("another format version"))
+        );
+        // Even relabelled as format 2, its checksum is no tag.
+        let mut relabelled = bytes.clone();
+        relabelled[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        assert!(decode(&SECRET, &relabelled, &key).is_err());
     }
 
     #[test]

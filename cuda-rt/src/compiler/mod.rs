@@ -1,6 +1,11 @@
 //! NVRTC: compile CUDA C++ to cubin or PTX, with a kernel cache in memory and on disk,
 //! and CuPy's [`RawModule`] / [`RawKernel`] on top.
 //!
+//! The disk cache uses its folder only if the folder is the user's and writable by
+//! nobody else, and its entries only if their keyed tags verify; otherwise kernels are
+//! cached in memory only ([`KernelCache::memory_only_reason`] says why). See
+//! [`cache`] for exactly what the folder is trusted with.
+//!
 //! By default a program is compiled for the current device's architecture, capped at
 //! the newest one the loaded NVRTC supports, to a cubin (`-arch=sm_XY`); PTX
 //! (`-arch=compute_XY`) when asked. An explicit [`Target`] compiles without any GPU,

@@ -22,7 +22,7 @@ pub fn nvrtc_or_skip(name: &str) -> bool {
     }
 }
 
-/// A fresh empty folder under the system temp dir, removed on drop.
+/// A fresh empty folder under the system temp dir, mode 0700, removed on drop.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
@@ -38,6 +38,11 @@ impl TempDir {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&p).expect("create temp dir");
+        // The kernel cache refuses a folder others may write to: whatever the umask,
+        // a test folder is the user's alone.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))
+            .expect("chmod temp dir");
         TempDir(p)
     }
     pub fn path(&self) -> PathBuf {

@@ -37,6 +37,21 @@ pub enum LoadErrorKind {
         /// What the system loader or `cuGetProcAddress` said.
         detail: String,
     },
+    /// The CUDA driver opened but is older than the oldest one supported (CUDA 12.0):
+    /// it lacks `cuGetProcAddress_v2`, or reports an older version.
+    DriverTooOld {
+        /// The library, in words.
+        library: String,
+        /// The file that was opened.
+        path: String,
+        /// The CUDA version the driver supports (`cuDriverGetVersion`, e.g. 11080),
+        /// `None` when it could not be asked.
+        version: Option<i32>,
+        /// The oldest CUDA version accepted (12000).
+        minimum: i32,
+        /// Whether the driver exports `cuGetProcAddress_v2`.
+        has_get_proc_address: bool,
+    },
 }
 
 /// A library or an entry point could not be loaded. Cheap to clone; the loader caches it.
@@ -57,7 +72,7 @@ impl LoadError {
     pub fn symbol(&self) -> Option<&str> {
         match &*self.0 {
             LoadErrorKind::SymbolNotFound { symbol, .. } => Some(symbol),
-            LoadErrorKind::LibraryNotFound { .. } => None,
+            LoadErrorKind::LibraryNotFound { .. } | LoadErrorKind::DriverTooOld { .. } => None,
         }
     }
 }
@@ -96,6 +111,27 @@ impl fmt::Display for LoadError {
                 f,
                 "symbol {symbol} not found in {library} ({path}): {detail}"
             ),
+            LoadErrorKind::DriverTooOld {
+                library,
+                path,
+                version,
+                minimum,
+                has_get_proc_address,
+            } => {
+                let version = match version {
+                    Some(v) => format!("CUDA {}", crate::version::format_version(*v)),
+                    None => "an unknown CUDA version (cuDriverGetVersion failed)".into(),
+                };
+                write!(
+                    f,
+                    "{library} at {path} is too old: it supports {version}, and cuda-rt needs a driver for CUDA {} or newer",
+                    crate::version::format_version(*minimum)
+                )?;
+                if !has_get_proc_address {
+                    write!(f, " (it lacks cuGetProcAddress_v2)")?;
+                }
+                write!(f, "; update the NVIDIA driver")
+            }
         }
     }
 }

@@ -6,15 +6,24 @@
 //! `cuGetProcAddress`, asking for the exact ABI version the 13.0 headers declare, so one
 //! build runs against 12.x and 13.x drivers: a function whose signature changed in a
 //! newer CUDA than the driver supports is an error naming it, never a mismatched call.
+//!
+//! Two things are refused before they can hurt:
+//! - a candidate path that exists but is not a regular file (a FIFO, a socket, a
+//!   device, a folder where a file is expected): the system loader would open it and
+//!   could block forever on a FIFO. Override variables must name a library file or a
+//!   folder holding one ([`search`]);
+//! - a driver older than CUDA 12.0 ([`MIN_DRIVER_VERSION`]): it has no
+//!   `cuGetProcAddress_v2`, so entry points could not be asked for by ABI version.
 
 mod error;
 pub mod search;
 pub mod specs;
 
 use std::ffi::{c_char, c_int, c_void, CString};
+use std::path::Path;
 
 pub use error::{Attempt, LoadError, LoadErrorKind};
-use search::{Candidate, SearchEnv};
+use search::{Candidate, SearchEnv, Source};
 
 /// How a library's entry points are resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +63,9 @@ type DriverGetVersion = unsafe extern "C" fn(*mut c_int) -> u32;
 
 /// CUDA version of the 13.0 headers, asked for entry points not in the version table.
 pub const HEADER_CUDA_VERSION: i32 = 13000;
+/// The oldest driver accepted: CUDA 12.0, the first with `cuGetProcAddress_v2`
+/// (cuda-rt supports CUDA 12.x and 13.x).
+pub const MIN_DRIVER_VERSION: i32 = 12000;
 const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
 const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 
@@ -87,12 +99,23 @@ impl Library {
     /// Finds and opens `spec` with the given environment (tests use fake folders).
     pub fn open_with(spec: &'static LibrarySpec, env: &SearchEnv) -> Result<Library, LoadError> {
         let mut tried = Vec::new();
-        for Candidate { path, .. } in search::candidates(spec, env) {
+        for Candidate { path, source } in search::candidates(spec, env) {
             let shown = path.display().to_string();
+            // A bare name is the system loader's to find; a path is checked first, so
+            // that a FIFO (or another special file) is never handed to dlopen.
+            if source != Source::SystemLoader {
+                if let Some(reason) = not_a_regular_file(&path, source, spec) {
+                    tried.push(Attempt {
+                        path: shown,
+                        reason,
+                    });
+                    continue;
+                }
+            }
             // SAFETY: opening a CUDA library runs its initialisers, which have no
             // preconditions; the handle is kept for as long as symbols are used.
             match unsafe { libloading::Library::new(&path) } {
-                Ok(lib) => return Ok(Self::from_parts(spec, shown, lib)),
+                Ok(lib) => return Self::from_parts(spec, shown, lib).supported(),
                 Err(e) => {
                     let reason = loader_reason(&e);
                     // dlerror repeats the path; say it once.
@@ -140,6 +163,28 @@ impl Library {
             }
         }
         me
+    }
+
+    /// The library itself, or the error that refuses it: a driver without
+    /// `cuGetProcAddress_v2`, or reporting a version older than
+    /// [`MIN_DRIVER_VERSION`].
+    fn supported(self) -> Result<Library, LoadError> {
+        if self.spec.kind != Kind::Driver {
+            return Ok(self);
+        }
+        let has_get_proc_address = self.get_proc.is_some();
+        match self.driver_version {
+            Some(v) if has_get_proc_address && v >= MIN_DRIVER_VERSION => Ok(self),
+            // cuDriverGetVersion failed: cuGetProcAddress_v2 says 12.0 or newer.
+            None if has_get_proc_address => Ok(self),
+            version => Err(LoadError::new(LoadErrorKind::DriverTooOld {
+                library: self.spec.label(),
+                path: self.path.clone(),
+                version,
+                minimum: MIN_DRIVER_VERSION,
+                has_get_proc_address,
+            })),
+        }
     }
 
     /// The file that was opened (a bare name when the system loader found it).
@@ -222,6 +267,37 @@ impl Library {
             detail,
         })
     }
+}
+
+/// Why `path` must not be handed to the system loader, if it exists but is not a
+/// regular file (after following links). A missing file is left to the loader, whose
+/// message says so.
+fn not_a_regular_file(path: &Path, source: Source, spec: &LibrarySpec) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::metadata(path).ok()?.file_type();
+    let what = if t.is_file() {
+        return None;
+    } else if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a file"
+    };
+    let mut reason = format!("{what}, not a regular file, so it was not opened");
+    if source == Source::Override {
+        reason.push_str(&format!(
+            " ({} must name the library file or a folder holding it)",
+            spec.override_var
+        ));
+    }
+    Some(reason)
 }
 
 fn loader_reason(e: &libloading::Error) -> String {

@@ -5,6 +5,10 @@
 //! names); `$CUDA_PATH/lib64` and `$CUDA_PATH/lib`; `/usr/local/cuda/lib64` and `lib`;
 //! the system loader's own path (the bare file name); then the `nvidia/*/lib` folders of
 //! installed Python wheels in every site-packages folder found (see [`site_packages`]).
+//!
+//! A candidate path that exists but is not a regular file (a FIFO, a socket, a device)
+//! is listed here like any other, and refused by [`super::Library::open_with`] before
+//! the system loader sees it, with that reason among the paths tried.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,454 @@
+//! The kernel cache's folder: the trust check, the per-user secret that keys the
+//! entries' tags, and file access that follows no link planted at a file's name.
+//!
+//! A folder is trusted when it is a folder (links to it are followed), owned by the
+//! effective user and writable by nobody else (no group or other write bit). Missing
+//! folders are created mode 0700 (missing parents too). In a trusted folder:
+//! - files are opened with `O_NOFOLLOW` (and `O_NONBLOCK`, so a FIFO cannot block),
+//!   and used only if they are regular files owned by the user and writable by nobody
+//!   else;
+//! - new files are written to a temporary with an unpredictable name, created with
+//!   `O_CREAT | O_EXCL | O_NOFOLLOW` mode 0600, then renamed into place (a rename
+//!   replaces a link at the name, it never writes through it);
+//! - the secret, [`SECRET_FILE`], holds 32 random bytes, mode 0600, created once and
+//!   published with `link(2)` so that concurrent processes agree on one.
+
+use std::fs::{File, Metadata, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The file in the cache folder holding the per-user secret.
+pub const SECRET_FILE: &str = "kcache.secret";
+
+/// Length of the secret, in bytes.
+pub const SECRET_LEN: usize = 32;
+
+/// Length of an entry's tag, in bytes.
+pub const TAG_LEN: usize = 32;
+
+/// Context string mixed into every tag, so the secret keys nothing else by accident.
+const TAG_CONTEXT: &[u8] = b"cuda-rt kernel cache entry v2\0";
+
+/// The per-user secret keying the cache entries' tags (BLAKE3 in keyed mode). Its
+/// `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CacheSecret([u8; SECRET_LEN]);
+
+impl std::fmt::Debug for CacheSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheSecret(..)")
+    }
+}
+
+impl CacheSecret {
+    /// A secret from its bytes (tests and tools; the cache makes its own).
+    pub const fn from_bytes(bytes: [u8; SECRET_LEN]) -> CacheSecret {
+        CacheSecret(bytes)
+    }
+
+    /// The secret of the cache folder `dir`: read from [`SECRET_FILE`], or made from
+    /// fresh random bytes and written there when there is none. `dir` is created (mode
+    /// 0700) if missing. An error, in words, when `dir` or the file is not trusted
+    /// (see [what the disk cache trusts](super#what-the-disk-cache-trusts)) or cannot be
+    /// read or written.
+    pub fn load_or_create(dir: &Path) -> Result<CacheSecret, String> {
+        check_dir(dir)?;
+        let path = dir.join(SECRET_FILE);
+        // Read; else create and publish; if another process published first, read
+        // theirs. Two rounds are enough: a published secret is never removed by us.
+        for _ in 0..2 {
+            if let Some(secret) = read_secret(&path)? {
+                return Ok(secret);
+            }
+            let mut bytes = [0u8; SECRET_LEN];
+            random_bytes(&mut bytes)
+                .map_err(|e| format!("no random bytes for the kernel cache secret: {e}"))?;
+            let tmp = write_temporary(dir, SECRET_FILE, &bytes).map_err(|e| {
+                format!(
+                    "cannot write the kernel cache secret in {}: {e}",
+                    dir.display()
+                )
+            })?;
+            // link(2) fails if the name exists, whatever it is: the secret appears
+            // whole, once.
+            let linked = std::fs::hard_link(&tmp, &path);
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Ok(()) => return Ok(CacheSecret(bytes)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(format!(
+                        "cannot create the kernel cache secret {}: {e}",
+                        path.display()
+                    ))
+                }
+            }
+        }
+        Err(format!(
+            "the kernel cache secret {} keeps changing",
+            path.display()
+        ))
+    }
+
+    /// The tag of `bytes`: BLAKE3 keyed with the secret. Pure.
+    pub fn tag(&self, bytes: &[u8]) -> [u8; TAG_LEN] {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(TAG_CONTEXT);
+        h.update(bytes);
+        *h.finalize().as_bytes()
+    }
+
+    /// Whether `tag` is the tag of `bytes` (compared in constant time). Pure.
+    pub fn verify(&self, bytes: &[u8], tag: &[u8]) -> bool {
+        let Ok(tag) = <[u8; TAG_LEN]>::try_from(tag) else {
+            return false;
+        };
+        blake3::Hash::from(tag) == blake3::Hash::from(self.tag(bytes))
+    }
+}
+
+/// The effective user id.
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Why a file or folder with metadata `m` must not be trusted, if it must not: owned
+/// by another user, or writable by group or others.
+fn untrusted_owner_or_mode(m: &Metadata) -> Option<String> {
+    let me = euid();
+    if m.uid() != me {
+        return Some(format!(
+            "it is owned by user {}, not by this user ({me})",
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Some(format!(
+            "it is writable by group or others (mode {:o})",
+            m.mode() & 0o7777
+        ));
+    }
+    None
+}
+
+/// Creates `dir` (mode 0700, missing parents too) if it is missing, and checks that it
+/// can be trusted: a folder owned by the effective user, writable by nobody else. The
+/// error says which folder and why, in words.
+pub fn check_dir(dir: &Path) -> Result<(), String> {
+    let shown = dir.display();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("the kernel cache folder {shown} cannot be created: {e}"))?;
+    let m = std::fs::metadata(dir)
+        .map_err(|e| format!("the kernel cache folder {shown} cannot be read: {e}"))?;
+    if !m.is_dir() {
+        return Err(format!("the kernel cache folder {shown} is not a folder"));
+    }
+    match untrusted_owner_or_mode(&m) {
+        Some(why) => Err(format!(
+            "the kernel cache folder {shown} is not trusted: {why}"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Opens `path` for reading without following a link at its last component and
+/// without blocking (a FIFO), and checks that it is a regular file owned by the user
+/// and writable by nobody else. `Ok(None)` when there is no such file.
+fn open_private(path: &Path) -> io::Result<Option<(File, Metadata)>> {
+    let f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(io::Error::other("it is a symbolic link"))
+        }
+        Err(e) => return Err(e),
+    };
+    let m = f.metadata()?;
+    if !m.is_file() {
+        return Err(io::Error::other("it is not a regular file"));
+    }
+    if let Some(why) = untrusted_owner_or_mode(&m) {
+        return Err(io::Error::other(why));
+    }
+    Ok(Some((f, m)))
+}
+
+/// Reads the file at `path` in a trusted folder as [`open_private`] opens it:
+/// `Ok(None)` when missing, an error when it is a link, not a regular file, or not
+/// the user's alone to write.
+pub fn read_private(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let Some((mut f, m)) = open_private(path)? else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::with_capacity(usize::try_from(m.len()).unwrap_or(0));
+    f.read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
+}
+
+fn read_secret(path: &Path) -> Result<Option<CacheSecret>, String> {
+    let refuse = |why: String| {
+        format!(
+            "the kernel cache secret {} is not trusted: {why}",
+            path.display()
+        )
+    };
+    let Some((mut f, m)) = open_private(path).map_err(|e| refuse(e.to_string()))? else {
+        return Ok(None);
+    };
+    if m.mode() & 0o077 != 0 {
+        return Err(refuse(format!(
+            "others may read it (mode {:o}, expected 600)",
+            m.mode() & 0o7777
+        )));
+    }
+    if m.len() != SECRET_LEN as u64 {
+        return Err(refuse(format!(
+            "it is {} bytes long, not {SECRET_LEN}",
+            m.len()
+        )));
+    }
+    let mut bytes = [0u8; SECRET_LEN];
+    f.read_exact(&mut bytes)
+        .map_err(|e| refuse(e.to_string()))?;
+    Ok(Some(CacheSecret(bytes)))
+}
+
+/// Fills `buf` from the kernel's random source (`getrandom`, else `/dev/urandom`).
+fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: the pointer and length describe `rest`, writable and in bounds.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        match usize::try_from(n) {
+            Ok(n) => filled += n,
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::ENOSYS) => {
+                        return File::open("/dev/urandom")?.read_exact(rest);
+                    }
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An unpredictable name for a temporary beside `name`: `.<name>.<pid>.<random>.tmp`.
+fn temporary_name(name: &str) -> io::Result<String> {
+    let mut r = [0u8; 12];
+    random_bytes(&mut r)?;
+    let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!(".{name}.{}.{hex}.tmp", std::process::id()))
+}
+
+/// Creates `path` for writing, mode 0600: only if nothing is there (no file, no link:
+/// `O_CREAT | O_EXCL`, and `O_NOFOLLOW` besides).
+fn create_new_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Writes `bytes` to the new file `tmp` and flushes it to disk; removes it on failure.
+fn write_new(tmp: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = create_new_private(tmp)?;
+    let written = f.write_all(bytes).and_then(|()| f.sync_data());
+    if written.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    written
+}
+
+/// Writes `bytes` to a new temporary beside `name` in `dir`; returns its path.
+fn write_temporary(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<PathBuf> {
+    let tmp = dir.join(temporary_name(name)?);
+    write_new(&tmp, bytes)?;
+    Ok(tmp)
+}
+
+/// Writes `bytes` to `dir/name` through the temporary `dir/tmp_name` and a rename.
+fn write_via(dir: &Path, tmp_name: &str, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(tmp_name);
+    write_new(&tmp, bytes)?;
+    let renamed = std::fs::rename(&tmp, dir.join(name));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed
+}
+
+/// Writes `bytes` to `dir/name` atomically (a temporary with an unpredictable name,
+/// then a rename), after checking that `dir` can be trusted ([`check_dir`]; it is
+/// created if missing). Never writes through a link.
+pub fn write_atomically_in(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    check_dir(dir).map_err(io::Error::other)?;
+    write_via(dir, &temporary_name(name)?, name, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    struct Dir(PathBuf);
+    impl Dir {
+        fn new(tag: &str) -> Dir {
+            let mut r = [0u8; 8];
+            random_bytes(&mut r).unwrap();
+            let p = std::env::temp_dir().join(format!(
+                "cuda-rt-disk-{tag}-{}-{}",
+                std::process::id(),
+                u64::from_le_bytes(r)
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_link_planted_at_the_temporary_name_is_not_followed() {
+        let dir = Dir::new("tmp-link");
+        let victim = dir.0.join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.0.join(".entry.tmp")).unwrap();
+        let err = write_via(&dir.0, ".entry.tmp", "entry", b"attacker's bytes").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert!(!dir.0.join("entry").exists());
+    }
+
+    #[test]
+    fn a_dangling_link_at_the_temporary_name_creates_no_file() {
+        let dir = Dir::new("tmp-dangling");
+        let target = dir.0.join("would-be-created");
+        std::os::unix::fs::symlink(&target, dir.0.join(".entry.tmp")).unwrap();
+        assert!(write_via(&dir.0, ".entry.tmp", "entry", b"x").is_err());
+        assert!(!target.exists());
+    }
+
+    #[test]
+    fn temporary_names_are_unpredictable() {
+        let a = temporary_name("k").unwrap();
+        let b = temporary_name("k").unwrap();
+        assert_ne!(a, b);
+        assert!(a.starts_with(&format!(".k.{}.", std::process::id())));
+        assert!(a.ends_with(".tmp"));
+        // 12 random bytes in hex.
+        assert_eq!(
+            a.len(),
+            format!(".k.{}..tmp", std::process::id()).len() + 24
+        );
+    }
+
+    #[test]
+    fn written_files_are_private() {
+        let dir = Dir::new("private");
+        write_atomically_in(&dir.0, "entry", b"bytes").unwrap();
+        let m = std::fs::metadata(dir.0.join("entry")).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o600);
+        assert_eq!(
+            read_private(&dir.0.join("entry")).unwrap().unwrap(),
+            b"bytes"
+        );
+    }
+
+    #[test]
+    fn a_missing_folder_is_created_mode_0700() {
+        let dir = Dir::new("create");
+        let sub = dir.0.join("a").join("b");
+        check_dir(&sub).unwrap();
+        for p in [&dir.0.join("a"), &sub] {
+            assert_eq!(std::fs::metadata(p).unwrap().mode() & 0o777, 0o700);
+        }
+    }
+
+    #[test]
+    fn a_fifo_entry_is_refused_without_blocking() {
+        let dir = Dir::new("fifo");
+        let p = dir.0.join("entry");
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = read_private(&p).unwrap_err();
+        assert_eq!(err.to_string(), "it is not a regular file");
+    }
+
+    #[test]
+    fn the_secret_is_made_once_private_and_read_back() {
+        let dir = Dir::new("secret");
+        let a = CacheSecret::load_or_create(&dir.0).unwrap();
+        let m = std::fs::metadata(dir.0.join(SECRET_FILE)).unwrap();
+        assert_eq!((m.mode() & 0o777, m.len()), (0o600, SECRET_LEN as u64));
+        assert_eq!(CacheSecret::load_or_create(&dir.0).unwrap(), a);
+        // No temporary is left behind.
+        let names: Vec<_> = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [SECRET_FILE]);
+    }
+
+    #[test]
+    fn threads_racing_to_make_the_secret_agree() {
+        let dir = Dir::new("secret-race");
+        let secrets: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| CacheSecret::load_or_create(&dir.0).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(secrets.windows(2).all(|w| w[0] == w[1]));
+    }
+
+    #[test]
+    fn a_secret_readable_by_others_or_linked_is_refused() {
+        let dir = Dir::new("secret-bad");
+        let path = dir.0.join(SECRET_FILE);
+        std::fs::write(&path, [7u8; SECRET_LEN]).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = CacheSecret::load_or_create(&dir.0).unwrap_err();
+        assert!(e.contains("others may read it (mode 644"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        let elsewhere = dir.0.join("elsewhere");
+        std::fs::write(&elsewhere, [7u8; SECRET_LEN]).unwrap();
+        std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let e = CacheSecret::load_or_create(&dir.0).unwrap_err();
+        assert!(e.ends_with("it is a symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&elsewhere).unwrap(), [7u8; SECRET_LEN]);
+    }
+
+    #[test]
+    fn tags_depend_on_the_secret_and_every_byte() {
+        let a = CacheSecret::from_bytes([1; SECRET_LEN]);
+        let b = CacheSecret::from_bytes([2; SECRET_LEN]);
+        let t = a.tag(b"entry");
+        assert!(a.verify(b"entry", &t));
+        assert!(!b.verify(b"entry", &t));
+        assert!(!a.verify(b"entrY", &t));
+        assert!(!a.verify(b"entry", &t[..31]));
+        assert_eq!(format!("{a:?}"), "CacheSecret(..)");
+    }
+}
