@@ -81,6 +81,8 @@ fn preload_builtins(nvrtc_path: &str) {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("libnvrtc-builtins.so"))
         })
+        // dlopen blocks forever on a FIFO: only regular files (links followed).
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
         .collect();
     // Most specific name first (`.so.13.0` before `.so`); loading one is enough.
     found.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
