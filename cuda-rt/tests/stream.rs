@@ -348,13 +348,23 @@ gpu_test!(stream_scope_with_a_real_stream_restores_the_default, {
     assert_eq!(get_current_stream(), before);
 });
 
-gpu_test!(dropping_the_current_stream_resets_to_the_default, {
-    Device::new(0).unwrap().use_device().unwrap();
-    let s = Stream::new().unwrap();
-    s.use_stream().unwrap();
-    assert_eq!(get_current_stream(), s);
-    drop(s);
-    assert_eq!(get_current_stream(), StreamRef::legacy_default(0));
+gpu_test!(dropping_the_current_stream_keeps_it_current_and_alive, {
+    std::thread::spawn(|| {
+        Device::new(0).unwrap().use_device().unwrap();
+        let s = Stream::new().unwrap();
+        let raw = s.as_raw() as usize;
+        s.use_stream().unwrap();
+        assert_eq!(get_current_stream(), s);
+        drop(s);
+        // As in CuPy, the thread's current stream holds it: still current, still live.
+        let cur = get_current_stream();
+        assert_eq!(cur.handle(), raw);
+        cur.synchronize().unwrap();
+        StreamRef::legacy_default(0).use_stream().unwrap();
+        assert_eq!(get_current_stream(), StreamRef::legacy_default(0));
+    })
+    .join()
+    .unwrap();
 });
 
 gpu_test!(external_stream_never_destroys_the_handle, {

@@ -164,6 +164,10 @@ pub fn nodes(g: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>> {
     let mut n: usize = 0;
     // SAFETY: a null array asks for the count only; `n` is a valid out pointer.
     drv!(cuGraphGetNodes(g, std::ptr::null_mut(), &mut n))?;
+    if n == 0 {
+        // The driver refuses a non-null array with a count of 0.
+        return Ok(Vec::new());
+    }
     let mut v: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
     // SAFETY: `v` has room for `n` handles; the driver writes at most `n`.
     drv!(cuGraphGetNodes(g, v.as_mut_ptr(), &mut n))?;
