@@ -1,14 +1,17 @@
 //! The one helper every GPU test uses to decide whether to run.
 //!
 //! Without a GPU a test skips with a printed reason; with `CUDA_RT_REQUIRE_GPU=1` it
-//! fails instead, so a GPU run can never pass by skipping.
+//! fails instead, so a GPU run can never pass by skipping. libtest counts a skipped test
+//! as passed, so when the test binary exits it says on stderr how many of its tests
+//! did not run and why (`note: 25 GPU tests of this binary did not run ...`).
 //!
 //! A test that asks the driver whether an address is still allocated (to see that
 //! memory went back) runs alone in its test binary (`gpu_test!(alone name, ...)`):
 //! run beside the others, an address freed there could be handed to another test
 //! before the question, and the test would fail for nothing.
 
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Held shared by every GPU test, exclusively by those that run alone.
 static ALONE: RwLock<()> = RwLock::new(());
@@ -49,9 +52,52 @@ pub fn gpu_or_skip(name: &str) -> bool {
         }
         Err(reason) => {
             eprintln!("skipped {name}: no GPU: {reason}");
+            note_skip(&reason);
             false
         }
     }
+}
+
+/// GPU tests of this process that skipped, and the first reason.
+static SKIPPED: AtomicUsize = AtomicUsize::new(0);
+static SKIP_REASON: OnceLock<String> = OnceLock::new();
+static AT_EXIT: Once = Once::new();
+
+/// How many GPU tests of this process skipped so far.
+pub fn skipped_count() -> usize {
+    SKIPPED.load(Ordering::Relaxed)
+}
+
+fn note_skip(reason: &str) {
+    SKIPPED.fetch_add(1, Ordering::Relaxed);
+    let _ = SKIP_REASON.set(reason.to_owned());
+    AT_EXIT.call_once(|| {
+        // SAFETY: `print_skips` is an `extern "C" fn()` that never unwinds.
+        unsafe { libc::atexit(print_skips) };
+    });
+}
+
+/// The line printed at exit when `n` GPU tests skipped for `reason`.
+pub fn skip_summary(n: usize, reason: &str) -> String {
+    format!(
+        "note: {n} GPU test{} of this binary did not run (no GPU: {reason}); libtest \
+         counts {} as passed. Set {REQUIRE_GPU_VAR}=1 to make {} fail instead.\n",
+        if n == 1 { "" } else { "s" },
+        if n == 1 { "it" } else { "them" },
+        if n == 1 { "it" } else { "them" },
+    )
+}
+
+extern "C" fn print_skips() {
+    // After libtest's summary: the skips would otherwise read as passes. Written with
+    // one `write(2)`, since std's handles may be gone this late in the exit.
+    let _ = std::panic::catch_unwind(|| {
+        let n = SKIPPED.load(Ordering::Relaxed);
+        let reason = SKIP_REASON.get().map_or("", String::as_str);
+        let line = skip_summary(n, reason);
+        // SAFETY: `line` is a live buffer of `line.len()` bytes; fd 2 is stderr.
+        let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    });
 }
 
 /// Runs a GPU test body only when a GPU is usable: `gpu_test!(my_test, { ... })`;
