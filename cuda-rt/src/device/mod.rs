@@ -18,6 +18,13 @@ use std::sync::OnceLock;
 
 pub use attribute_table::DeviceAttribute;
 
+/// Forgets which context cuda-rt made current on this thread: call it after code
+/// outside cuda-rt changed the thread's current context with the raw driver API; the
+/// next cuda-rt call that needs a context asks the driver again.
+pub fn forget_current_context() {
+    crate::driver::context::forget_current();
+}
+
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 

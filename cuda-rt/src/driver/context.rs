@@ -3,7 +3,8 @@
 //! context this library last made current saves the driver call).
 //!
 //! If code outside cuda-rt changes the thread's current context with the raw driver API,
-//! call [`forget_current`] afterwards so the cache is not trusted.
+//! it calls [`crate::device::forget_current_context`] (this module's
+//! [`forget_current`]) afterwards so the cache is not trusted.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -87,8 +88,8 @@ pub fn current() -> Result<sys::CUcontext> {
 /// Forgets which context cuda-rt made current on this thread; the next
 /// [`make_current`] asks the driver again.
 pub fn forget_current() {
-    CURRENT.with(|c| c.set(0));
-    CURRENT_DEVICE.with(|d| d.set(-1));
+    let _ = CURRENT.try_with(|c| c.set(0));
+    let _ = CURRENT_DEVICE.try_with(|d| d.set(-1));
 }
 
 /// Free and total memory of the current context's device (`cuMemGetInfo`).

@@ -11,7 +11,7 @@ use super::pool::PinnedCore;
 use crate::driver::{self, context, host, sys};
 use crate::error::{Error, Result};
 use crate::memory::arena::{AtomicBlock, Block, RawBlock};
-use crate::memory::MemoryPointer;
+use crate::memory::{MemoryPointer, Pod};
 use crate::stream::{AsStream, LEGACY_DEFAULT_HANDLE};
 
 bitflags::bitflags! {
@@ -34,11 +34,6 @@ impl Default for PinnedFlags {
         PinnedFlags::PORTABLE
     }
 }
-
-/// Plain-data element types for the typed views of pinned memory: the memory
-/// module's [`Pod`](crate::memory::Pod) (integers, floats, [`F16`](crate::memory::F16),
-/// [`Bf16`](crate::memory::Bf16), arrays of them), under its former name here.
-pub use crate::memory::Pod as PinnedPod;
 
 /// One `cuMemHostAlloc` allocation, freed with `cuMemFreeHost` on drop (CuPy's
 /// `PinnedMemory`). Use it through a [`PinnedMemoryPointer`]
@@ -464,13 +459,13 @@ impl PinnedMemoryPointer {
 
     /// The range as `T`s; an error when it is not aligned for `T` or its length is
     /// not a multiple of `T`'s size.
-    pub fn as_slice_of<T: PinnedPod>(&self) -> Result<&[T]> {
+    pub fn as_slice_of<T: Pod>(&self) -> Result<&[T]> {
         let b = self.as_slice()?;
         host::typed(b).ok_or_else(|| misaligned::<T>(b.as_ptr() as u64, b.len()))
     }
 
     /// The range as mutable `T`s (as [`as_mut_slice`](Self::as_mut_slice)).
-    pub fn as_mut_slice_of<T: PinnedPod>(&mut self) -> Result<&mut [T]> {
+    pub fn as_mut_slice_of<T: Pod>(&mut self) -> Result<&mut [T]> {
         let b = self.as_mut_slice()?;
         let (p, n) = (b.as_ptr() as u64, b.len());
         host::typed_mut(b).ok_or_else(|| misaligned::<T>(p, n))

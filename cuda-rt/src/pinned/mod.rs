@@ -52,7 +52,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 
-pub use memory::{alloc_pinned_memory, PinnedFlags, PinnedMemory, PinnedMemoryPointer, PinnedPod};
+pub use memory::{alloc_pinned_memory, PinnedFlags, PinnedMemory, PinnedMemoryPointer};
 pub use pool::PinnedMemoryPool;
 /// Pool blocks are multiples of this many bytes: the most a request wastes is one less.
 pub const ALLOCATION_UNIT_BYTES: usize = pool::ALLOCATION_UNIT;
