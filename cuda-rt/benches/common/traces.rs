@@ -1,4 +1,4 @@
-//! The allocation traces of the arena benches (and of `examples/arena_profile.rs`,
+//! The allocation traces of the arena benches (and of `benches/arena_profile.rs`,
 //! which includes this file by path): a seeded generator and traces A and B.
 #![allow(dead_code)]
 

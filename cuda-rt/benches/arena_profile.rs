@@ -1,6 +1,6 @@
 //! Deterministic driver for profiling the arena under callgrind:
-//! `cargo build --release -p cuda-rt --example arena_profile` then
-//! `valgrind --tool=callgrind target/release/examples/arena_profile [b|pair|pinned]`.
+//! `cargo bench -p cuda-rt --bench arena_profile --no-run` names the binary; run it
+//! under `valgrind --tool=callgrind BINARY [b|pair|pinned]`.
 //! Runs trace B (the RMM random-allocation trace of `benches/arena_traces.rs`) once,
 //! or a million cached 1 MiB pairs.
 
@@ -8,12 +8,16 @@ use std::hint::black_box;
 
 use cuda_rt::memory::arena::{Block, FakeBackend, Pool};
 
-#[path = "../benches/common/traces.rs"]
+#[path = "common/traces.rs"]
 mod traces;
 use traces::{trace_b, Op};
 
 fn main() {
-    let what = std::env::args().nth(1).unwrap_or_else(|| "b".into());
+    // `cargo bench` passes `--bench`: only the other arguments are ours.
+    let what = std::env::args()
+        .skip(1)
+        .find(|a| a != "--bench")
+        .unwrap_or_else(|| "b".into());
     match what.as_str() {
         "pair" => {
             let pool = Pool::new(FakeBackend::new());

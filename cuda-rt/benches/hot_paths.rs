@@ -4,7 +4,9 @@
 //! pairs, event create + drop pairs (the event cache) and pinned pool malloc + free pairs;
 //! `lock` times an uncontended lock + unlock (a compare-exchange and a release store),
 //! the host's cost of one locked instruction, with no driver at all.
-//! `valgrind --tool=callgrind target/release/examples/hot_paths [async|raw|pool|event|pinned|lock] N`
+//! `cargo bench -p cuda-rt --bench hot_paths -- [async|raw|pool|event|pinned|lock] N`
+//! times it; for instruction counts run the binary that `cargo bench --no-run` names
+//! under `valgrind --tool=callgrind` with the same arguments.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -12,9 +14,14 @@ use std::time::Instant;
 use cuda_rt::cuda_sys::driver as sys;
 
 fn main() {
-    let what = std::env::args().nth(1).unwrap_or_else(|| "async".into());
-    let n: usize = std::env::args()
-        .nth(2)
+    // `cargo bench` passes `--bench`: only the other arguments are ours.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let what = args.first().cloned().unwrap_or_else(|| "async".into());
+    let n: usize = args
+        .get(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
     if what == "lock" {
