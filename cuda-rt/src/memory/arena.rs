@@ -118,12 +118,15 @@ use spin::mutex::{SpinMutex, SpinMutexGuard};
 pub use backend::{Backend, BackendCounters, BackendError, FakeBackend, HostBackend};
 pub use limit::{format_bytes, limit_from_fraction, parse_limit};
 
-use bins::{Bins, SlabFull, NIL};
+use bins::{Bins, SlabFull};
 use parked::{Parked, Taken};
 use table::Table;
 mod error;
 pub use error::{FreeError, MallocError, OutOfMemory};
 use error::{TOO_MANY_ARENAS, TOO_MANY_CHUNKS};
+mod block;
+pub use block::Block;
+pub(crate) use block::{AtomicBlock, RawBlock};
 
 use crate::driver::barrier;
 
@@ -204,173 +207,6 @@ impl Arena {
     #[inline]
     fn lock_unchanged(&self) -> SpinMutexGuard<'_, Bins> {
         lock(&self.bins)
-    }
-}
-
-/// Memory handed out by a [`Pool`]: a token to give back with [`Pool::free`]. Not
-/// `Clone` (a chunk is freed once); dropping it without `free` leaks the chunk (see
-/// the module doc). Plain integers, so `Send + Sync`.
-#[must_use = "a Block must be given back with Pool::free, or its chunk stays in use"]
-pub struct Block {
-    addr: u64,
-    size: u64,
-    key: u64,
-    /// Id of the pool it came from (0 for the null block).
-    pool: u64,
-    /// Index of the chunk record in its arena's slab.
-    chunk: u32,
-    /// Index of its arena in the pool's table.
-    arena: u32,
-}
-
-impl Block {
-    /// The null block of `malloc(0)`.
-    fn null(key: u64) -> Block {
-        Block {
-            addr: 0,
-            size: 0,
-            key,
-            pool: 0,
-            chunk: NIL,
-            arena: u32::MAX,
-        }
-    }
-
-    /// Start address (0 for the null block).
-    #[inline]
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    /// Size in bytes, rounded up to [`ALLOCATION_UNIT`] (0 for the null block).
-    #[inline]
-    pub fn size(&self) -> usize {
-        self.size as usize
-    }
-
-    /// The stream key of the arena the block came from (and goes back to).
-    #[inline]
-    pub fn stream_key(&self) -> u64 {
-        self.key
-    }
-
-    /// `true` for the size-0 block of `malloc(0)`.
-    #[inline]
-    pub fn is_null(&self) -> bool {
-        self.size == 0
-    }
-}
-
-/// A [`Block`] as plain integers, for an owner that keeps its block in atomics (the
-/// pool front refills recycled memory objects through `&self`). Crate-internal: a
-/// `RawBlock` turns back into a block only through the pool it came from
-/// ([`Pool::block_from_raw`]), once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RawBlock {
-    pub(crate) addr: u64,
-    pub(crate) size: u64,
-    pub(crate) key: u64,
-    pub(crate) chunk: u32,
-    pub(crate) arena: u32,
-}
-
-/// A [`RawBlock`] in relaxed atomics (plain loads and stores on every target): how
-/// recycled memory objects and parking slots hold a block, so that they can be
-/// emptied and refilled through `&self` (no `Arc::get_mut`, an atomic
-/// read-modify-write). Whoever writes one makes sure nothing reads it meanwhile.
-#[derive(Debug, Default)]
-pub(crate) struct AtomicBlock {
-    addr: AtomicU64,
-    /// 0: no block.
-    size: AtomicU64,
-    key: AtomicU64,
-    /// `chunk | arena << 32`.
-    loc: AtomicU64,
-}
-
-impl AtomicBlock {
-    /// An empty one (size 0).
-    pub(crate) fn empty() -> Self {
-        Self::default()
-    }
-
-    /// Holds `raw` from now on.
-    #[inline]
-    pub(crate) fn store(&self, raw: RawBlock) {
-        self.addr.store(raw.addr, Ordering::Relaxed);
-        self.size.store(raw.size, Ordering::Relaxed);
-        self.key.store(raw.key, Ordering::Relaxed);
-        let loc = u64::from(raw.chunk) | u64::from(raw.arena) << 32;
-        self.loc.store(loc, Ordering::Relaxed);
-    }
-
-    /// The block held (size 0 when empty).
-    #[inline]
-    pub(crate) fn load(&self) -> RawBlock {
-        let loc = self.loc.load(Ordering::Relaxed);
-        RawBlock {
-            addr: self.addr(),
-            size: self.size(),
-            key: self.key.load(Ordering::Relaxed),
-            chunk: loc as u32,
-            arena: (loc >> 32) as u32,
-        }
-    }
-
-    /// The block taken out (`None` when empty); empty afterwards.
-    #[inline]
-    pub(crate) fn take(&self) -> Option<RawBlock> {
-        let raw = self.load();
-        if raw.size == 0 {
-            return None;
-        }
-        self.size.store(0, Ordering::Relaxed);
-        Some(raw)
-    }
-
-    #[inline]
-    pub(crate) fn addr(&self) -> u64 {
-        self.addr.load(Ordering::Relaxed)
-    }
-
-    #[inline]
-    pub(crate) fn size(&self) -> u64 {
-        self.size.load(Ordering::Relaxed)
-    }
-
-    #[inline]
-    pub(crate) fn key(&self) -> u64 {
-        self.key.load(Ordering::Relaxed)
-    }
-
-    /// The arena index of the block held.
-    #[inline]
-    pub(crate) fn arena(&self) -> u32 {
-        (self.loc.load(Ordering::Relaxed) >> 32) as u32
-    }
-}
-
-impl Block {
-    /// The block as integers (its pool is the owner's to remember).
-    #[inline]
-    pub(crate) fn into_raw(self) -> RawBlock {
-        RawBlock {
-            addr: self.addr,
-            size: self.size,
-            key: self.key,
-            chunk: self.chunk,
-            arena: self.arena,
-        }
-    }
-}
-
-impl fmt::Debug for Block {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Block")
-            .field("addr", &format_args!("{:#x}", self.addr))
-            .field("size", &self.size)
-            .field("stream_key", &self.key)
-            .finish()
     }
 }
 
@@ -1170,6 +1006,7 @@ impl<B: Backend> Drop for Pool<B> {
 
 #[cfg(test)]
 mod tests {
+    use super::bins::NIL;
     use super::*;
 
     /// A copy of `b`'s fields: what only this module can make (a `Block` is not
