@@ -108,12 +108,9 @@ mod limit;
 pub(crate) mod parked;
 mod table;
 
-use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
-
-use spin::mutex::{SpinMutex, SpinMutexGuard};
 
 pub use backend::{Backend, BackendCounters, BackendError, FakeBackend, HostBackend};
 pub use limit::{format_bytes, limit_from_fraction, parse_limit};
@@ -122,11 +119,14 @@ use bins::{Bins, SlabFull};
 use parked::{Parked, Taken};
 use table::Table;
 mod error;
+use error::TOO_MANY_CHUNKS;
 pub use error::{FreeError, MallocError, OutOfMemory};
-use error::{TOO_MANY_ARENAS, TOO_MANY_CHUNKS};
 mod block;
 pub use block::Block;
 pub(crate) use block::{AtomicBlock, RawBlock};
+mod arena_lookup;
+mod stream_arena;
+use stream_arena::Arena;
 
 use crate::driver::barrier;
 
@@ -177,100 +177,7 @@ pub struct PoolStats {
     pub n_arenas: u64,
 }
 
-/// One arena: a stream key's chunks, padded so two arenas never share a cache line.
-#[repr(align(128))]
-#[derive(Debug)]
-struct Arena {
-    key: u64,
-    /// Its index in the pool's table.
-    index: u32,
-    bins: ArenaLock<Bins>,
-    /// Bumped by every holder of the lock ([`Arena::lock`]): while it has not moved,
-    /// nothing in `bins` has changed (what a thread's lock-free cached pair relies on,
-    /// see [`Parked::take_unlocked`]).
-    changes: AtomicU64,
-}
-
-impl Arena {
-    /// The arena's lock; counts a change, as any holder may change the chunks.
-    #[inline]
-    fn lock(&self) -> SpinMutexGuard<'_, Bins> {
-        let g = lock(&self.bins);
-        // Under the lock: a plain store, no read-modify-write.
-        let n = self.changes.load(Ordering::Relaxed);
-        self.changes.store(n.wrapping_add(1), Ordering::Relaxed);
-        g
-    }
-
-    /// The arena's lock for a holder that changes no chunk (it reads, or moves
-    /// counters only): counts no change.
-    #[inline]
-    fn lock_unchanged(&self) -> SpinMutexGuard<'_, Bins> {
-        lock(&self.bins)
-    }
-}
-
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
-
-const CACHE_SLOTS: usize = 4;
-
-#[derive(Clone, Copy)]
-struct CacheEntry {
-    /// 0: empty (pool ids start at 1).
-    pool: u64,
-    key: u64,
-    /// Index of the arena in the pool's table.
-    arena: u32,
-}
-
-const EMPTY_ENTRY: CacheEntry = CacheEntry {
-    pool: 0,
-    key: 0,
-    arena: 0,
-};
-
-thread_local! {
-    /// Last arenas this thread used: `(pool id, key) -> arena index`. Entries of
-    /// dropped pools are never matched again (ids are unique).
-    static ARENA_CACHE: [Cell<CacheEntry>; CACHE_SLOTS] =
-        const { [const { Cell::new(EMPTY_ENTRY) }; CACHE_SLOTS] };
-    static ARENA_CACHE_NEXT: Cell<usize> = const { Cell::new(0) };
-}
-
-/// An arena's lock: a spin lock, taken with one compare-exchange and released with a
-/// plain store. `std::sync::Mutex` releases with an atomic swap (it must look for
-/// parked waiters), so a cached malloc + free pair paid four atomic read-modify-writes
-/// for its two lock pairs; this pays two. Critical sections are short (tens of
-/// nanoseconds, never a backend call), so a waiter spins a little, then yields its
-/// time slice in case the holder was preempted ([`lock_contended`]).
-type ArenaLock<T> = SpinMutex<T>;
-
-#[inline]
-fn lock<T>(m: &ArenaLock<T>) -> SpinMutexGuard<'_, T> {
-    match m.try_lock() {
-        Some(g) => g,
-        None => lock_contended(m),
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn lock_contended<T>(m: &ArenaLock<T>) -> SpinMutexGuard<'_, T> {
-    let mut spins = 0u32;
-    loop {
-        if !m.is_locked() {
-            if let Some(g) = m.try_lock() {
-                return g;
-            }
-        }
-        if spins < 128 {
-            spins += 1;
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
 
 /// The caching pool: CuPy's `MemoryPool` algorithm over a [`Backend`]. `Send + Sync`;
 /// share it with an `Arc`. See the module doc for semantics and design.
@@ -833,50 +740,6 @@ impl<B: Backend> Pool<B> {
     }
 
     // ---- internals ----
-
-    /// The arena of `key`, created on first use.
-    #[inline]
-    fn arena(&self, key: u64) -> Result<&Arena, MallocError> {
-        let hit = ARENA_CACHE.with(|slots| {
-            slots
-                .iter()
-                .map(Cell::get)
-                .find_map(|e| (e.pool == self.id && e.key == key).then_some(e.arena))
-        });
-        // An index cached by this pool (same id; ids are unique) is always in its
-        // table, which never removes an arena; the fallback only re-reads the map.
-        match hit.and_then(|i| self.arenas.get(i)) {
-            Some(arena) => Ok(arena),
-            None => self.arena_slow(key),
-        }
-    }
-
-    #[cold]
-    fn arena_slow(&self, key: u64) -> Result<&Arena, MallocError> {
-        let too_many = || MallocError::TooMany(TOO_MANY_ARENAS);
-        let index = self
-            .arenas
-            .get_or_create(key, |index| Arena {
-                key,
-                index,
-                bins: ArenaLock::new(Bins::new()),
-                changes: AtomicU64::new(0),
-            })
-            .map_err(|_| too_many())?;
-        let arena = self.arenas.get(index).ok_or_else(too_many)?;
-        ARENA_CACHE.with(|slots| {
-            ARENA_CACHE_NEXT.with(|next| {
-                let n = next.get() % CACHE_SLOTS;
-                slots[n].set(CacheEntry {
-                    pool: self.id,
-                    key,
-                    arena: index,
-                });
-                next.set((n + 1) % CACHE_SLOTS);
-            })
-        });
-        Ok(arena)
-    }
 
     /// A miss: new backend memory for `rounded` bytes, with the growth policy and the
     /// limit / out-of-memory retries. No arena lock is held on entry.
