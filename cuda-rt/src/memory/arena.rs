@@ -110,13 +110,13 @@ mod table;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 pub use backend::{Backend, BackendCounters, BackendError, FakeBackend, HostBackend};
 pub use limit::{format_bytes, limit_from_fraction, parse_limit};
 
 use bins::{Bins, SlabFull};
-use parked::{Parked, Taken};
+use parked::Parked;
 use table::Table;
 mod error;
 use error::TOO_MANY_CHUNKS;
@@ -127,6 +127,10 @@ pub(crate) use block::{AtomicBlock, RawBlock};
 mod arena_lookup;
 mod stream_arena;
 use stream_arena::Arena;
+mod growth;
+mod parking;
+mod stats;
+pub use stats::PoolStats;
 
 use crate::driver::barrier;
 
@@ -137,44 +141,6 @@ pub const ALLOCATION_UNIT: usize = 512;
 #[inline]
 pub fn round_size(size: usize) -> Option<usize> {
     Some(size.checked_add(ALLOCATION_UNIT - 1)? & !(ALLOCATION_UNIT - 1))
-}
-
-/// Statistics of a [`Pool`]: CuPy's four numbers and more. Under concurrent use each
-/// arena's figures are exact and the sums are of per-arena snapshots.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolStats {
-    /// Bytes handed out (rounded sizes). CuPy's `used_bytes`.
-    pub used_bytes: u64,
-    /// Bytes reserved from the backend. CuPy's `total_bytes`.
-    pub total_bytes: u64,
-    /// `total_bytes - used_bytes`: cached. CuPy's `free_bytes`.
-    pub free_bytes: u64,
-    /// Free chunks in all arenas. CuPy's `n_free_blocks`.
-    pub n_free_blocks: u64,
-    /// Peak of `used_bytes` since creation or [`Pool::reset_peaks`] (see the module
-    /// doc: exact for one arena, an upper bound across arenas).
-    pub peak_used_bytes: u64,
-    /// Peak of `total_bytes` since creation or [`Pool::reset_peaks`] (exact).
-    pub peak_total_bytes: u64,
-    /// Successful non-zero mallocs.
-    pub mallocs: u64,
-    /// Frees of non-null blocks.
-    pub frees: u64,
-    /// Mallocs served from cached chunks.
-    pub cache_hits: u64,
-    /// Mallocs that found no cached chunk (each then grew or failed).
-    pub cache_misses: u64,
-    /// Successful backend allocations.
-    pub backend_allocs: u64,
-    /// Backend frees.
-    pub backend_frees: u64,
-    /// Times an out-of-memory (limit or backend) made the pool release its cache and
-    /// retry.
-    pub oom_retries: u64,
-    /// The limit (0: none).
-    pub limit: u64,
-    /// Arenas (stream keys seen).
-    pub n_arenas: u64,
 }
 
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -297,87 +263,6 @@ impl<B: Backend> Pool<B> {
         self.missed(arena, size, rounded)
     }
 
-    /// The cached pair's malloc: when the block this thread parked in `parked` is
-    /// exactly what a malloc of `size` bytes in `stream`'s arena gets back, that block,
-    /// found without the arena lookup, with no lock while the arena has not changed
-    /// since this thread last found so (see `parked`), else under one; `None`
-    /// otherwise, with the
-    /// parked block (if any was taken) given back to its arena, so that a
-    /// [`malloc_parked`](Self::malloc_parked) that follows sees what it would have.
-    #[inline]
-    pub(crate) fn malloc_reparked(
-        &self,
-        size: usize,
-        stream: u64,
-        parked: &Parked,
-    ) -> Option<Block> {
-        // Read without the lock: only this thread fills its slot, so what it holds
-        // while full is what this thread parked; another thread may only empty it,
-        // which `take_in` sees under the lock.
-        if !parked.is_full() {
-            return None;
-        }
-        let hint = parked.peek();
-        let rounded = round_size(size)? as u64;
-        // A block's key is its arena's: same key, same arena as `arena(stream)`.
-        if hint.size != rounded || hint.key != stream {
-            return None;
-        }
-        let arena = self.arenas.get(hint.arena)?;
-        if parked.take_unlocked(&hint, &arena.changes) {
-            return Some(self.block(arena, hint.chunk, hint.addr, rounded));
-        }
-        let mut bins = arena.lock();
-        // Still full: still `hint` (an observer may have settled it meanwhile).
-        if !parked.take_peeked() {
-            return None;
-        }
-        self.reuse_or_free(&mut bins, arena, hint, parked)
-    }
-
-    /// Under `arena`'s lock (`bins`): takes back the block parked in `parked` if it is
-    /// of this arena, and gives it out again when it is exactly what a malloc of
-    /// `rounded` bytes gets (the free and the malloc fused); else it goes back to the
-    /// arena (`None`).
-    #[inline]
-    fn take_back(
-        &self,
-        bins: &mut Bins,
-        arena: &Arena,
-        rounded: u64,
-        parked: &Parked,
-    ) -> Option<Block> {
-        let Taken::Block(raw) = parked.take_in(arena.index) else {
-            return None;
-        };
-        if raw.size != rounded {
-            let _ = bins.free(raw.chunk, raw.addr, raw.size);
-            return None;
-        }
-        self.reuse_or_free(bins, arena, raw, parked)
-    }
-
-    /// Under `arena`'s lock (`bins`), with `raw` (this thread's parked block, of the
-    /// size being asked for) taken out of its slot `parked`: the block again when the
-    /// free and the malloc fused give it back exactly (remembered in the slot for the
-    /// lock-free take), else it goes back to the arena (`None`).
-    #[inline]
-    fn reuse_or_free(
-        &self,
-        bins: &mut Bins,
-        arena: &Arena,
-        raw: RawBlock,
-        parked: &Parked,
-    ) -> Option<Block> {
-        // Ours to give back; it names a live chunk of this arena.
-        if bins.reuse_exact(raw.chunk, raw.addr, raw.size) {
-            parked.set_verified(raw, arena.changes.load(Ordering::Relaxed));
-            return Some(self.block(arena, raw.chunk, raw.addr, raw.size));
-        }
-        let _ = bins.free(raw.chunk, raw.addr, raw.size);
-        None
-    }
-
     /// A cache hit of `rounded` bytes in `arena` (whose lock `bins` is), if any.
     #[inline]
     fn hit(
@@ -414,142 +299,6 @@ impl<B: Backend> Pool<B> {
             }
         };
         self.grow(arena, size, rounded, release)
-    }
-
-    // ---- parked frees (see the `parked` module) ----
-
-    /// Starts tracking the calling thread's new parking slot `p`.
-    pub(crate) fn register_parked(&self, p: &'static Parked) {
-        self.parked_list().push(p);
-    }
-
-    /// Settles `p` and stops tracking it; its thread's call (exiting, or dropping its
-    /// entry for the pool).
-    pub(crate) fn forget_parked(&self, p: &'static Parked) {
-        self.take_parked(p);
-        let mut list = self.parked_list();
-        list.retain(|q| !std::ptr::eq(*q, p));
-        // Under the list lock, as `stats` reads the counts.
-        self.retired_pairs.fetch_add(p.retire(), Ordering::Relaxed);
-    }
-
-    fn parked_list(&self) -> std::sync::MutexGuard<'_, Vec<&'static Parked>> {
-        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Takes `p`'s block into its arena under the arena's lock; `true` if there was
-    /// one. The caller is `p`'s thread (never inside its own lock-free take, so no
-    /// claim is needed), or has claimed `p` and waited for it to be idle (see
-    /// [`Parked::claim`]).
-    fn take_parked(&self, p: &Parked) -> bool {
-        // A stale arena index (the slot refilled meanwhile) is seen under the lock as
-        // `Elsewhere`: read it again. Only the slot's thread refills it, so this ends.
-        for _ in 0..4 {
-            if !p.is_full() {
-                return false;
-            }
-            let index = p.arena();
-            let Some(arena) = self.arenas.get(index) else {
-                return false;
-            };
-            let mut bins = arena.lock();
-            match p.take_in(index) {
-                Taken::Empty => return false,
-                Taken::Elsewhere => continue,
-                Taken::Block(raw) => {
-                    let _ = bins.free(raw.chunk, raw.addr, raw.size);
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
-    /// Settles every thread's parked block; `true` if any went back. Each slot's
-    /// thread may be taking its block back without a lock: every slot is claimed,
-    /// then one process-wide barrier, then each is waited for and taken.
-    pub(crate) fn settle_all(&self) -> bool {
-        let list = self.parked_list();
-        // A slot that fills after this look is parked after the caller's point.
-        if !list.iter().any(|p| p.is_full()) {
-            return false;
-        }
-        for p in list.iter() {
-            p.claim();
-        }
-        barrier::heavy();
-        let mut any = false;
-        for p in list.iter() {
-            p.wait_idle();
-            any |= self.take_parked(p);
-        }
-        for p in list.iter() {
-            p.unclaim();
-        }
-        any
-    }
-
-    /// Cached pairs done without the lock by every thread (see
-    /// [`Parked::take_unlocked`]), including threads gone.
-    fn unlocked_pairs(&self) -> u64 {
-        let list = self.parked_list();
-        let live: u64 = list.iter().map(|p| p.pairs()).sum();
-        self.retired_pairs.load(Ordering::Relaxed) + live
-    }
-
-    /// Gives back the block `raw` came from (a block of this pool, once) through the
-    /// calling thread's parking slot for this pool, registering one first (`home`:
-    /// how the thread's list holds the pool, `id` its identity there); at once when
-    /// the thread cannot park.
-    #[inline]
-    pub(crate) fn park_or_free(
-        &self,
-        raw: RawBlock,
-        id: usize,
-        home: impl FnOnce() -> parked::HomeRef,
-    ) {
-        let slot = parked::slot_or_register(id, |p| {
-            self.register_parked(p);
-            home()
-        });
-        match slot {
-            Some(p) => self.park(p, raw),
-            None => {
-                self.free_raw(raw);
-            }
-        }
-    }
-
-    /// Marks the pool's owner gone (its user handles dropped while recycled objects
-    /// or parking slots may still hold it); the owner then releases the cache and
-    /// checks [`is_closed`](Self::is_closed) after each free.
-    pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether [`close`](Self::close) happened. SeqCst pairs with `close`: a free
-    /// followed by this check either sees the flag (and releases the cache itself) or
-    /// ran before the close, whose release then finds the block cached.
-    #[inline]
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
-    }
-
-    /// Parks `raw` (a block of this pool given back once) in the calling thread's
-    /// slot `p`; the block parked there before goes back to its arena first.
-    #[inline]
-    pub(crate) fn park(&self, p: &Parked, raw: RawBlock) {
-        if raw.size == 0 {
-            return;
-        }
-        if p.is_full() {
-            self.take_parked(p);
-            if p.is_full() {
-                self.free_raw(raw);
-                return;
-            }
-        }
-        p.put(raw);
     }
 
     #[inline]
@@ -646,74 +395,6 @@ impl<B: Backend> Pool<B> {
         self.release_on_miss.store(on, Ordering::Relaxed);
     }
 
-    /// Statistics, summed over arenas.
-    pub fn stats(&self) -> PoolStats {
-        self.settle_all();
-        let mut s = PoolStats::default();
-        let mut peak_used = 0u64;
-        // Sums of snapshots taken at different times: saturating, as they could only
-        // overflow near 2^64 bytes.
-        for arena in self.arenas.iter() {
-            let k = arena.lock_unchanged().counters;
-            s.used_bytes = s.used_bytes.saturating_add(k.used);
-            s.total_bytes = s.total_bytes.saturating_add(k.reserved);
-            s.n_free_blocks += k.n_free;
-            s.mallocs += k.mallocs;
-            s.frees += k.frees;
-            s.cache_hits += k.hits;
-            s.cache_misses += k.misses;
-            peak_used = peak_used.saturating_add(k.peak_used);
-            s.n_arenas += 1;
-        }
-        // Each lock-free pair is a free and a malloc served from the cache.
-        let pairs = self.unlocked_pairs();
-        s.mallocs += pairs;
-        s.frees += pairs;
-        s.cache_hits += pairs;
-        s.free_bytes = s.total_bytes.saturating_sub(s.used_bytes);
-        s.peak_total_bytes = self
-            .peak_reserved
-            .load(Ordering::Relaxed)
-            .max(s.total_bytes);
-        s.peak_used_bytes = peak_used.min(s.peak_total_bytes);
-        s.backend_allocs = self.backend_allocs.load(Ordering::Relaxed);
-        s.backend_frees = self.backend_frees.load(Ordering::Relaxed);
-        s.oom_retries = self.oom_retries.load(Ordering::Relaxed);
-        s.limit = self.limit();
-        s
-    }
-
-    /// Bytes handed out (CuPy's `used_bytes`).
-    pub fn used_bytes(&self) -> u64 {
-        self.stats().used_bytes
-    }
-
-    /// Bytes reserved from the backend (CuPy's `total_bytes`).
-    pub fn total_bytes(&self) -> u64 {
-        self.stats().total_bytes
-    }
-
-    /// Cached bytes, `total - used` (CuPy's `free_bytes`).
-    pub fn free_bytes(&self) -> u64 {
-        self.stats().free_bytes
-    }
-
-    /// Free chunks in all arenas (CuPy's `n_free_blocks`).
-    pub fn n_free_blocks(&self) -> u64 {
-        self.stats().n_free_blocks
-    }
-
-    /// Resets both peaks to the current values.
-    pub fn reset_peaks(&self) {
-        let mut total = 0u64;
-        for arena in self.arenas.iter() {
-            let mut bins = arena.lock_unchanged();
-            bins.counters.peak_used = bins.counters.used;
-            total = total.saturating_add(bins.counters.reserved);
-        }
-        self.peak_reserved.store(total, Ordering::Relaxed);
-    }
-
     /// The free chunks of `stream`'s arena as `(addr, size)`, sorted by address
     /// (empty if the key was never used). For tests and debugging.
     pub fn free_chunks(&self, stream: u64) -> Vec<(u64, u64)> {
@@ -737,120 +418,6 @@ impl<B: Backend> Pool<B> {
                 .map_err(|e| format!("arena of stream key {}: {e}", arena.key))?;
         }
         Ok(())
-    }
-
-    // ---- internals ----
-
-    /// A miss: new backend memory for `rounded` bytes, with the growth policy and the
-    /// limit / out-of-memory retries. No arena lock is held on entry.
-    #[cold]
-    fn grow(
-        &self,
-        arena: &Arena,
-        requested: usize,
-        rounded: u64,
-        release_smaller: bool,
-    ) -> Result<Block, MallocError> {
-        if release_smaller {
-            let mut out = Vec::new();
-            arena
-                .lock()
-                .release_whole_where(&mut out, |size| size < rounded);
-            self.give_back(&mut out);
-        }
-        let mut retried = false;
-        loop {
-            let (backend_refused, limit) = match self.try_grow(rounded) {
-                Ok(addr) => {
-                    let added = arena.lock().add_allocation(addr, rounded);
-                    return match added {
-                        Ok(chunk) => Ok(self.block(arena, chunk, addr, rounded)),
-                        Err(SlabFull) => {
-                            self.give_back(&mut vec![(addr, rounded)]);
-                            Err(MallocError::TooMany(TOO_MANY_CHUNKS))
-                        }
-                    };
-                }
-                Err(Growth::Limit(limit)) => (false, limit),
-                Err(Growth::Backend(BackendError::OutOfMemory)) => (true, self.limit()),
-                Err(Growth::Backend(BackendError::Other(e))) => {
-                    return Err(MallocError::Backend(e));
-                }
-            };
-            if retried {
-                return Err(MallocError::OutOfMemory(self.oom(
-                    requested,
-                    rounded,
-                    backend_refused,
-                    limit,
-                )));
-            }
-            retried = true;
-            self.oom_retries.fetch_add(1, Ordering::Relaxed);
-            self.free_all_blocks(None);
-        }
-    }
-
-    /// Reserves `size` against the limit, then asks the backend.
-    fn try_grow(&self, size: u64) -> Result<u64, Growth> {
-        let limit = self.limit();
-        let old = self
-            .reserved
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                let new = r.checked_add(size)?;
-                (limit == 0 || new <= limit).then_some(new)
-            })
-            .map_err(|_| Growth::Limit(limit))?;
-        let Ok(len) = usize::try_from(size) else {
-            self.reserved.fetch_sub(size, Ordering::AcqRel);
-            return Err(Growth::Backend(BackendError::OutOfMemory));
-        };
-        match self.backend.alloc(len) {
-            Ok(addr) => {
-                self.peak_reserved.fetch_max(old + size, Ordering::Relaxed);
-                self.backend_allocs.fetch_add(1, Ordering::Relaxed);
-                Ok(addr)
-            }
-            Err(e) => {
-                self.reserved.fetch_sub(size, Ordering::AcqRel);
-                Err(Growth::Backend(e))
-            }
-        }
-    }
-
-    /// The error for a request that failed under `limit` (0: none).
-    fn oom(
-        &self,
-        requested: usize,
-        rounded: u64,
-        backend_refused: bool,
-        limit: u64,
-    ) -> OutOfMemory {
-        let s = self.stats();
-        OutOfMemory {
-            requested: requested as u64,
-            rounded,
-            in_use: s.used_bytes,
-            cached: s.free_bytes,
-            limit: (limit != 0).then_some(limit),
-            backend_refused,
-        }
-    }
-}
-
-enum Growth {
-    /// The limit in force refused.
-    Limit(u64),
-    Backend(BackendError),
-}
-
-impl<B: Backend + 'static> parked::Home for Pool<B> {
-    fn forget(&self, p: &'static Parked) {
-        self.forget_parked(p);
-    }
-
-    fn closed(&self) -> bool {
-        self.is_closed()
     }
 }
 
