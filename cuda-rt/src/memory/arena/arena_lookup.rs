@@ -54,7 +54,7 @@ impl<B: Backend> Pool<B> {
     }
 
     #[cold]
-    pub(super) fn arena_slow(&self, key: u64) -> Result<&Arena, MallocError> {
+    fn arena_slow(&self, key: u64) -> Result<&Arena, MallocError> {
         let too_many = || MallocError::TooMany(TOO_MANY_ARENAS);
         let index = self
             .arenas

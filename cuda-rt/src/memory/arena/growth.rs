@@ -60,7 +60,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Reserves `size` against the limit, then asks the backend.
-    pub(super) fn try_grow(&self, size: u64) -> Result<u64, Growth> {
+    fn try_grow(&self, size: u64) -> Result<u64, Growth> {
         let limit = self.limit();
         let old = self
             .reserved
@@ -106,7 +106,7 @@ impl<B: Backend> Pool<B> {
     }
 }
 
-pub(super) enum Growth {
+enum Growth {
     /// The limit in force refused.
     Limit(u64),
     Backend(BackendError),

@@ -77,7 +77,7 @@ impl<B: Backend> Pool<B> {
     /// free and the malloc fused give it back exactly (remembered in the slot for the
     /// lock-free take), else it goes back to the arena (`None`).
     #[inline]
-    pub(super) fn reuse_or_free(
+    fn reuse_or_free(
         &self,
         bins: &mut Bins,
         arena: &Arena,
@@ -108,7 +108,7 @@ impl<B: Backend> Pool<B> {
         self.retired_pairs.fetch_add(p.retire(), Ordering::Relaxed);
     }
 
-    pub(super) fn parked_list(&self) -> std::sync::MutexGuard<'_, Vec<&'static Parked>> {
+    fn parked_list(&self) -> std::sync::MutexGuard<'_, Vec<&'static Parked>> {
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -116,7 +116,7 @@ impl<B: Backend> Pool<B> {
     /// one. The caller is `p`'s thread (never inside its own lock-free take, so no
     /// claim is needed), or has claimed `p` and waited for it to be idle (see
     /// [`Parked::claim`]).
-    pub(super) fn take_parked(&self, p: &Parked) -> bool {
+    fn take_parked(&self, p: &Parked) -> bool {
         // A stale arena index (the slot refilled meanwhile) is seen under the lock as
         // `Elsewhere`: read it again. Only the slot's thread refills it, so this ends.
         for _ in 0..4 {

@@ -13,7 +13,7 @@ use super::table::Table;
 use super::{round_size, Backend, Block, FreeError, MallocError, RawBlock};
 use crate::driver::barrier;
 
-pub(super) static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The caching pool: CuPy's `MemoryPool` algorithm over a [`Backend`]. `Send + Sync`;
 /// share it with an `Arc`. See the module doc for semantics and design.
@@ -153,12 +153,7 @@ impl<B: Backend> Pool<B> {
     /// The cache had no fit: blocks parked by any thread go back first (one may fit),
     /// then the pool grows.
     #[cold]
-    pub(super) fn missed(
-        &self,
-        arena: &Arena,
-        size: usize,
-        rounded: u64,
-    ) -> Result<Block, MallocError> {
+    fn missed(&self, arena: &Arena, size: usize, rounded: u64) -> Result<Block, MallocError> {
         let settled = self.settle_all();
         let release = {
             let mut bins = arena.lock();
