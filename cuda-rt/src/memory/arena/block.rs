@@ -1,5 +1,7 @@
-//! What a [`Pool`](super::Pool) hands out: the [`Block`] token, and its crate-internal forms as
+//! What a [`Pool`] hands out: the [`Block`] token, and its crate-internal forms as
 //! plain integers ([`RawBlock`]) and in relaxed atomics ([`AtomicBlock`]).
+//!
+//! [`Pool`]: super::Pool
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,6 +1,8 @@
-//! What can go wrong in a [`Pool`](super::Pool): [`OutOfMemory`] (with the figures of the pool at
+//! What can go wrong in a [`Pool`]: [`OutOfMemory`] (with the figures of the pool at
 //! the time), [`MallocError`], [`FreeError`] (which hands the refused block back), and
 //! the texts for the bookkeeping limits.
+//!
+//! [`Pool`]: super::Pool
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -91,9 +93,11 @@ impl StdError for MallocError {
 pub(super) const TOO_MANY_ARENAS: &str = "stream keys (arenas): 4,294,967,232 is the most";
 pub(super) const TOO_MANY_CHUNKS: &str = "chunks in one arena: 4,294,967,294 is the most";
 
-/// Why [`Pool::free`](super::Pool::free) refused a block. The block is handed back unchanged
+/// Why [`Pool::free`] refused a block. The block is handed back unchanged
 /// ([`into_block`](FreeError::into_block)), so memory from another pool can still be
 /// given to its own pool.
+///
+/// [`Pool::free`]: super::Pool::free
 #[derive(Debug)]
 pub enum FreeError {
     /// The block came from another pool.

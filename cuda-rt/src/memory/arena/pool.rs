@@ -29,7 +29,9 @@ pub struct Pool<B: Backend> {
     pub(super) backend_frees: AtomicU64,
     pub(super) oom_retries: AtomicU64,
     pub(super) release_on_miss: AtomicBool,
-    /// The slots of the threads that park blocks of this pool (see [`parked`](super::parked)).
+    /// The slots of the threads that park blocks of this pool (see [`parked`]).
+    ///
+    /// [`parked`]: super::parked
     pub(super) parked: Mutex<Vec<&'static Parked>>,
     /// Set by [`close`](Self::close): the pool's owner is gone.
     pub(super) closed: AtomicBool,
