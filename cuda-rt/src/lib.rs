@@ -34,6 +34,7 @@ mod spare;
 pub mod stream;
 #[doc(hidden)]
 pub mod testing;
+mod thread_state;
 
 pub use compiler::{KernelCache, RawKernel, RawModule};
 pub use cuda_sys;

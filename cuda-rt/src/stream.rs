@@ -25,17 +25,17 @@
 //! [`AsStream`] is sealed: only this module's three stream types implement it, so the
 //! raw handle it gives the driver is always one of theirs.
 
-use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::device::get_device_id;
-use crate::driver::context::{make_current, MAX_DEVICES};
+use crate::driver::context::make_current;
 use crate::driver::{self, sys};
 use crate::error::{DriverError, Error, Result};
 use crate::event::Event;
 use crate::graph::{self, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
+use crate::thread_state::{self, MAX_DEVICES};
 
 /// The legacy default stream's handle (CUDA's `0`).
 pub const LEGACY_DEFAULT_HANDLE: usize = 0;
@@ -627,25 +627,6 @@ impl Drop for StreamScope<'_> {
     }
 }
 
-thread_local! {
-    /// This thread's current stream handle per device (0: the legacy default stream):
-    /// what the hot paths read. No destructor, so it is readable during thread exit.
-    static CURRENT: [Cell<usize>; MAX_DEVICES] = const { [const { Cell::new(0) }; MAX_DEVICES] };
-    /// What keeps each current stream alive while it is current on this thread.
-    static KEEP: Keep = const { Keep([const { Cell::new(None) }; MAX_DEVICES]) };
-}
-
-/// The streams current on this thread, held so they live while current.
-struct Keep([Cell<Option<Arc<StreamInner>>>; MAX_DEVICES]);
-
-impl Drop for Keep {
-    fn drop(&mut self) {
-        // The thread is ending: its streams go back to the default first, so nothing
-        // run later in this thread's teardown reads a handle released here.
-        let _ = CURRENT.try_with(|c| c.iter().for_each(|h| h.set(LEGACY_DEFAULT_HANDLE)));
-    }
-}
-
 /// This thread's current stream on the current device (the legacy default stream until
 /// one is set), as a reference that keeps it alive. No driver call.
 #[inline]
@@ -659,19 +640,11 @@ pub fn current_stream_of(device: i32) -> StreamRef {
     let Some(idx) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
         return StreamRef::legacy_default(device);
     };
-    let handle = current_handle(idx);
+    let handle = thread_state::current_stream_handle(idx);
     if is_default_handle(handle) {
         return StreamRef::unretained(handle, device);
     }
-    let keep = KEEP
-        .try_with(|k| {
-            let held = k.0[idx].take();
-            let copy = held.clone();
-            k.0[idx].set(held);
-            copy
-        })
-        .ok()
-        .flatten();
+    let keep = thread_state::current_stream_keep(idx).and_then(|k| k.downcast().ok());
     match keep {
         Some(inner) => StreamRef {
             handle,
@@ -684,13 +657,6 @@ pub fn current_stream_of(device: i32) -> StreamRef {
     }
 }
 
-#[inline]
-fn current_handle(idx: usize) -> usize {
-    CURRENT
-        .try_with(|c| c[idx].get())
-        .unwrap_or(LEGACY_DEFAULT_HANDLE)
-}
-
 /// The current stream of `device` for use within one call, without touching its
 /// reference count: valid while the thread's current stream of `device` is not
 /// changed (which only this thread can do), i.e. for the rest of a call that does
@@ -700,7 +666,7 @@ pub(crate) fn current_stream_unretained(device: i32) -> StreamRef {
     let handle = usize::try_from(device)
         .ok()
         .filter(|&d| d < MAX_DEVICES)
-        .map_or(LEGACY_DEFAULT_HANDLE, current_handle);
+        .map_or(LEGACY_DEFAULT_HANDLE, thread_state::current_stream_handle);
     StreamRef::unretained(handle, device)
 }
 
@@ -711,7 +677,7 @@ pub(crate) fn current_stream_handle(device: i32) -> usize {
     usize::try_from(device)
         .ok()
         .filter(|&d| d < MAX_DEVICES)
-        .map_or(LEGACY_DEFAULT_HANDLE, current_handle)
+        .map_or(LEGACY_DEFAULT_HANDLE, thread_state::current_stream_handle)
 }
 
 /// Sets this thread's current stream for the stream's device, returning the previous
@@ -722,16 +688,14 @@ pub(crate) fn set_current_stream(s: StreamRef) -> Result<StreamRef> {
         .filter(|&d| d < MAX_DEVICES)
         .ok_or_else(|| Error::InvalidArgument(format!("device id {} is out of range", s.device)))?;
     let device = s.device;
-    let gone = || Error::InvalidState("the current stream was set during thread exit".into());
-    let prev_keep = KEEP
-        .try_with(|k| k.0[idx].replace(s.keep))
-        .map_err(|_| gone())?;
-    let prev = CURRENT
-        .try_with(|c| c[idx].replace(s.handle))
-        .map_err(|_| gone())?;
+    let keep = s.keep.map(|k| k as thread_state::StreamKeep);
+    let (prev, prev_keep) =
+        thread_state::replace_current_stream(idx, s.handle, keep).ok_or_else(|| {
+            Error::InvalidState("the current stream was set during thread exit".into())
+        })?;
     Ok(StreamRef {
         handle: prev,
         device,
-        keep: prev_keep,
+        keep: prev_keep.and_then(|k| k.downcast().ok()),
     })
 }

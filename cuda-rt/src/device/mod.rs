@@ -12,7 +12,6 @@ mod attribute;
 #[rustfmt::skip]
 mod attribute_table;
 
-use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 
@@ -124,7 +123,7 @@ impl Device {
     /// scope: it stays current until something else is used.
     pub fn use_device(&self) -> Result<()> {
         driver::context::make_current(self.id)?;
-        CURRENT_DEVICE.with(|c| c.set(self.id));
+        crate::thread_state::select_device(self.id);
         Ok(())
     }
 
@@ -134,7 +133,7 @@ impl Device {
     pub fn enter(&self) -> Result<DeviceScope> {
         let prev = get_device_id();
         driver::context::make_current(self.id)?;
-        CURRENT_DEVICE.with(|c| c.set(self.id));
+        crate::thread_state::select_device(self.id);
         Ok(DeviceScope {
             prev,
             _not_send: PhantomData,
@@ -259,20 +258,15 @@ impl Drop for DeviceScope {
         // it current again can only fail if the driver is torn down, and then nothing
         // remains to restore.
         let _ = driver::context::make_current(self.prev);
-        CURRENT_DEVICE.with(|c| c.set(self.prev));
+        crate::thread_state::select_device(self.prev);
     }
-}
-
-thread_local! {
-    /// This thread's current device id (CuPy: per thread, 0 until set).
-    static CURRENT_DEVICE: Cell<i32> = const { Cell::new(0) };
 }
 
 /// This thread's current device id (0 until [`set_device_id`], [`Device::use_device`]
 /// or a device scope sets it). No driver call.
 #[inline]
 pub fn get_device_id() -> i32 {
-    CURRENT_DEVICE.with(Cell::get)
+    crate::thread_state::selected_device()
 }
 
 /// Makes `id` this thread's current device (validated; makes its primary context

@@ -6,25 +6,19 @@
 //! it calls [`crate::device::forget_current_context`] (this module's
 //! [`forget_current`]) afterwards so the cache is not trusted.
 
-use std::cell::Cell;
 use std::sync::OnceLock;
 
 use super::{drv, sys};
 use crate::error::{Error, Result};
 
-/// Most devices a process can address through cuda-rt.
-pub const MAX_DEVICES: usize = 64;
+pub use crate::thread_state::MAX_DEVICES;
+use crate::thread_state::{
+    context_device, context_made_current, forget_context, set_context_device,
+    set_context_made_current,
+};
 
 /// Retained primary contexts, as addresses (a `CUcontext` is not `Send`).
 static PRIMARY: [OnceLock<Result<usize>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
-
-thread_local! {
-    /// The context cuda-rt last made current on this thread (0: unknown).
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
-    /// The device whose primary context [`make_current`] last made (or found) current
-    /// on this thread (-1: none known): the hot path's only check.
-    static CURRENT_DEVICE: Cell<i32> = const { Cell::new(-1) };
-}
 
 /// Device `id`'s primary context, retained on first use and never released (CuPy does
 /// the same: the context lives as long as the process).
@@ -51,7 +45,7 @@ pub fn primary(id: i32) -> Result<sys::CUcontext> {
 pub fn make_current(id: i32) -> Result<()> {
     // One thread-local load and compare when the device is already current (every
     // hot path calls this): no primary-context lookup, no driver call.
-    if CURRENT_DEVICE.with(Cell::get) == id && id >= 0 {
+    if context_device() == id && id >= 0 {
         return Ok(());
     }
     make_current_slow(id)
@@ -60,20 +54,20 @@ pub fn make_current(id: i32) -> Result<()> {
 #[cold]
 fn make_current_slow(id: i32) -> Result<()> {
     let ctx = primary(id)?;
-    if CURRENT.with(Cell::get) != ctx as usize {
+    if context_made_current() != ctx as usize {
         set_current(ctx)?;
     }
-    CURRENT_DEVICE.with(|d| d.set(id));
+    set_context_device(id);
     Ok(())
 }
 
 /// `cuCtxSetCurrent`, and remembers it.
 pub fn set_current(ctx: sys::CUcontext) -> Result<()> {
     // Unknown until the call succeeds (and for a context that is not a primary one).
-    CURRENT_DEVICE.with(|d| d.set(-1));
+    set_context_device(-1);
     // SAFETY: `ctx` is a context handle (the driver rejects invalid ones).
     drv!(cuCtxSetCurrent(ctx))?;
-    CURRENT.with(|c| c.set(ctx as usize));
+    set_context_made_current(ctx as usize);
     Ok(())
 }
 
@@ -88,8 +82,7 @@ pub fn current() -> Result<sys::CUcontext> {
 /// Forgets which context cuda-rt made current on this thread; the next
 /// [`make_current`] asks the driver again.
 pub fn forget_current() {
-    let _ = CURRENT.try_with(|c| c.set(0));
-    let _ = CURRENT_DEVICE.try_with(|d| d.set(-1));
+    forget_context();
 }
 
 /// Free and total memory of the current context's device (`cuMemGetInfo`).
