@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use crate::device::get_device_id;
-use crate::driver::{self, context::make_current, module as dm, sys};
+use crate::driver::{self, context::make_current, module as drv_module, sys};
 use crate::error::{Error, Result};
 
 /// ELF magic: a cubin.
@@ -68,7 +68,7 @@ impl Drop for ModuleInner {
     fn drop(&mut self) {
         // Unloading needs the module's context; errors at exit leave nothing to do.
         if make_current(self.device).is_ok() {
-            let _ = dm::unload(self.handle as sys::CUmodule);
+            let _ = drv_module::unload(self.handle as sys::CUmodule);
         }
     }
 }
@@ -113,9 +113,9 @@ impl Module {
             let mut owned = Vec::with_capacity(image.len() + 1);
             owned.extend_from_slice(image);
             owned.push(0);
-            dm::load_data(&owned)?
+            drv_module::load_data(&owned)?
         } else {
-            dm::load_data(image)?
+            drv_module::load_data(image)?
         };
         Ok(Module {
             inner: Arc::new(ModuleInner {
@@ -143,9 +143,9 @@ impl Module {
     /// The kernel `name` (a C name, or a lowered C++ name). An unknown name is an error
     /// naming it and, on drivers that can list them (CUDA 12.4+), the module's kernels.
     pub fn get_function(&self, name: &str) -> Result<Function> {
-        let c = dm::c_name("kernel", name)?;
+        let c = drv_module::c_name("kernel", name)?;
         make_current(self.inner.device)?;
-        match dm::get_function(self.as_raw(), &c) {
+        match drv_module::get_function(self.as_raw(), &c) {
             Ok(f) => Ok(Function::new(self.inner.clone(), f, name)),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => {
                 let mut msg = format!(
@@ -169,7 +169,7 @@ impl Module {
     /// The names of the module's kernels (CUDA 12.4+ drivers).
     pub fn function_names(&self) -> Result<Vec<String>> {
         make_current(self.inner.device)?;
-        let mut names = dm::function_names(self.as_raw())?;
+        let mut names = drv_module::function_names(self.as_raw())?;
         names.sort();
         Ok(names)
     }
@@ -177,9 +177,9 @@ impl Module {
     /// Device address and size in bytes of the `__device__` or `__constant__`
     /// variable `name`.
     pub fn get_global(&self, name: &str) -> Result<(u64, usize)> {
-        let c = dm::c_name("global variable", name)?;
+        let c = drv_module::c_name("global variable", name)?;
         make_current(self.inner.device)?;
-        match dm::get_global(self.as_raw(), &c) {
+        match drv_module::get_global(self.as_raw(), &c) {
             Ok((p, n)) => Ok((p, n)),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(
                 Error::InvalidArgument(format!(
@@ -315,7 +315,7 @@ impl Function {
     #[inline]
     fn params(&self) -> &std::result::Result<Box<[usize]>, Box<str>> {
         self.inner.params.get_or_init(|| {
-            dm::param_sizes(self.as_raw()).ok_or_else(|| self.params_unknown().into())
+            drv_module::param_sizes(self.as_raw()).ok_or_else(|| self.params_unknown().into())
         })
     }
 
@@ -329,13 +329,13 @@ impl Function {
     /// One attribute by the driver's raw enum value.
     pub fn attribute_raw(&self, attr: sys::CUfunction_attribute) -> Result<i32> {
         make_current(self.inner.device)?;
-        dm::attribute(self.as_raw(), attr)
+        drv_module::attribute(self.as_raw(), attr)
     }
 
     /// Sets one attribute by the driver's raw enum value (CUDA allows only a few).
     pub fn set_attribute_raw(&self, attr: sys::CUfunction_attribute, value: i32) -> Result<()> {
         make_current(self.inner.device)?;
-        dm::set_attribute(self.as_raw(), attr, value)
+        drv_module::set_attribute(self.as_raw(), attr, value)
     }
 
     /// Every attribute (CuPy's `Function.attributes`).
@@ -391,7 +391,7 @@ impl Function {
         let block = i32::try_from(block_size)
             .map_err(|_| Error::InvalidArgument(format!("block size {block_size}")))?;
         make_current(self.inner.device)?;
-        dm::max_active_blocks_per_sm(self.as_raw(), block, dynamic_shared_bytes)
+        drv_module::max_active_blocks_per_sm(self.as_raw(), block, dynamic_shared_bytes)
     }
 
     /// The block size that maximises occupancy, and the smallest grid that fills the
@@ -406,7 +406,7 @@ impl Function {
             .map_err(|_| Error::InvalidArgument(format!("block size limit {block_size_limit}")))?;
         make_current(self.inner.device)?;
         let (grid, block) =
-            dm::max_potential_block_size(self.as_raw(), dynamic_shared_bytes, limit)?;
+            drv_module::max_potential_block_size(self.as_raw(), dynamic_shared_bytes, limit)?;
         Ok((grid.max(0) as u32, block.max(0) as u32))
     }
 
@@ -415,7 +415,7 @@ impl Function {
     pub fn max_potential_cluster_size(&self, config: &crate::launch::LaunchConfig) -> Result<i32> {
         make_current(self.inner.device)?;
         let cfg = config.to_raw(std::ptr::null_mut(), &mut []);
-        dm::max_potential_cluster_size(self.as_raw(), &cfg)
+        drv_module::max_potential_cluster_size(self.as_raw(), &cfg)
     }
 }
 

@@ -155,6 +155,23 @@ pub fn any_capture_active() -> bool {
 
 /// A driver error about capturing, in words: what happened and what to do.
 /// Other errors are returned unchanged.
+/// Whether `code` is one of the capture errors [`explain`] puts in words.
+pub(crate) fn is_capture_code(code: sys::CUresult) -> bool {
+    use sys::CUresult as R;
+    matches!(
+        code,
+        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            | R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+            | R::CUDA_ERROR_STREAM_CAPTURE_MERGE
+            | R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
+            | R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+            | R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION
+            | R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+            | R::CUDA_ERROR_CAPTURED_EVENT
+            | R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+    )
+}
+
 pub(crate) fn explain(e: Error, what: &str) -> Error {
     use sys::CUresult as R;
     let Some(code) = e.driver_code() else {

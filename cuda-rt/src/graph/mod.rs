@@ -67,8 +67,8 @@ pub use memory::capture_aware_alloc;
 pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
 
 pub(crate) use capture::{
-    begin as begin_capture, end as end_capture, explain, info as capture_info, keep_for_graph,
-    keep_in_capture, note_use,
+    begin as begin_capture, end as end_capture, explain, info as capture_info, is_capture_code,
+    keep_for_graph, keep_in_capture, note_use,
 };
 
 use crate::device::get_device_id;

@@ -24,7 +24,7 @@ use std::ops::{Add, Sub};
 use std::sync::Arc;
 
 use crate::driver::context::{make_current, primary};
-use crate::driver::memory as dm;
+use crate::driver::memory as drv_memory;
 use crate::driver::sys;
 use crate::error::{Error, Result};
 use crate::memory::device_memory::{BaseMemory, Memory};
@@ -118,7 +118,8 @@ impl SyncVia {
 /// copies, and page-locked memory (which the DMA engine reads directly), use the
 /// driver's copy.
 fn staged<T: Pod>(buf: &[T]) -> bool {
-    std::mem::size_of_val(buf) >= crate::pinned::PAGEABLE_THRESHOLD && !dm::is_page_locked(buf)
+    std::mem::size_of_val(buf) >= crate::pinned::PAGEABLE_THRESHOLD
+        && !drv_memory::is_page_locked(buf)
 }
 
 impl MemoryPointer {
@@ -293,17 +294,17 @@ impl MemoryPointer {
         let via = sync_via(what)?;
         if staged(src) {
             let s = via.stream(self.device_id());
-            return crate::pinned::copy_host_to_device(self, dm::as_bytes(src), &s)
+            return crate::pinned::copy_host_to_device(self, drv_memory::as_bytes(src), &s)
                 .map_err(|e| capture_error(what, e));
         }
         match via {
             SyncVia::Legacy => {
                 make_current(self.device_id())?;
-                dm::htod(self.ptr(), src).map_err(|e| capture_error(what, e))
+                drv_memory::htod(self.ptr(), src).map_err(|e| capture_error(what, e))
             }
             SyncVia::Stream(s) => {
-                dm::htod_async(self.ptr(), src, s.as_raw())?;
-                dm::stream_synchronize(s.as_raw())
+                drv_memory::htod_async(self.ptr(), src, s.as_raw())?;
+                drv_memory::stream_synchronize(s.as_raw())
             }
         }
     }
@@ -322,10 +323,10 @@ impl MemoryPointer {
             return Ok(());
         }
         let s = host_async_stream(what, stream)?;
-        let pinned = dm::is_page_locked(src);
-        dm::htod_async(self.ptr(), src, s.as_raw())?;
+        let pinned = drv_memory::is_page_locked(src);
+        drv_memory::htod_async(self.ptr(), src, s.as_raw())?;
         if pinned {
-            dm::stream_synchronize(s.as_raw())?;
+            drv_memory::stream_synchronize(s.as_raw())?;
         }
         Ok(())
     }
@@ -344,17 +345,17 @@ impl MemoryPointer {
         let via = sync_via(what)?;
         if staged(dst) {
             let s = via.stream(self.device_id());
-            return crate::pinned::copy_device_to_host(dm::as_bytes_mut(dst), self, &s)
+            return crate::pinned::copy_device_to_host(drv_memory::as_bytes_mut(dst), self, &s)
                 .map_err(|e| capture_error(what, e));
         }
         match via {
             SyncVia::Legacy => {
                 make_current(self.device_id())?;
-                dm::dtoh(dst, self.ptr()).map_err(|e| capture_error(what, e))
+                drv_memory::dtoh(dst, self.ptr()).map_err(|e| capture_error(what, e))
             }
             SyncVia::Stream(s) => {
-                dm::dtoh_async(dst, self.ptr(), s.as_raw())?;
-                dm::stream_synchronize(s.as_raw())
+                drv_memory::dtoh_async(dst, self.ptr(), s.as_raw())?;
+                drv_memory::stream_synchronize(s.as_raw())
             }
         }
     }
@@ -373,10 +374,10 @@ impl MemoryPointer {
             return Ok(());
         }
         let s = host_async_stream(what, stream)?;
-        let pinned = dm::is_page_locked(dst);
-        dm::dtoh_async(dst, self.ptr(), s.as_raw())?;
+        let pinned = drv_memory::is_page_locked(dst);
+        drv_memory::dtoh_async(dst, self.ptr(), s.as_raw())?;
         if pinned {
-            dm::stream_synchronize(s.as_raw())?;
+            drv_memory::stream_synchronize(s.as_raw())?;
         }
         Ok(())
     }
@@ -401,7 +402,7 @@ impl MemoryPointer {
             }
             SyncVia::Stream(s) => {
                 self.d2d(src, size, Some(s.as_raw()))?;
-                dm::stream_synchronize(s.as_raw())
+                drv_memory::stream_synchronize(s.as_raw())
             }
         }
     }
@@ -436,14 +437,14 @@ impl MemoryPointer {
         let (dd, sd) = (self.device_id(), src.device_id());
         if dd == sd {
             return match stream {
-                None => dm::dtod(self.ptr(), src.ptr(), size),
-                Some(s) => dm::dtod_async(self.ptr(), src.ptr(), size, s),
+                None => drv_memory::dtod(self.ptr(), src.ptr(), size),
+                Some(s) => drv_memory::dtod_async(self.ptr(), src.ptr(), size, s),
             };
         }
         let (dc, sc) = (primary(dd)?, primary(sd)?);
         match stream {
-            None => dm::peer(self.ptr(), dc, src.ptr(), sc, size),
-            Some(s) => dm::peer_async(self.ptr(), dc, src.ptr(), sc, size, s),
+            None => drv_memory::peer(self.ptr(), dc, src.ptr(), sc, size),
+            Some(s) => drv_memory::peer_async(self.ptr(), dc, src.ptr(), sc, size, s),
         }
     }
 
@@ -532,16 +533,16 @@ impl MemoryPointer {
         };
         let p = self.ptr();
         let r = match (fill, stream) {
-            (Fill::U8(v), None) => dm::memset_d8(p, v, count),
-            (Fill::U16(v), None) => dm::memset_d16(p, v, count),
-            (Fill::U32(v), None) => dm::memset_d32(p, v, count),
-            (Fill::U8(v), Some(s)) => dm::memset_d8_async(p, v, count, s),
-            (Fill::U16(v), Some(s)) => dm::memset_d16_async(p, v, count, s),
-            (Fill::U32(v), Some(s)) => dm::memset_d32_async(p, v, count, s),
+            (Fill::U8(v), None) => drv_memory::memset_d8(p, v, count),
+            (Fill::U16(v), None) => drv_memory::memset_d16(p, v, count),
+            (Fill::U32(v), None) => drv_memory::memset_d32(p, v, count),
+            (Fill::U8(v), Some(s)) => drv_memory::memset_d8_async(p, v, count, s),
+            (Fill::U16(v), Some(s)) => drv_memory::memset_d16_async(p, v, count, s),
+            (Fill::U32(v), Some(s)) => drv_memory::memset_d32_async(p, v, count, s),
         };
         match (is_async, stream) {
             (false, None) => r.map_err(|e| capture_error(what, e)),
-            (false, Some(s)) => r.and_then(|()| dm::stream_synchronize(s)),
+            (false, Some(s)) => r.and_then(|()| drv_memory::stream_synchronize(s)),
             // A graph captured on the stream sets this memory on every launch: it
             // keeps it.
             (true, _) => r.and_then(|()| match &queued_on {
@@ -617,7 +618,7 @@ fn sync_via(what: &str) -> Result<SyncVia> {
         return Ok(SyncVia::Legacy);
     }
     make_current(s.device_id())?;
-    if dm::stream_is_capturing(s.as_raw())? {
+    if drv_memory::stream_is_capturing(s.as_raw())? {
         return Err(Error::Capture(format!(
             "{what} is synchronous and the current stream ({:#x}) is capturing a graph; \
              use the _async form (or end the capture first)",
@@ -632,7 +633,7 @@ fn sync_via(what: &str) -> Result<SyncVia> {
 fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<StreamRef> {
     let s = stream_or_current(stream);
     make_current(s.device_id())?;
-    if s.handle() != LEGACY_DEFAULT_HANDLE && dm::stream_is_capturing(s.as_raw())? {
+    if s.handle() != LEGACY_DEFAULT_HANDLE && drv_memory::stream_is_capturing(s.as_raw())? {
         return Err(Error::Capture(format!(
             "{what}: stream {:#x} is capturing a graph, and a graph cannot hold on to a \
              borrowed host slice; copy from memory the graph owns instead",
@@ -645,19 +646,17 @@ fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<Stream
 /// A synchronous call that the driver refused because a capture is under way
 /// (another stream capturing in global mode) becomes [`Error::Capture`].
 fn capture_error(what: &str, e: Error) -> Error {
-    use sys::CUresult as R;
-    match e.driver_code() {
-        Some(
-            R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-            | R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-            | R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
-        ) => Error::Capture(format!(
-            "{what} is synchronous and a stream is capturing a graph, so the driver refused \
-             it (and invalidated that capture); use the _async form on the capturing \
-             stream: {e}"
-        )),
-        _ => e,
+    if !e.driver_code().is_some_and(crate::graph::is_capture_code) {
+        return e;
     }
+    // The one translator of capture errors, with the hint for synchronous copies.
+    crate::graph::explain(
+        e,
+        &format!(
+            "{what} is synchronous while a stream is capturing a graph (use the _async \
+             form on the capturing stream)"
+        ),
+    )
 }
 
 // SAFETY: `param_ptr` points to the pointer's own `addr` field, 8 readable bytes laid
@@ -748,7 +747,7 @@ mod tests {
         let p = crate::memory::alloc(1024).unwrap();
         let stream = crate::Stream::new().unwrap();
         let prev = crate::stream::set_current_stream(stream.as_stream_ref()).unwrap();
-        dm::stream_begin_capture(stream.as_raw()).unwrap();
+        drv_memory::stream_begin_capture(stream.as_raw()).unwrap();
         let host = [1u8; 16];
         let mut back = [0u8; 16];
         let errors = [
@@ -762,7 +761,7 @@ mod tests {
         ];
         // device-only async work is captured normally
         p.memset_async(0, 16, None).unwrap();
-        dm::stream_end_capture_and_discard(stream.as_raw()).unwrap();
+        drv_memory::stream_end_capture_and_discard(stream.as_raw()).unwrap();
         crate::stream::set_current_stream(prev).unwrap();
         for e in errors {
             assert!(matches!(e, Error::Capture(_)), "{e}");
