@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use cuda_rt::memory::arena::{
-    format_bytes, limit_from_fraction, parse_limit, round_size, Backend, Block, FakeBackend,
-    FreeError, HostBackend, MallocError, OutOfMemory, Pool, PoolStats, ALLOCATION_UNIT,
+    limit_from_fraction, parse_limit, round_size, Backend, Block, FakeBackend, FreeError,
+    HostBackend, MallocError, OutOfMemory, Pool, PoolStats, ALLOCATION_UNIT,
 };
 
 const KIB: usize = 1024;
@@ -488,8 +488,8 @@ fn parse_limit_accepts_cupys_forms_and_rejects_bad_values() {
     assert!(parse_limit("-1", total).unwrap_err().contains("negative"));
     assert_eq!(limit_from_fraction(0.5, 1000), Ok(500));
     assert!(limit_from_fraction(1.5, 1000).is_err());
-    assert_eq!(format_bytes(1536 << 20), "1.50 GiB");
-    assert_eq!(format_bytes(512), "512 B");
+    assert_eq!(cuda_rt::error::human_bytes(1536 << 20), "1.50 GiB");
+    assert_eq!(cuda_rt::error::human_bytes(512), "512 B");
 }
 
 #[test]

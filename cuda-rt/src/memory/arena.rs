@@ -131,7 +131,7 @@ pub use backend::{Backend, BackendCounters, BackendError, FakeBackend, HostBacke
 pub use block::Block;
 pub(crate) use block::{AtomicBlock, RawBlock};
 pub use error::{FreeError, MallocError, OutOfMemory};
-pub use limit::{format_bytes, limit_from_fraction, parse_limit};
+pub use limit::{limit_from_fraction, parse_limit};
 pub use pool::Pool;
 pub use stats::PoolStats;
 

@@ -7,7 +7,8 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use super::{format_bytes, Block};
+use super::Block;
+use crate::error::human_bytes;
 
 /// Out of memory: what was asked for and where the pool stood. The front turns it
 /// into the crate's `Error` (adding the device); [`Display`](fmt::Display) already
@@ -36,13 +37,13 @@ impl fmt::Display for OutOfMemory {
         write!(
             f,
             "out of memory allocating {} ({} bytes): {} in use, {} cached (released and retried)",
-            format_bytes(self.rounded),
+            human_bytes(self.rounded),
             self.requested,
-            format_bytes(self.in_use),
-            format_bytes(self.cached),
+            human_bytes(self.in_use),
+            human_bytes(self.cached),
         )?;
         match self.limit {
-            Some(l) => write!(f, ", limit {}", format_bytes(l))?,
+            Some(l) => write!(f, ", limit {}", human_bytes(l))?,
             None => write!(f, ", no limit")?,
         }
         if self.backend_refused {

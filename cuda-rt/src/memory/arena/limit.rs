@@ -39,7 +39,3 @@ pub fn limit_from_fraction(fraction: f64, total_device_bytes: u64) -> Result<u64
     }
     Ok((total_device_bytes as f64 * fraction) as u64)
 }
-
-/// A byte count in words (`1610612736` -> `"1.50 GiB"`, `512` -> `"512 B"`): the
-/// crate's one formatter, named here as the pool's error messages use it.
-pub use crate::error::human_bytes as format_bytes;
