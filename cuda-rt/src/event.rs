@@ -444,6 +444,32 @@ impl Drop for Event {
     }
 }
 
+/// A raw event handle of `device` with `flags`, from this thread's cache or new: what
+/// the pinned copies' in-flight fences record. Give it back with [`give_raw`].
+pub(crate) fn take_raw(device: i32, flags: EventFlags) -> Result<usize> {
+    match CACHE
+        .try_with(|c| c.take(device, flags.bits()))
+        .ok()
+        .flatten()
+    {
+        Some(h) => Ok(h),
+        None => create_uncached(device, flags),
+    }
+}
+
+/// Gives a handle from [`take_raw`] back to this thread's cache (or destroys it when
+/// the cache is full or the thread is exiting).
+pub(crate) fn give_raw(device: i32, flags: EventFlags, handle: usize) {
+    let c = Cached {
+        device,
+        flags: flags.bits(),
+        handle,
+    };
+    if let Some(c) = CACHE.try_with(|cache| cache.give(c)).unwrap_or(Some(c)) {
+        destroy_uncached(c.handle);
+    }
+}
+
 /// Creates a handle when the cache has none.
 #[cold]
 #[inline(never)]

@@ -109,21 +109,9 @@ pub fn stream_wait_event(stream: sys::CUstream, event: usize) -> Result<()> {
     drv!(cuStreamWaitEvent(stream, event as sys::CUevent, 0))
 }
 
-/// `cuEventCreate(CU_EVENT_DISABLE_TIMING)` in the current context; the handle as an
-/// integer.
-pub fn event_create() -> Result<usize> {
-    let mut e: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: `e` is a valid out pointer.
-    drv!(cuEventCreate(
-        &mut e,
-        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING.0
-    ))?;
-    Ok(e as usize)
-}
-
 /// `cuEventRecord(event, stream)`.
 pub fn event_record(event: usize, stream: sys::CUstream) -> Result<()> {
-    // SAFETY: an event from `event_create`, alive (caller).
+    // SAFETY: a live event handle (the caller holds it).
     drv!(cuEventRecord(event as sys::CUevent, stream))
 }
 
@@ -131,7 +119,7 @@ pub fn event_record(event: usize, stream: sys::CUstream) -> Result<()> {
 /// `Ok(false)` while it is pending.
 pub fn event_query(event: usize) -> Result<bool> {
     let f = super::api()?.cuEventQuery()?;
-    // SAFETY: an event from `event_create`, alive (caller).
+    // SAFETY: a live event handle (the caller holds it).
     let rc = unsafe { f(event as sys::CUevent) };
     if rc == sys::CUresult::CUDA_ERROR_NOT_READY {
         return Ok(false);
@@ -141,14 +129,8 @@ pub fn event_query(event: usize) -> Result<bool> {
 
 /// `cuEventSynchronize`.
 pub fn event_synchronize(event: usize) -> Result<()> {
-    // SAFETY: an event from `event_create`, alive (caller).
+    // SAFETY: a live event handle (the caller holds it).
     drv!(cuEventSynchronize(event as sys::CUevent))
-}
-
-/// `cuEventDestroy`.
-pub fn event_destroy(event: usize) -> Result<()> {
-    // SAFETY: an event from `event_create`, destroyed once (caller).
-    drv!(cuEventDestroy_v2(event as sys::CUevent))
 }
 
 /// A shared byte view of `len` bytes at `addr`, borrowed from `owner`.

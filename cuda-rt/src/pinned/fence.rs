@@ -2,50 +2,28 @@
 //! memory, so the memory is neither reused nor freed before the copy has finished;
 //! the fence also holds the device side of the copy (a [`MemoryPointer`] clone) until
 //! then.
-//! Events are recycled through a small per-device cache, so recording a fence costs
-//! one `cuEventRecord` after the first use on a device.
+//! Events are recycled through the thread's event cache (the one `Event`s use), so
+//! recording a fence costs one `cuEventRecord` after the first use on a device.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use crate::driver::context::MAX_DEVICES;
 use crate::driver::{host, sys};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::event::EventFlags;
 use crate::memory::MemoryPointer;
 
-/// Most idle events kept per device; more are destroyed.
-const CACHE_CAP: usize = 64;
+/// The fences' events: no timing, the cheapest kind.
+const FENCE_FLAGS: EventFlags = EventFlags::DISABLE_TIMING;
 
-static EVENTS: [Mutex<Vec<usize>>; MAX_DEVICES] = [const { Mutex::new(Vec::new()) }; MAX_DEVICES];
-
-fn cache(device: i32) -> Result<&'static Mutex<Vec<usize>>> {
-    usize::try_from(device)
-        .ok()
-        .and_then(|d| EVENTS.get(d))
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {device} is out of range")))
-}
-
-/// An event of `device` (whose context the caller made current), from the cache or new.
+/// An event of `device` (whose context the caller made current), from the thread's
+/// event cache (the one [`Event`](crate::Event)s use) or new.
 pub(crate) fn take_event(device: i32) -> Result<usize> {
-    let cached = cache(device)?
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .pop();
-    match cached {
-        Some(e) => Ok(e),
-        None => host::event_create(),
-    }
+    crate::event::take_raw(device, FENCE_FLAGS)
 }
 
-/// Gives an event back to `device`'s cache (or destroys it when the cache is full).
+/// Gives an event back to the thread's event cache (or destroys it when full).
 pub(crate) fn give_event(device: i32, event: usize) {
-    if let Ok(c) = cache(device) {
-        let mut v = c.lock().unwrap_or_else(PoisonError::into_inner);
-        if v.len() < CACHE_CAP {
-            v.push(event);
-            return;
-        }
-    }
-    let _ = host::event_destroy(event);
+    crate::event::give_raw(device, FENCE_FLAGS, event);
 }
 
 /// Something that finishes later: the pool's deferred list holds blocks until theirs
