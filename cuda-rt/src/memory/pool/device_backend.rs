@@ -1,0 +1,63 @@
+//! The backends of a device's pool: `cuMemAlloc` / `cuMemFree` ([`DeviceBackend`]),
+//! and any backend with the allocation hooks around it ([`HookedBackend`]).
+
+use crate::driver::context::make_current;
+use crate::driver::{self, sys};
+use crate::error::Error;
+use crate::memory::arena::{Backend, BackendError};
+use crate::memory::hook;
+
+use super::out_of_memory::LAST_DRIVER_OOM;
+
+/// `cuMemAlloc` / `cuMemFree` on one device (its primary context made current).
+#[derive(Debug)]
+pub(crate) struct DeviceBackend {
+    pub(super) device: i32,
+}
+
+impl Backend for DeviceBackend {
+    fn alloc(&self, size: usize) -> std::result::Result<u64, BackendError> {
+        match make_current(self.device).and_then(|()| driver::memory::alloc(size)) {
+            Ok(p) => Ok(p),
+            Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                LAST_DRIVER_OOM.with(|c| c.set(Some(d)));
+                Err(BackendError::OutOfMemory)
+            }
+            Err(e) => Err(BackendError::Other(Box::new(e))),
+        }
+    }
+
+    fn free(&self, addr: u64, _size: usize) {
+        // Nothing to do about a failure here (a context torn down at exit).
+        let _ = make_current(self.device).and_then(|()| driver::memory::free(addr));
+    }
+}
+
+/// A backend with the `alloc_pre` / `alloc_post` hooks around its `alloc` (the arena
+/// calls its backend on the thread that mallocs).
+#[derive(Debug)]
+pub(crate) struct HookedBackend<B> {
+    pub(super) backend: B,
+    pub(super) device: i32,
+}
+
+impl<B: Backend> Backend for HookedBackend<B> {
+    #[inline]
+    fn alloc(&self, size: usize) -> std::result::Result<u64, BackendError> {
+        if !hook::has_hooks() {
+            return self.backend.alloc(size);
+        }
+        let dev = self.device;
+        hook::each(|h| h.alloc_pre(dev, size));
+        let r = self.backend.alloc(size);
+        if let Ok(p) = r {
+            hook::each(|h| h.alloc_post(dev, size, p));
+        }
+        r
+    }
+
+    #[inline]
+    fn free(&self, addr: u64, size: usize) {
+        self.backend.free(addr, size)
+    }
+}

@@ -1,0 +1,375 @@
+//! [`MemoryPool`], its per-device pools, and the process-wide default pool.
+
+use std::fmt;
+use std::panic::Location;
+use std::sync::{Arc, OnceLock};
+
+use crate::device::get_device_id;
+use crate::driver::context::MAX_DEVICES;
+use crate::error::{Error, Result};
+use crate::memory::allocator::Allocate;
+use crate::memory::arena::parked;
+use crate::memory::arena::{limit_from_fraction, PoolStats};
+use crate::memory::device_memory::check_device;
+use crate::memory::hook;
+use crate::memory::MemoryPointer;
+use crate::stream::{current_stream_handle, AsStream};
+
+use super::device_backend::DeviceBackend;
+use super::device_pool::{CudaDevicePool, DevicePool, DevicePoolRef};
+use super::limit_env::{device_total_memory, limit_from_env, LIMIT_ENV};
+use super::out_of_memory::malloc_error;
+use super::pooled_memory::PooledMemory;
+use super::stream_key::stream_key;
+
+/// The per-device pools behind a [`MemoryPool`].
+struct DevicePools {
+    per_device: [OnceLock<DevicePoolRef>; MAX_DEVICES],
+    /// Whether device pools are leaked (`'static`): the default pool's are.
+    leak: bool,
+}
+
+impl Drop for DevicePools {
+    /// The last handle of a [`MemoryPool::new`] pool went: its device pools give their
+    /// cache back to the driver now (recycled objects and parking slots may keep the
+    /// device pools themselves a while), and each block freed later goes back at once.
+    fn drop(&mut self) {
+        for core in self.per_device.iter().filter_map(OnceLock::get) {
+            core.orphan();
+        }
+    }
+}
+
+impl DevicePools {
+    const fn new(leak: bool) -> DevicePools {
+        DevicePools {
+            per_device: [const { OnceLock::new() }; MAX_DEVICES],
+            leak,
+        }
+    }
+
+    /// Device `device`'s pool, created (with the limit of [`LIMIT_ENV`]) on first use.
+    #[inline]
+    fn get_or_create(&self, device: i32) -> Result<&DevicePoolRef> {
+        let slot = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.per_device.get(d));
+        match slot.and_then(OnceLock::get) {
+            Some(c) => Ok(c),
+            None => self.create(device),
+        }
+    }
+
+    /// Device `device`'s pool if it exists (no driver call).
+    #[inline]
+    fn existing(&self, device: i32) -> Option<&DevicePoolRef> {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.per_device.get(d))
+            .and_then(OnceLock::get)
+    }
+
+    #[cold]
+    fn create(&self, device: i32) -> Result<&DevicePoolRef> {
+        check_device(device)?;
+        let Some(slot) = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.per_device.get(d))
+        else {
+            return Err(Error::InvalidArgument(format!(
+                "device id {device}: cuda-rt addresses at most {MAX_DEVICES} devices"
+            )));
+        };
+        let env = std::env::var(LIMIT_ENV).ok();
+        let limit = limit_from_env(env.as_deref(), || device_total_memory(device))?;
+        Ok(slot.get_or_init(|| {
+            let core = DevicePool::new(DeviceBackend { device }, device);
+            core.pool.set_limit(limit);
+            if self.leak {
+                DevicePoolRef::Static(Box::leak(Box::new(core)))
+            } else {
+                DevicePoolRef::Shared(Arc::new(core))
+            }
+        }))
+    }
+}
+
+#[derive(Clone)]
+enum DevicePoolsRef {
+    Static(&'static DevicePools),
+    Shared(Arc<DevicePools>),
+}
+
+/// The caching device memory pool (CuPy's `MemoryPool`): one pool per device behind
+/// it, each created on the device's first use. Cheap to clone (clones share the
+/// pools); `Send + Sync`. The calls that take no device use the thread's current
+/// device, as in CuPy. See the [module doc] for the semantics.
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::memory::MemoryPool;
+/// let pool = MemoryPool::new();
+/// let a = pool.malloc(1000)?; // 1024 bytes from cuMemAlloc
+/// let addr = a.ptr();
+/// drop(a); // back to the pool
+/// assert_eq!(pool.malloc(1000)?.ptr(), addr); // reused, no driver call
+/// assert_eq!(pool.used_bytes() + pool.free_bytes(), pool.total_bytes());
+/// # Ok(()) }
+/// ```
+///
+/// [module doc]: crate::memory::pool
+#[derive(Clone)]
+pub struct MemoryPool {
+    pools: DevicePoolsRef,
+}
+
+static DEFAULT_POOL: DevicePools = DevicePools::new(true);
+
+/// The process-wide default pool, which [`alloc`] uses unless another allocator is set
+/// (CuPy's `get_default_memory_pool`).
+///
+/// [`alloc`]: crate::memory::alloc
+#[inline]
+pub fn get_default_memory_pool() -> MemoryPool {
+    MemoryPool {
+        pools: DevicePoolsRef::Static(&DEFAULT_POOL),
+    }
+}
+
+impl fmt::Debug for MemoryPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let devices: Vec<&CudaDevicePool> = self
+            .pools()
+            .per_device
+            .iter()
+            .filter_map(|c| c.get())
+            .map(|c| &**c)
+            .collect();
+        f.debug_struct("MemoryPool")
+            .field("default", &self.pools().leak)
+            .field("devices", &devices)
+            .finish()
+    }
+}
+
+impl Default for MemoryPool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Allocate for MemoryPool {
+    #[track_caller]
+    fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
+        self.malloc_on(device, size)
+    }
+}
+
+impl MemoryPool {
+    /// A new pool, separate from the default one (no memory until the first malloc).
+    pub fn new() -> Self {
+        MemoryPool {
+            pools: DevicePoolsRef::Shared(Arc::new(DevicePools::new(false))),
+        }
+    }
+
+    #[inline]
+    fn pools(&self) -> &DevicePools {
+        match &self.pools {
+            DevicePoolsRef::Static(i) => i,
+            DevicePoolsRef::Shared(i) => i,
+        }
+    }
+
+    /// Whether `self` and `other` are the same pool.
+    pub fn same_pool(&self, other: &MemoryPool) -> bool {
+        std::ptr::eq(self.pools(), other.pools())
+    }
+
+    /// `size` bytes (rounded up to 512) on the current device, from the arena of the
+    /// current stream: a cached block if one fits (best fit), else new memory from
+    /// `cuMemAlloc` (see the [module doc] for the limit and out of memory).
+    /// `size == 0` gives the null pointer, not pooled. The memory returns to the pool
+    /// when its last pointer is dropped.
+    ///
+    /// [module doc]: crate::memory::pool
+    #[track_caller]
+    #[inline]
+    pub fn malloc(&self, size: usize) -> Result<MemoryPointer> {
+        self.malloc_on(get_device_id(), size)
+    }
+
+    /// [`malloc`](Self::malloc) on device `device` (its current stream's arena).
+    #[track_caller]
+    #[inline]
+    pub fn malloc_on(&self, device: i32, size: usize) -> Result<MemoryPointer> {
+        if let Some(p) = self.malloc_reparked(device, size) {
+            return Ok(p);
+        }
+        self.malloc_general(device, size)
+    }
+
+    /// The cached pair's malloc (see [`Pool::malloc_reparked`]): the block this thread
+    /// parked when it is exactly what this malloc gets, in a recycled object; `None`
+    /// when that does not apply (hooks, no parked block, another size or stream), with
+    /// nothing changed that [`malloc_general`](Self::malloc_general) would see
+    /// differently. Kept apart so the hot path carries none of the general path's
+    /// frame.
+    ///
+    /// [`Pool::malloc_reparked`]: crate::memory::arena::Pool::malloc_reparked
+    #[inline]
+    fn malloc_reparked(&self, device: i32, size: usize) -> Option<MemoryPointer> {
+        let core = self.pools().existing(device)?;
+        if hook::has_hooks() {
+            return None;
+        }
+        let slot = parked::slot(core.home_id())?;
+        let key = stream_key(current_stream_handle(device));
+        let block = core.pool.malloc_reparked(size, key, slot)?;
+        let ptr = block.addr();
+        Some(MemoryPointer::from_memory_at(
+            PooledMemory::wrap(core, block),
+            ptr,
+        ))
+    }
+
+    #[track_caller]
+    #[inline(never)]
+    fn malloc_general(&self, device: i32, size: usize) -> Result<MemoryPointer> {
+        if size == 0 {
+            return Ok(MemoryPointer::null(device));
+        }
+        let core = self.pools().get_or_create(device)?;
+        let key = stream_key(current_stream_handle(device));
+        let r = core.malloc(
+            size,
+            key,
+            Location::caller(),
+            |block| {
+                let ptr = block.addr();
+                (PooledMemory::wrap(core, block), ptr)
+            },
+            |(m, _)| Arc::as_ptr(m) as usize,
+        );
+        match r {
+            Ok((mem, ptr)) => Ok(MemoryPointer::from_memory_at(mem, ptr)),
+            Err(e) => Err(malloc_error(e, size, device)),
+        }
+    }
+
+    /// Gives `ptr` back (CuPy's `free`): the same as dropping it; the memory returns
+    /// to the pool when its last pointer is gone.
+    pub fn free(&self, ptr: MemoryPointer) {
+        drop(ptr);
+    }
+
+    /// Gives the driver every cached block that is a whole `cuMemAlloc` allocation
+    /// (split pieces stay): of every arena of the current device's pool with `None`,
+    /// else only of `stream`'s arena (on the stream's device; for the per-thread
+    /// default stream, the calling thread's arena).
+    pub fn free_all_blocks(&self, stream: Option<&dyn AsStream>) {
+        match stream {
+            None => {
+                if let Some(c) = self.pools().existing(get_device_id()) {
+                    c.pool.free_all_blocks(None);
+                }
+            }
+            Some(s) => {
+                if let Some(c) = self.pools().existing(s.device_id()) {
+                    c.pool.free_all_blocks(Some(stream_key(s.ptr())));
+                }
+            }
+        }
+    }
+
+    /// CuPy's deprecated name for `free_all_blocks(None)`.
+    pub fn free_all_free(&self) {
+        self.free_all_blocks(None);
+    }
+
+    fn current(&self) -> Option<&DevicePoolRef> {
+        self.pools().existing(get_device_id())
+    }
+
+    /// Cached (free) blocks of the current device's pool, all arenas.
+    pub fn n_free_blocks(&self) -> u64 {
+        self.current().map_or(0, |c| c.pool.n_free_blocks())
+    }
+
+    /// Bytes handed out by the current device's pool (rounded sizes).
+    pub fn used_bytes(&self) -> u64 {
+        self.current().map_or(0, |c| c.pool.used_bytes())
+    }
+
+    /// Bytes cached by the current device's pool: `total_bytes - used_bytes`.
+    pub fn free_bytes(&self) -> u64 {
+        self.current().map_or(0, |c| c.pool.free_bytes())
+    }
+
+    /// Bytes the current device's pool holds from the driver.
+    pub fn total_bytes(&self) -> u64 {
+        self.current().map_or(0, |c| c.pool.total_bytes())
+    }
+
+    /// All statistics of the current device's pool: CuPy's four numbers, current and
+    /// peak in-use and reserved bytes, malloc and free counts, cache hits and misses,
+    /// driver allocations and frees, out-of-memory retries (all zero before the
+    /// device's first malloc).
+    pub fn stats(&self) -> PoolStats {
+        self.current().map(|c| c.pool.stats()).unwrap_or_default()
+    }
+
+    /// The statistics of device `device`'s pool (zero if it has none yet).
+    pub fn device_stats(&self, device: i32) -> PoolStats {
+        self.pools()
+            .existing(device)
+            .map(|c| c.pool.stats())
+            .unwrap_or_default()
+    }
+
+    /// Resets the peaks of the current device's pool to the current values.
+    pub fn reset_peaks(&self) {
+        if let Some(c) = self.current() {
+            c.pool.reset_peaks();
+        }
+    }
+
+    /// Limits the bytes the current device's pool holds from the driver (0: no limit).
+    /// Lowering it releases nothing by itself; the next malloc that misses does.
+    pub fn set_limit(&self, bytes: u64) -> Result<()> {
+        self.pools()
+            .get_or_create(get_device_id())?
+            .pool
+            .set_limit(bytes);
+        Ok(())
+    }
+
+    /// Sets the limit to `fraction` (0.0 ..= 1.0) of the current device's total
+    /// memory (0: no limit); another fraction is [`Error::InvalidArgument`].
+    pub fn set_limit_fraction(&self, fraction: f64) -> Result<()> {
+        let dev = get_device_id();
+        let core = self.pools().get_or_create(dev)?;
+        let bytes = limit_from_fraction(fraction, device_total_memory(dev)?)
+            .map_err(|e| Error::InvalidArgument(format!("set_limit_fraction: {e}")))?;
+        core.pool.set_limit(bytes);
+        Ok(())
+    }
+
+    /// The limit of the current device's pool in bytes (0: none), creating the pool
+    /// (and reading [`LIMIT_ENV`]) if needed.
+    pub fn get_limit(&self) -> Result<u64> {
+        Ok(self.pools().get_or_create(get_device_id())?.pool.limit())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<MemoryPool>();
+        check::<PooledMemory>();
+    }
+}
