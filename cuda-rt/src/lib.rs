@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod buffer;
 pub mod compiler;
 pub mod device;
 pub(crate) mod driver;
@@ -36,6 +37,7 @@ pub mod stream;
 pub mod testing;
 mod thread_state;
 
+pub use buffer::{DeviceBuffer, DeviceSlice, DeviceSliceMut, PinnedBuffer, Transfer};
 pub use compiler::{KernelCache, RawKernel, RawModule};
 pub use cuda_sys;
 pub use device::{
