@@ -399,6 +399,34 @@ fn alloc_pair(rows: &mut Vec<Row>) {
         },
         || per(&mut || drop(std::hint::black_box(cuda_rt::alloc(elems * 4).unwrap()))),
     );
+    let pool = cuda_rt::get_default_memory_pool();
+    let (pool_pair, _) = common::interleaved(
+        7,
+        || per(&mut || drop(std::hint::black_box(pool.malloc(elems * 4).unwrap()))),
+        || per(&mut || drop(std::hint::black_box(cuda_rt::alloc(elems * 4).unwrap()))),
+    );
+    emit(
+        rows,
+        Row {
+            name: "alloc+free, 1 MiB",
+            value: untyped * 1e9,
+            unit: "ns",
+            base: pool_pair * 1e9,
+            base_name: "default pool malloc + drop",
+            ratio: untyped / pool_pair,
+        },
+    );
+    emit(
+        rows,
+        Row {
+            name: "DeviceBuffer alloc+free vs pool",
+            value: typed * 1e9,
+            unit: "ns",
+            base: pool_pair * 1e9,
+            base_name: "default pool malloc + drop",
+            ratio: typed / pool_pair,
+        },
+    );
     emit(
         rows,
         Row {

@@ -50,7 +50,11 @@ impl<T: Pod> fmt::Debug for DeviceBuffer<T> {
 
 impl<T: Pod> DeviceBuffer<T> {
     /// `len` elements whose values are unspecified (whatever the memory held: CuPy's
-    /// `empty`). Reading them is safe; every bit pattern is a `T`.
+    /// `empty`). Reading them is safe; every bit pattern is a `T`. The memory hooks
+    /// see the caller's line as the allocation's site (as for [`alloc`]).
+    ///
+    /// [`alloc`]: crate::memory::alloc
+    #[track_caller]
     pub fn empty(len: usize) -> Result<Self> {
         let bytes = byte_len::<T>("DeviceBuffer::empty", len)?;
         let mem = crate::memory::alloc(bytes)?;
@@ -62,6 +66,7 @@ impl<T: Pod> DeviceBuffer<T> {
     }
 
     /// `len` elements, all bytes zero.
+    #[track_caller]
     pub fn zeros(len: usize) -> Result<Self> {
         let mut b = Self::empty(len)?;
         b.memset(0)?;
@@ -69,6 +74,7 @@ impl<T: Pod> DeviceBuffer<T> {
     }
 
     /// A copy of `src` (complete when this returns).
+    #[track_caller]
     pub fn from_slice(src: &[T]) -> Result<Self> {
         let mut b = Self::empty(src.len())?;
         b.copy_from_host(src)?;

@@ -224,9 +224,9 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         self,
         mid: usize,
     ) -> Result<(DeviceSliceMut<'a, T>, DeviceSliceMut<'a, T>)> {
-        let (s, _) = range_of("DeviceSliceMut::split_at_mut", ..mid, self.len)?;
-        let left = DeviceSliceMut::new(self.base, self.start, s);
-        let right = DeviceSliceMut::new(self.base, self.start + s, self.len - s);
+        let (_, mid) = range_of("DeviceSliceMut::split_at_mut", ..mid, self.len)?;
+        let left = DeviceSliceMut::new(self.base, self.start, mid);
+        let right = DeviceSliceMut::new(self.base, self.start + mid, self.len - mid);
         Ok((left, right))
     }
 
