@@ -27,7 +27,7 @@ mod raw;
 
 use std::sync::OnceLock;
 
-pub use cache::KernelCache;
+pub use cache::{KernelCache, KernelCacheStats};
 pub use raw::{RawKernel, RawModule};
 
 use crate::driver::context::MAX_DEVICES;
