@@ -54,6 +54,7 @@
 //! new process makes no NVRTC call at all.
 
 mod disk;
+mod stats;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -64,6 +65,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 pub use disk::{check_dir, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_LEN};
+pub use stats::KernelCacheStats;
 
 use super::facts::nvrtc_facts;
 use super::raw::RawModule;
@@ -403,9 +405,7 @@ impl fmt::Debug for KernelCache {
         f.debug_struct("KernelCache")
             .field("configured_disk_dir", &dir)
             .field("refused", &refused)
-            .field("compiles", &self.compile_count())
-            .field("disk_hits", &self.disk_hit_count())
-            .field("memory_hits", &self.memory_hit_count())
+            .field("stats", &self.stats())
             .finish()
     }
 }
@@ -502,32 +502,6 @@ impl KernelCache {
         *self.lock_disk() = Disk { dir, state: None };
     }
 
-    /// How many times this cache ran NVRTC's compiler.
-    pub fn compile_count(&self) -> u64 {
-        self.compiles.load(Ordering::Relaxed)
-    }
-
-    /// How many compiles the disk part answered.
-    pub fn disk_hit_count(&self) -> u64 {
-        self.disk_hits.load(Ordering::Relaxed)
-    }
-
-    /// How many disk files were found unusable (truncated, corrupt, a tag that does
-    /// not verify, a link or a file not the user's...) and rewritten.
-    pub fn corrupt_file_count(&self) -> u64 {
-        self.disk_misses_corrupt.load(Ordering::Relaxed)
-    }
-
-    /// How many disk writes failed (the cache then works from memory).
-    pub fn disk_write_failure_count(&self) -> u64 {
-        self.disk_write_failures.load(Ordering::Relaxed)
-    }
-
-    /// How many modules the memory part answered.
-    pub fn memory_hit_count(&self) -> u64 {
-        self.memory_hits.load(Ordering::Relaxed)
-    }
-
     /// Drops the modules held in memory (modules in use stay loaded until dropped).
     pub fn clear_memory(&self) {
         if let Ok(mut m) = self.modules.lock() {
@@ -570,7 +544,7 @@ impl KernelCache {
 
     /// Writes `compiled` to disk under `key` (atomically, tagged with the folder's
     /// secret). An error when the cache is in memory only (with the reason) or the
-    /// write fails (counted in [`disk_write_failure_count`](Self::disk_write_failure_count)).
+    /// write fails (counted in [`KernelCacheStats::disk_write_failures`]).
     pub fn store(&self, key: &CacheKey, compiled: &Compiled) -> std::io::Result<()> {
         let Some(disk) = self.disk() else {
             let why = self

@@ -27,7 +27,7 @@ mod raw;
 
 use std::sync::OnceLock;
 
-pub use cache::KernelCache;
+pub use cache::{KernelCache, KernelCacheStats};
 pub use raw::{RawKernel, RawModule};
 
 use crate::driver::context::MAX_DEVICES;
@@ -204,14 +204,17 @@ impl<'a> Program<'a> {
 }
 
 /// How many NVRTC entry points this process has called (the first one opens
-/// `libnvrtc`). A warm disk-cache hit adds none.
+/// `libnvrtc`). A warm disk-cache hit adds none. Test instrumentation (feature
+/// `test-util`).
+#[cfg(feature = "test-util")]
 pub fn nvrtc_call_count() -> u64 {
     nvrtc::call_count()
 }
 
 /// How many NVRTC entry points the calling thread has called: the same count as
 /// [`nvrtc_call_count`], blind to other threads compiling at the same time (what a
-/// test that runs beside others should assert on).
+/// test that runs beside others should assert on). Feature `test-util`.
+#[cfg(feature = "test-util")]
 pub fn nvrtc_call_count_on_this_thread() -> u64 {
     nvrtc::thread_call_count()
 }
