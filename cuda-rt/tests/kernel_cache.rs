@@ -16,7 +16,7 @@ use cuda_rt::compiler::cache::{
     cache_key, encode, CacheKey, CacheSecret, Fnv128, KernelCache, FORMAT_VERSION, SECRET_FILE,
     SECRET_LEN, TAG_LEN,
 };
-use cuda_rt::compiler::facts::nvrtc_facts;
+use cuda_rt::compiler::nvrtc_facts::nvrtc_facts;
 use cuda_rt::compiler::Compiled;
 use cuda_rt::compiler::{
     nvrtc_call_count, nvrtc_call_count_on_this_thread, nvrtc_version, Output, Program, RawKernel,

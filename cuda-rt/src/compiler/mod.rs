@@ -22,7 +22,9 @@
 //! ```
 
 pub mod cache;
-pub mod facts;
+mod cache_dir;
+mod hash;
+pub mod nvrtc_facts;
 mod raw;
 
 use std::sync::OnceLock;
@@ -257,7 +259,7 @@ pub fn arch_for_device(device: i32) -> Result<u32> {
         let cc = u32::try_from(major * 10 + minor)
             .map_err(|_| Error::InvalidState(format!("compute capability {major}.{minor}")))?;
         let dir = KernelCache::global().disk_dir();
-        let supported = facts::nvrtc_facts(dir.as_deref())?.archs.clone();
+        let supported = nvrtc_facts::nvrtc_facts(dir.as_deref())?.archs.clone();
         cap_arch(cc, &supported).ok_or_else(|| {
             Error::NotSupported(format!(
                 "device {device} is sm_{cc} but the loaded NVRTC compiles only for {supported:?}"
