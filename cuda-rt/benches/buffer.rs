@@ -9,7 +9,8 @@
 //! - `to_vec` of 256 MiB against the untyped staged copy into a fresh `Vec` (the same
 //!   work without the type; target within 3%).
 //!
-//! One JSON object per line, then a table. Without a GPU or NVRTC: a skip line, exit 0.
+//! One JSON object per line, then a table (the shared reporter of `common`). Without a
+//! GPU or NVRTC: a skip line, exit 0.
 
 use std::time::Instant;
 
@@ -19,7 +20,7 @@ use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::{LaunchConfig, Stream};
 
 mod common;
-use common::median;
+use common::{median, Figure, Report};
 
 const CHUNKS: usize = 16;
 const CHUNK_ELEMS: usize = (64 << 20) / 4;
@@ -37,23 +38,6 @@ extern "C" __global__ void work(float* x, int n, int iters) {
     }
 }
 "#;
-
-struct Row {
-    name: &'static str,
-    value: f64,
-    unit: &'static str,
-    base: f64,
-    base_name: &'static str,
-    ratio: f64,
-}
-
-fn emit(rows: &mut Vec<Row>, r: Row) {
-    println!(
-        "{{\"name\": \"{}\", \"value\": {:.4}, \"unit\": \"{}\", \"base\": {:.4}, \"base_name\": \"{}\", \"ratio\": {:.3}}}",
-        r.name, r.value, r.unit, r.base, r.base_name, r.ratio
-    );
-    rows.push(r);
-}
 
 fn ok(rc: sys::CUresult, what: &str) {
     assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
@@ -241,39 +225,25 @@ impl Drop for RawPipeline {
 }
 
 fn main() {
-    if let Err(why) = cuda_rt::availability() {
-        println!(
-            "{{\"skipped\": \"no GPU: {}\"}}",
-            why.replace('"', "'").replace('\n', " ")
-        );
+    if !common::gpu_or_skip("buffer") {
         return;
     }
     if let Err(why) = cuda_rt::compiler::nvrtc_version() {
-        println!(
-            "{{\"skipped\": \"no NVRTC: {}\"}}",
-            why.to_string().replace('"', "'")
-        );
+        common::skip("buffer", &format!("no NVRTC: {why}"));
         return;
     }
     cuda_rt::device::set_device_id(0).unwrap();
-    let mut rows = Vec::new();
-    overlap(&mut rows);
-    alloc_pair(&mut rows);
-    to_vec(&mut rows);
-    println!();
-    println!(
-        "{:<34} {:>12} {:>8} {:>12}  {:<30} {:>7}",
-        "figure", "value", "unit", "baseline", "baseline is", "ratio"
-    );
-    for r in &rows {
-        println!(
-            "{:<34} {:>12.4} {:>8} {:>12.4}  {:<30} {:>7.3}",
-            r.name, r.value, r.unit, r.base, r.base_name, r.ratio
-        );
-    }
+    let mut report = Report::new(format!(
+        "typed buffers on device 0 ({CHUNKS} chunks of {} MiB on {STREAMS} streams; median of {REPS})",
+        (CHUNK_ELEMS * 4) >> 20
+    ));
+    overlap(&mut report);
+    alloc_pair(&mut report);
+    to_vec(&mut report);
+    report.finish();
 }
 
-fn overlap(rows: &mut Vec<Row>) {
+fn overlap(report: &mut Report) {
     let kernel = RawKernel::new(WORK, "work", &[]).unwrap();
     let sms = cuda_rt::Device::new(0)
         .unwrap()
@@ -343,42 +313,26 @@ fn overlap(rows: &mut Vec<Row>) {
     let raw = RawPipeline::new(p.kernel.function().as_raw(), grid, p.iters);
     let raw_time = time(|| raw.run());
     drop(raw);
-    emit(
-        rows,
-        Row {
-            name: "overlap, 3 streams vs 1",
-            value: serial / ours,
-            unit: "x",
-            base: 1.8,
-            base_name: "target speed-up",
-            ratio: serial / ours / 1.8,
-        },
+    let size = CHUNKS * CHUNK_ELEMS * 4;
+    report.push(
+        Figure::new("pipeline_3_streams", ours * 1e3, "ms")
+            .size(size)
+            .raw(raw_time * 1e3, "raw_driver_pipeline_3_streams")
+            .target("ratio <= 1.10"),
     );
-    emit(
-        rows,
-        Row {
-            name: "overlap pipeline time",
-            value: ours * 1e3,
-            unit: "ms",
-            base: raw_time * 1e3,
-            base_name: "raw driver, 3 streams",
-            ratio: ours / raw_time,
-        },
+    report.push(
+        Figure::new("pipeline_1_stream", serial * 1e3, "ms")
+            .size(size)
+            .note("the same work serialised on one stream"),
     );
-    emit(
-        rows,
-        Row {
-            name: "serial pipeline time",
-            value: serial * 1e3,
-            unit: "ms",
-            base: ours * 1e3,
-            base_name: "ours, 3 streams",
-            ratio: serial / ours,
-        },
+    report.push(
+        Figure::new("overlap_speedup_3_streams_vs_1", serial / ours, "x")
+            .size(size)
+            .target(">= 1.8"),
     );
 }
 
-fn alloc_pair(rows: &mut Vec<Row>) {
+fn alloc_pair(report: &mut Report) {
     const N: usize = 200_000;
     let elems = (1 << 20) / 4;
     let per = |f: &mut dyn FnMut()| {
@@ -405,42 +359,21 @@ fn alloc_pair(rows: &mut Vec<Row>) {
         || per(&mut || drop(std::hint::black_box(pool.malloc(elems * 4).unwrap()))),
         || per(&mut || drop(std::hint::black_box(cuda_rt::alloc(elems * 4).unwrap()))),
     );
-    emit(
-        rows,
-        Row {
-            name: "alloc+free, 1 MiB",
-            value: untyped * 1e9,
-            unit: "ns",
-            base: pool_pair * 1e9,
-            base_name: "default pool malloc + drop",
-            ratio: untyped / pool_pair,
-        },
+    report.push(
+        Figure::new("device_buffer_alloc_free_pair", typed * 1e9, "ns")
+            .size(elems * 4)
+            .raw(untyped * 1e9, "alloc_free_pair")
+            .target("ratio <= 1.10"),
     );
-    emit(
-        rows,
-        Row {
-            name: "DeviceBuffer alloc+free vs pool",
-            value: typed * 1e9,
-            unit: "ns",
-            base: pool_pair * 1e9,
-            base_name: "default pool malloc + drop",
-            ratio: typed / pool_pair,
-        },
-    );
-    emit(
-        rows,
-        Row {
-            name: "DeviceBuffer alloc+free, 1 MiB",
-            value: typed * 1e9,
-            unit: "ns",
-            base: untyped * 1e9,
-            base_name: "cuda_rt::alloc + drop",
-            ratio: typed / untyped,
-        },
+    report.push(
+        Figure::new("alloc_free_pair", untyped * 1e9, "ns")
+            .size(elems * 4)
+            .raw(pool_pair * 1e9, "pool_malloc_free_pair")
+            .note("cuda_rt::alloc (allocator lookup) vs MemoryPool::malloc"),
     );
 }
 
-fn to_vec(rows: &mut Vec<Row>) {
+fn to_vec(report: &mut Report) {
     let elems = (256 << 20) / 4;
     let b = DeviceBuffer::<f32>::zeros(elems).unwrap();
     let (typed, untyped) = common::interleaved(
@@ -458,15 +391,13 @@ fn to_vec(rows: &mut Vec<Row>) {
             })
         },
     );
-    emit(
-        rows,
-        Row {
-            name: "to_vec, 256 MiB",
-            value: (256 << 20) as f64 / typed / 1e9,
-            unit: "GB/s",
-            base: (256 << 20) as f64 / untyped / 1e9,
-            base_name: "staged copy into a new Vec",
-            ratio: untyped / typed,
-        },
+    report.push(
+        Figure::new("to_vec", (256 << 20) as f64 / typed / 1e9, "GB/s")
+            .size(256 << 20)
+            .raw(
+                (256 << 20) as f64 / untyped / 1e9,
+                "copy_to_host_into_new_vec",
+            )
+            .target("ratio <= 1.03"),
     );
 }

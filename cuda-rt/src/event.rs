@@ -162,6 +162,7 @@ impl EventCache {
         true
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     fn len(&self) -> usize {
         self.total.get()
     }
@@ -198,7 +199,9 @@ thread_local! {
     static GUARD: CacheGuard = const { CacheGuard };
 }
 
-/// How many released events this thread holds for reuse.
+/// How many released events this thread holds for reuse (test instrumentation,
+/// feature `test-util`).
+#[cfg(feature = "test-util")]
 pub fn cached_event_count() -> usize {
     CACHE.try_with(EventCache::len).unwrap_or(0)
 }

@@ -33,7 +33,7 @@ pub mod pinned;
 pub mod profiler;
 mod spare;
 pub mod stream;
-#[doc(hidden)]
+#[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 mod thread_state;
 

@@ -441,8 +441,9 @@ fn params_unknown_message(kernel: &str, driver_version: Option<i32>, entry_point
     }
 }
 
-/// `true` if the driver's kernel parameter table can be read (for tests).
-#[doc(hidden)]
+/// `true` if the driver's kernel parameter table can be read (for tests; feature
+/// `test-util`).
+#[cfg(feature = "test-util")]
 pub fn driver_reports_param_sizes() -> bool {
     driver::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok())
 }

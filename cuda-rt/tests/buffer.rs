@@ -5,6 +5,8 @@
 mod common;
 #[path = "common_kernel/mod.rs"]
 mod common_kernel;
+#[path = "common/kernels.rs"]
+mod kernels;
 
 use std::time::{Duration, Instant};
 
@@ -284,6 +286,40 @@ gpu_test!(saxpy_on_typed_buffers, {
     unsafe { cuda_rt::launch!(k, &LaunchConfig::new(1, 32), (one, x, tail, ten)).unwrap() };
     let v = y.to_vec().unwrap();
     assert!(v[..n - 10].iter().all(|&e| e == 5.0) && v[n - 10..].iter().all(|&e| e == 6.0));
+});
+
+gpu_test!(memory_under_a_kernel_is_not_handed_to_another_stream, {
+    let k = kernels::Kernels::load();
+    let n = 1 << 20;
+    let (a, b) = (
+        Stream::non_blocking().unwrap(),
+        Stream::non_blocking().unwrap(),
+    );
+    let in_a = a.enter().unwrap();
+    let x = DeviceBuffer::<f32>::zeros(n).unwrap();
+    let x_addr = x.device_ptr();
+    let mut gate = Gate::close(a.as_raw());
+    // SAFETY: add_one(float* x, int n) on a: x holds n floats; it is dropped below
+    // while the kernel is still queued, which is what this test checks is harmless:
+    // x's memory goes back to a's arena, reused only by work ordered after the kernel.
+    unsafe { kernels::add_one(&k, &a, x.device_ptr(), n) };
+    drop(x);
+    drop(in_a);
+    // On stream b, the pool does not hand out memory a still uses.
+    let _in_b = b.enter().unwrap();
+    let others: Vec<_> = (0..4)
+        .map(|i| DeviceBuffer::from_slice(&vec![i as f32 + 10.0; n]).unwrap())
+        .collect();
+    assert!(
+        others.iter().all(|o| o.device_ptr() != x_addr),
+        "memory under a queued kernel was handed to another stream"
+    );
+    gate.open();
+    a.synchronize().unwrap();
+    for (i, o) in others.iter().enumerate() {
+        assert!(o.to_vec().unwrap().iter().all(|&v| v == i as f32 + 10.0));
+    }
+    drop(gate);
 });
 
 #[cfg(feature = "half")]

@@ -22,12 +22,14 @@
 //! ```
 
 pub mod cache;
-pub mod facts;
+mod cache_dir;
+mod hash;
+pub mod nvrtc_facts;
 mod raw;
 
 use std::sync::OnceLock;
 
-pub use cache::KernelCache;
+pub use cache::{KernelCache, KernelCacheStats};
 pub use raw::{RawKernel, RawModule};
 
 use crate::driver::context::MAX_DEVICES;
@@ -204,14 +206,17 @@ impl<'a> Program<'a> {
 }
 
 /// How many NVRTC entry points this process has called (the first one opens
-/// `libnvrtc`). A warm disk-cache hit adds none.
+/// `libnvrtc`). A warm disk-cache hit adds none. Test instrumentation (feature
+/// `test-util`).
+#[cfg(feature = "test-util")]
 pub fn nvrtc_call_count() -> u64 {
     nvrtc::call_count()
 }
 
 /// How many NVRTC entry points the calling thread has called: the same count as
 /// [`nvrtc_call_count`], blind to other threads compiling at the same time (what a
-/// test that runs beside others should assert on).
+/// test that runs beside others should assert on). Feature `test-util`.
+#[cfg(feature = "test-util")]
 pub fn nvrtc_call_count_on_this_thread() -> u64 {
     nvrtc::thread_call_count()
 }
@@ -254,7 +259,7 @@ pub fn arch_for_device(device: i32) -> Result<u32> {
         let cc = u32::try_from(major * 10 + minor)
             .map_err(|_| Error::InvalidState(format!("compute capability {major}.{minor}")))?;
         let dir = KernelCache::global().disk_dir();
-        let supported = facts::nvrtc_facts(dir.as_deref())?.archs.clone();
+        let supported = nvrtc_facts::nvrtc_facts(dir.as_deref())?.archs.clone();
         cap_arch(cc, &supported).ok_or_else(|| {
             Error::NotSupported(format!(
                 "device {device} is sm_{cc} but the loaded NVRTC compiles only for {supported:?}"

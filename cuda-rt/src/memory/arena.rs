@@ -1,7 +1,7 @@
 //! The caching device memory pool's algorithm (CuPy's `MemoryPool`), with no CUDA in
 //! it: a [`Pool`] asks a [`Backend`] for memory, so the same code runs over
 //! `cuMemAlloc` (the `memory::pool` front), over page-locked host memory, and over
-//! [`HostBackend`] / [`FakeBackend`] in tests, benches and Miri.
+//! `HostBackend` / `FakeBackend` in tests, benches and Miri (feature `test-util`).
 //!
 //! # Semantics (CuPy's)
 //! - Sizes round up to a multiple of [`ALLOCATION_UNIT`] (512) bytes; `malloc(0)`
@@ -127,7 +127,9 @@ mod stats;
 mod stream_arena;
 mod table;
 
-pub use backend::{Backend, BackendCounters, BackendError, FakeBackend, HostBackend};
+pub use backend::{Backend, BackendError};
+#[cfg(any(test, feature = "test-util"))]
+pub use backend::{BackendCounters, FakeBackend, HostBackend};
 pub use block::Block;
 pub(crate) use block::{AtomicBlock, RawBlock};
 pub use error::{FreeError, MallocError, OutOfMemory};

@@ -1,13 +1,18 @@
-//! Where a [`Pool`](super::Pool) gets its memory: the [`Backend`] trait and two
-//! host backends, [`HostBackend`] (real host memory) and [`FakeBackend`] (address
-//! ranges only, for benches and large traces).
+//! Where a [`Pool`](super::Pool) gets its memory: the [`Backend`] trait and, with the
+//! feature `test-util` (tests, benches, Miri), two host backends: `HostBackend` (real
+//! host memory) and `FakeBackend` (address ranges only, for benches and large traces).
 
+#[cfg(any(test, feature = "test-util"))]
 use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::fmt;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+#[cfg(any(test, feature = "test-util"))]
+use std::sync::{Mutex, PoisonError};
 
+#[cfg(any(test, feature = "test-util"))]
 use super::ALLOCATION_UNIT;
 
 /// Why a [`Backend`] could not allocate.
@@ -40,15 +45,17 @@ impl StdError for BackendError {
 }
 
 /// The source of memory of a [`Pool`](super::Pool): the CUDA front implements it over
-/// `cuMemAlloc`/`cuMemFree`, tests and benches use [`HostBackend`] or [`FakeBackend`].
+/// `cuMemAlloc`/`cuMemFree`, tests and benches use `HostBackend` or `FakeBackend`
+/// (feature `test-util`).
 ///
 /// The pool calls the backend on the thread that called `malloc` (or
 /// `free_all_blocks`, or drop), never while holding one of its own locks, so a
 /// backend may call back into the pool (for example a memory hook reading stats).
 pub trait Backend: Send + Sync {
     /// Allocates `size` bytes and returns the start address. `size` is always a
-    /// positive multiple of [`ALLOCATION_UNIT`]. The address must be non-zero and the
-    /// range `addr..addr + size` must not overlap any live allocation of this backend.
+    /// positive multiple of [`ALLOCATION_UNIT`](super::ALLOCATION_UNIT). The address
+    /// must be non-zero and the range `addr..addr + size` must not overlap any live
+    /// allocation of this backend.
     fn alloc(&self, size: usize) -> Result<u64, BackendError>;
 
     /// Gives back an allocation made by [`alloc`](Backend::alloc); `size` is the size
@@ -75,6 +82,7 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 }
 
 /// A snapshot of what a host backend has handed out.
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackendCounters {
     /// Bytes currently allocated and not yet freed.
@@ -97,6 +105,7 @@ pub struct BackendCounters {
 
 /// Shared accounting of the two host backends: live bytes against an optional
 /// capacity, plus failure injection.
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct Accounting {
     live_bytes: AtomicU64,
@@ -111,6 +120,7 @@ struct Accounting {
     fail_other: AtomicBool,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Accounting {
     fn reserve(&self, size: u64) -> Result<(), BackendError> {
         if self.fail_other.load(Ordering::Relaxed) {
@@ -161,6 +171,7 @@ impl Accounting {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -175,6 +186,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// in [`BackendCounters::bad_frees`]; whatever is still live when the backend is
 /// dropped is deallocated then. Optional capacity (out of memory past it) and failure
 /// injection let tests drive the pool's retry paths.
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 pub struct HostBackend {
     acct: Accounting,
@@ -182,6 +194,7 @@ pub struct HostBackend {
     live: Mutex<BTreeMap<u64, (usize, Vec<u8>)>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl HostBackend {
     /// A backend with no capacity limit.
     pub fn new() -> Self {
@@ -211,6 +224,7 @@ impl HostBackend {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Backend for HostBackend {
     fn alloc(&self, size: usize) -> Result<u64, BackendError> {
         const ALIGN: usize = ALLOCATION_UNIT;
@@ -253,6 +267,7 @@ impl Backend for HostBackend {
 /// mode only counts; [`FakeBackend::checked`] also records every live range, and a
 /// free that does not match one changes nothing and is counted in
 /// [`BackendCounters::bad_frees`].
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug)]
 pub struct FakeBackend {
     acct: Accounting,
@@ -260,12 +275,14 @@ pub struct FakeBackend {
     live: Option<Mutex<BTreeMap<u64, usize>>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Default for FakeBackend {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeBackend {
     /// First address handed out; any non-zero multiple of 512 would do.
     const BASE: u64 = 1 << 40;
@@ -304,6 +321,7 @@ impl FakeBackend {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Backend for FakeBackend {
     fn alloc(&self, size: usize) -> Result<u64, BackendError> {
         if size == 0 {
