@@ -32,33 +32,72 @@ impl fmt::Display for DriverError {
     }
 }
 
-/// Out of device (or pinned) memory, with the numbers that explain it.
+/// Out of memory, with the numbers that explain it: the one out-of-memory type of
+/// cuda-rt, for device and pinned pools (and the [`arena`](crate::memory::arena)
+/// algorithm under them), for `cuMemAlloc` and for the driver's stream-ordered pools.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutOfMemory {
-    /// What was asked for, in bytes (after rounding).
+    /// What the caller asked for, in bytes.
     pub requested: u64,
-    /// The device, or `None` for host (pinned) memory.
+    /// The request as the allocator rounds it (a pool: up to a multiple of 512 bytes;
+    /// an allocator that does not round: `requested`), or `None` when rounding up
+    /// overflowed.
+    pub rounded: Option<u64>,
+    /// The device, or `None` for host memory: pinned memory, or the memory of an
+    /// arena pool over a host backend.
     pub device: Option<i32>,
     /// Bytes handed out by the pool when it failed.
     pub in_use: u64,
-    /// Bytes cached (free in the pool) when it failed, after release and retry.
+    /// Bytes cached (reserved but free) when it failed; for a caching pool, after it
+    /// gave back what it could and retried.
     pub cached: u64,
     /// The pool's limit, if one is set.
     pub limit: Option<u64>,
-    /// What the driver said, if the driver refused (rather than the limit).
-    pub driver: Option<DriverError>,
+    /// What refused the memory: the limit, the driver, or a pool's backend.
+    pub cause: OutOfMemoryCause,
+}
+
+/// What refused an allocation that ended as [`OutOfMemory`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutOfMemoryCause {
+    /// The pool's limit: the request would take the pool's reserved bytes past it.
+    /// Raising the limit (or freeing memory of the pool) can help.
+    Limit,
+    /// The driver has no memory left (`CUDA_ERROR_OUT_OF_MEMORY`): its error.
+    Driver(DriverError),
+    /// A pool's backend had no memory left and no driver error to give (the host
+    /// backends of the [`arena`](crate::memory::arena) algorithm), or no memory could
+    /// hold the request (rounding it up overflowed: [`OutOfMemory::rounded`] is
+    /// `None`).
+    Backend,
+}
+
+impl OutOfMemory {
+    /// The driver's error, when the driver refused.
+    pub fn driver(&self) -> Option<&DriverError> {
+        match &self.cause {
+            OutOfMemoryCause::Driver(d) => Some(d),
+            OutOfMemoryCause::Limit | OutOfMemoryCause::Backend => None,
+        }
+    }
 }
 
 impl fmt::Display for OutOfMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "out of memory allocating {}",
-            human_bytes(self.requested)
-        )?;
+        f.write_str("out of memory allocating ")?;
+        match self.rounded {
+            Some(r) if r == self.requested => write!(f, "{}", human_bytes(r))?,
+            Some(r) => write!(f, "{} ({} bytes asked for)", human_bytes(r), self.requested)?,
+            None => write!(
+                f,
+                "{} bytes (too many to round up to the allocation unit)",
+                self.requested
+            )?,
+        }
         match self.device {
             Some(d) => write!(f, " on device {d}")?,
-            None => write!(f, " of pinned host memory")?,
+            None => write!(f, " of host memory")?,
         }
         write!(
             f,
@@ -70,12 +109,15 @@ impl fmt::Display for OutOfMemory {
             Some(l) => write!(f, ", limit {}", human_bytes(l))?,
             None => write!(f, ", no limit set")?,
         }
-        if let Some(d) = &self.driver {
-            write!(f, " ({d})")?;
+        match &self.cause {
+            OutOfMemoryCause::Limit => write!(f, "; the request would pass the limit"),
+            OutOfMemoryCause::Driver(d) => write!(f, " ({d})"),
+            OutOfMemoryCause::Backend => write!(f, "; the backend has no more memory"),
         }
-        Ok(())
     }
 }
+
+impl std::error::Error for OutOfMemory {}
 
 /// A failure in NVRTC: the call, NVRTC's name of the code and, for a failed compile,
 /// the source name and the whole log.
@@ -162,7 +204,7 @@ impl Error {
     pub fn driver_code(&self) -> Option<CUresult> {
         match self {
             Error::Driver(d) => Some(d.code),
-            Error::OutOfMemory(o) => o.driver.map(|d| d.code),
+            Error::OutOfMemory(o) => o.driver().map(|d| d.code),
             _ => None,
         }
     }
@@ -212,17 +254,63 @@ mod tests {
     fn out_of_memory_message_has_every_number() {
         let e = Error::OutOfMemory(Box::new(OutOfMemory {
             requested: 3 << 29,
+            rounded: Some(3 << 29),
             device: Some(0),
             in_use: 78 << 30,
             cached: 2 << 30,
             limit: Some(80 << 30),
-            driver: None,
+            cause: OutOfMemoryCause::Limit,
         }));
         assert_eq!(
             e.to_string(),
             "out of memory allocating 1.50 GiB on device 0: 78.00 GiB in use, 2.00 GiB cached \
-             (released and retried), limit 80.00 GiB"
+             (released and retried), limit 80.00 GiB; the request would pass the limit"
         );
+        assert!(e.is_out_of_memory());
+        assert_eq!(e.driver_code(), None);
+    }
+
+    #[test]
+    fn out_of_memory_names_the_rounding_the_host_and_the_driver() {
+        let driver = DriverError {
+            call: "cuMemHostAlloc",
+            code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            name: "CUDA_ERROR_OUT_OF_MEMORY",
+            description: "out of memory",
+        };
+        let o = OutOfMemory {
+            requested: 1000,
+            rounded: Some(1024),
+            device: None,
+            in_use: 0,
+            cached: 0,
+            limit: None,
+            cause: OutOfMemoryCause::Driver(driver),
+        };
+        assert_eq!(o.driver(), Some(&driver));
+        assert_eq!(
+            o.to_string(),
+            "out of memory allocating 1.00 KiB (1000 bytes asked for) of host memory: 0 B in \
+             use, 0 B cached (released and retried), no limit set (cuMemHostAlloc failed: \
+             CUDA_ERROR_OUT_OF_MEMORY: out of memory)"
+        );
+        let e = Error::OutOfMemory(Box::new(o));
+        assert_eq!(e.driver_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        let huge = OutOfMemory {
+            requested: u64::MAX,
+            rounded: None,
+            device: Some(1),
+            in_use: 0,
+            cached: 0,
+            limit: None,
+            cause: OutOfMemoryCause::Backend,
+        };
+        let s = huge.to_string();
+        assert!(
+            s.contains("18446744073709551615 bytes (too many to round up"),
+            "{s}"
+        );
+        assert!(s.ends_with("; the backend has no more memory"), "{s}");
     }
 
     #[test]

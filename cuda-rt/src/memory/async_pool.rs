@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::device::{get_device_id, Device};
 use crate::driver::{self, context, context::make_current, sys};
-use crate::error::{Error, OutOfMemory, Result};
+use crate::error::{Error, OutOfMemory, OutOfMemoryCause, Result};
 use crate::memory::device_memory::{make_current_checked, BaseMemory};
 use crate::memory::MemoryPointer;
 use crate::stream::{current_stream_of, get_current_stream, AsStream, StreamRef};
@@ -159,7 +159,8 @@ fn async_oom(e: Error, size: usize, device: i32, pool: Option<sys::CUmemoryPool>
         in_use: used,
         cached: reserved.saturating_sub(used),
         limit: None,
-        driver: Some(d),
+        rounded: Some(size as u64),
+        cause: OutOfMemoryCause::Driver(d),
     }))
 }
 

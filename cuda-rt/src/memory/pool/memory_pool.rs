@@ -253,7 +253,7 @@ impl MemoryPool {
         );
         match r {
             Ok((mem, ptr)) => Ok(MemoryPointer::from_memory_at(mem, ptr)),
-            Err(e) => Err(malloc_error(e, size, device)),
+            Err(e) => Err(malloc_error(e, device)),
         }
     }
 
