@@ -147,7 +147,7 @@ pub extern "C" fn curt_is_available() -> c_int {
         || match cuda_rt::availability() {
             Ok(_) => 1,
             Err(reason) => {
-                set_last_error(&reason);
+                set_last_error(&reason.to_string());
                 0
             }
         },

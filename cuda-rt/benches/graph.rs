@@ -37,7 +37,7 @@ struct Figure {
 
 fn main() {
     if let Err(reason) = cuda_rt::availability() {
-        let reason = reason.replace('\n', "; ");
+        let reason = reason.to_string().replace('\n', "; ");
         println!("skipped graph bench: no GPU: {reason}");
         return;
     }

@@ -234,7 +234,7 @@ fn main() {
     if let Err(why) = cuda_rt::availability() {
         println!(
             "{{\"skipped\": \"pool bench: no GPU: {}\"}}",
-            why.replace('"', "'").replace('\n', " ")
+            why.to_string().replace('"', "'").replace('\n', " ")
         );
         return;
     }

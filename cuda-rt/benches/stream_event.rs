@@ -38,7 +38,7 @@ fn check(rc: sys::CUresult, what: &str) {
 
 fn main() {
     if let Err(reason) = cuda_rt::availability() {
-        let reason = reason.replace('\n', "; ");
+        let reason = reason.to_string().replace('\n', "; ");
         println!("skipped stream_event bench: no GPU: {reason}");
         return;
     }

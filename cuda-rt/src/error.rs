@@ -3,7 +3,7 @@
 use std::fmt;
 
 use cuda_sys::driver::CUresult;
-use cuda_sys::LoadError;
+use cuda_sys::{CudaVersion, LoadError, LoadErrorKind};
 
 /// `Result` with cuda-rt's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -119,6 +119,66 @@ impl fmt::Display for OutOfMemory {
 
 impl std::error::Error for OutOfMemory {}
 
+/// Why CUDA cannot be used on this machine: what [`availability`](crate::availability)
+/// returns, and what [`Error::NotAvailable`] carries.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unavailable {
+    /// The driver library (`libcuda.so.1`) could not be loaded, or lacks an entry
+    /// point cuda-rt needs: no NVIDIA driver is installed, or not where the loader
+    /// looks. The [`LoadError`] names every path tried.
+    #[error("{0}")]
+    NoDriver(LoadError),
+    /// The driver loaded but is older than cuda-rt supports.
+    #[error("{error}")]
+    DriverTooOld {
+        /// The CUDA version the driver supports, `None` when it could not be asked.
+        version: Option<CudaVersion>,
+        /// The oldest CUDA version cuda-rt supports.
+        minimum: CudaVersion,
+        /// The loader's error, which names the library and its path.
+        error: LoadError,
+    },
+    /// A driver call that starts CUDA (`cuInit`, `cuDeviceGetCount`) failed, e.g.
+    /// `CUDA_ERROR_NO_DEVICE` (no GPU, or none visible) or
+    /// `CUDA_ERROR_INSUFFICIENT_DRIVER` (the kernel module is older than the library).
+    #[error("{0}")]
+    Driver(DriverError),
+    /// The driver started and reports no device.
+    #[error("the CUDA driver reports no device")]
+    NoDevice,
+    /// Another failure while starting CUDA (none is expected: loading the driver and
+    /// `cuInit` fail only in the ways above).
+    #[error("{0}")]
+    Other(Box<Error>),
+}
+
+impl Unavailable {
+    /// Why the failure `e` of loading or starting the driver makes CUDA unusable.
+    pub(crate) fn from_error(e: Error) -> Unavailable {
+        match e {
+            Error::Load(l) => Unavailable::from_load(l),
+            Error::Driver(d) => Unavailable::Driver(d),
+            other => Unavailable::Other(Box::new(other)),
+        }
+    }
+
+    fn from_load(l: LoadError) -> Unavailable {
+        match l.kind() {
+            LoadErrorKind::DriverTooOld {
+                version, minimum, ..
+            } => Unavailable::DriverTooOld {
+                version: version.and_then(CudaVersion::from_int),
+                // The loader's minimum is a constant (12000): never negative.
+                minimum: CudaVersion::from_int(*minimum)
+                    .unwrap_or(CudaVersion { major: 0, minor: 0 }),
+                error: l.clone(),
+            },
+            _ => Unavailable::NoDriver(l),
+        }
+    }
+}
+
 /// A failure in NVRTC: the call, NVRTC's name of the code and, for a failed compile,
 /// the source name and the whole log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,9 +245,9 @@ pub enum Error {
         /// How many devices there are.
         count: i32,
     },
-    /// CUDA is not usable on this machine; the reason says why.
+    /// CUDA is not usable on this machine.
     #[error("CUDA is not available: {0}")]
-    NotAvailable(String),
+    NotAvailable(#[from] Unavailable),
     /// The operation is not supported (by CUDA, this device or this build).
     #[error("not supported: {0}")]
     NotSupported(String),
@@ -205,6 +265,7 @@ impl Error {
         match self {
             Error::Driver(d) => Some(d.code),
             Error::OutOfMemory(o) => o.driver().map(|d| d.code),
+            Error::NotAvailable(Unavailable::Driver(d)) => Some(d.code),
             _ => None,
         }
     }
@@ -311,6 +372,29 @@ mod tests {
             "{s}"
         );
         assert!(s.ends_with("; the backend has no more memory"), "{s}");
+    }
+
+    #[test]
+    fn unavailable_says_why_and_keeps_the_driver_code() {
+        let e = Error::from(Unavailable::NoDevice);
+        assert_eq!(
+            e.to_string(),
+            "CUDA is not available: the CUDA driver reports no device"
+        );
+        let d = DriverError {
+            call: "cuInit",
+            code: CUresult::CUDA_ERROR_NO_DEVICE,
+            name: "CUDA_ERROR_NO_DEVICE",
+            description: "no CUDA-capable device is detected",
+        };
+        let u = Unavailable::from_error(Error::Driver(d));
+        assert!(matches!(u, Unavailable::Driver(x) if x == d), "{u:?}");
+        assert_eq!(
+            Error::from(u).driver_code(),
+            Some(CUresult::CUDA_ERROR_NO_DEVICE)
+        );
+        let other = Unavailable::from_error(Error::InvalidState("odd".into()));
+        assert_eq!(other.to_string(), "odd");
     }
 
     #[test]

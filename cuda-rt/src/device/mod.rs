@@ -25,7 +25,7 @@ pub fn forget_current_context() {
 }
 
 use crate::driver::{self, sys};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Unavailable};
 
 /// Number of CUDA devices (asked once, then cached: the driver fixes it at `cuInit`).
 /// An error when the driver cannot be loaded or initialised; use [`is_available`] for
@@ -41,13 +41,23 @@ pub fn is_available() -> bool {
     availability().is_ok()
 }
 
-/// `Ok(device count)` when CUDA is usable, else the reason in words (driver library
-/// missing and where it was looked for, `cuInit` failing, no device).
-pub fn availability() -> std::result::Result<i32, String> {
+/// `Ok(device count)` when CUDA is usable, else why not: the driver library missing
+/// (with every path tried), the driver too old (with its version), `cuInit` failing
+/// (with the driver's error), or no device. [`Unavailable`] says it in words too, and
+/// converts into [`Error::NotAvailable`] with `?`.
+///
+/// ```
+/// match cuda_rt::availability() {
+///     Ok(n) => println!("{n} CUDA device(s)"),
+///     Err(cuda_rt::Unavailable::NoDevice) => println!("a driver, but no GPU"),
+///     Err(why) => println!("CUDA is not available: {why}"),
+/// }
+/// ```
+pub fn availability() -> std::result::Result<i32, Unavailable> {
     match device_count() {
-        Ok(0) => Err("the CUDA driver reports no device".into()),
+        Ok(0) => Err(Unavailable::NoDevice),
         Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(Unavailable::from_error(e)),
     }
 }
 

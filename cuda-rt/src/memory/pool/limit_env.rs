@@ -57,10 +57,10 @@ mod tests {
             assert!(e.to_string().contains(LIMIT_ENV), "{e}");
         }
         // A failing device query for a percentage is the caller's error.
-        let fail = || Err(Error::NotAvailable("no driver".into()));
+        let fail = || Err(Error::NotAvailable(crate::error::Unavailable::NoDevice));
         assert!(matches!(
             limit_from_env(Some("10%"), fail),
-            Err(Error::NotAvailable(_))
+            Err(Error::NotAvailable(crate::error::Unavailable::NoDevice))
         ));
     }
 }
