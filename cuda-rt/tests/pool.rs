@@ -12,7 +12,7 @@ use cuda_rt::cuda_sys::driver::CUresult;
 use cuda_rt::memory::hook::{register_hook, MemoryHook};
 use cuda_rt::memory::{self, get_default_memory_pool, MemoryPool, LIMIT_ENV};
 use cuda_rt::stream::{AsStream, Stream};
-use cuda_rt::{Error, OutOfMemoryCause};
+use cuda_rt::{ArgumentKind, Error, OutOfMemoryCause};
 
 const MIB: usize = 1 << 20;
 
@@ -217,7 +217,10 @@ cuda_rt::gpu_test!(set_limit_releases_the_cache_then_fails_with_the_numbers, {
     // Fractions.
     assert!(matches!(
         pool.set_limit_fraction(1.5),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument {
+            kind: ArgumentKind::InvalidValue,
+            ..
+        })
     ));
     pool.set_limit_fraction(0.0).unwrap();
     assert_eq!(pool.get_limit().unwrap(), 0);

@@ -1,6 +1,6 @@
 //! Out of memory and the other failed mallocs as the crate's [`Error`].
 
-use crate::error::Error;
+use crate::error::{Error, StateKind};
 use crate::memory::arena::MallocError;
 
 /// The crate's error for a failed pool malloc on `device`.
@@ -21,10 +21,12 @@ pub(crate) fn pool_malloc_error(e: MallocError, device: Option<i32>, pool: &str)
             o.device = device;
             Error::OutOfMemory(o)
         }
-        MallocError::TooMany(what) => Error::InvalidState(format!("{pool}: too many {what}")),
+        MallocError::TooMany(what) => {
+            Error::invalid_state(StateKind::TooMany, format!("{pool}: too many {what}"))
+        }
         MallocError::Backend(b) => match b.downcast::<Error>() {
             Ok(e) => *e,
-            Err(other) => Error::InvalidState(format!("{pool}: {other}")),
+            Err(other) => Error::invalid_state(StateKind::Other, format!("{pool}: {other}")),
         },
     }
 }
@@ -102,7 +104,13 @@ mod tests {
     #[test]
     fn a_full_table_is_an_invalid_state_naming_the_pool() {
         let e = malloc_error(MallocError::TooMany("chunks in one arena"), 2);
-        assert!(matches!(e, Error::InvalidState(_)));
+        assert!(matches!(
+            e,
+            Error::InvalidState {
+                kind: StateKind::TooMany,
+                ..
+            }
+        ));
         assert_eq!(
             e.to_string(),
             "memory pool of device 2: too many chunks in one arena"
