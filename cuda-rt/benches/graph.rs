@@ -49,9 +49,9 @@ fn run() -> cuda_rt::Result<()> {
     let graph = s.end_capture()?;
     graph.upload(&s)?;
     s.synchronize()?;
-    let exec = graph
-        .exec_raw()
-        .ok_or_else(|| cuda_rt::Error::InvalidState("graph not instantiated".into()))?;
+    let exec = graph.exec_raw().ok_or_else(|| {
+        cuda_rt::Error::invalid_state(cuda_rt::StateKind::Other, "graph not instantiated")
+    })?;
     let api = sys::api()?;
     let raw_launch = api.cuGraphLaunch()?;
     let raw_s = s.as_raw();

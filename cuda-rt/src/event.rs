@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::device::get_device_id;
 use crate::driver::context::make_current;
 use crate::driver::{self, sys};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::stream::{get_current_stream, AsStream};
 
 bitflags::bitflags! {
@@ -367,10 +367,16 @@ impl Event {
     pub fn record_on<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
         let dev = stream.device_id();
         if dev != self.device {
-            return Err(Error::InvalidArgument(format!(
-                "an event of device {} cannot be recorded on a stream of device {dev}",
-                self.device
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::WrongDevice {
+                    expected: self.device,
+                    found: dev,
+                },
+                format!(
+                    "an event of device {} cannot be recorded on a stream of device {dev}",
+                    self.device
+                ),
+            ));
         }
         let s = stream.as_raw();
         if s as usize == crate::stream::LEGACY_DEFAULT_HANDLE
@@ -417,10 +423,10 @@ impl Event {
     /// interprocess.
     pub fn ipc_handle(&self) -> Result<IpcEventHandle> {
         if !self.flags.contains(EventFlags::INTERPROCESS) {
-            return Err(Error::InvalidArgument(
+            return Err(Error::invalid_argument(
+                ArgumentKind::Incompatible,
                 "ipc_handle needs an interprocess event: create it with \
-                 Event::new(_, true, true)"
-                    .into(),
+                 Event::new(_, true, true)",
             ));
         }
         Ok(IpcEventHandle(driver::event::ipc_get_handle(
@@ -492,10 +498,10 @@ fn destroy_uncached(handle: usize) {
 #[inline]
 fn check_flags(flags: EventFlags) -> Result<()> {
     if flags.contains(EventFlags::INTERPROCESS) && !flags.contains(EventFlags::DISABLE_TIMING) {
-        return Err(Error::InvalidArgument(
+        return Err(Error::invalid_argument(
+            ArgumentKind::Incompatible,
             "an interprocess event must have timing disabled: \
-             Event::new(block, disable_timing = true, interprocess = true)"
-                .into(),
+             Event::new(block, disable_timing = true, interprocess = true)",
         ));
     }
     Ok(())
@@ -507,29 +513,42 @@ fn check_flags(flags: EventFlags) -> Result<()> {
 pub fn get_elapsed_time(start: &Event, end: &Event) -> Result<f32> {
     for (which, ev) in [("start", start), ("end", end)] {
         if ev.flags.contains(EventFlags::DISABLE_TIMING) {
-            return Err(Error::InvalidArgument(format!(
-                "elapsed time: the {which} event was created with timing disabled \
-                 (disable_timing = true)"
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::Incompatible,
+                format!(
+                    "elapsed time: the {which} event was created with timing disabled \
+                     (disable_timing = true)"
+                ),
+            ));
         }
         if !ev.is_recorded() {
-            return Err(Error::InvalidState(format!(
-                "elapsed time: the {which} event was never recorded"
-            )));
+            return Err(Error::invalid_state(
+                StateKind::NotRecorded,
+                format!("elapsed time: the {which} event was never recorded"),
+            ));
         }
     }
     if start.device != end.device {
-        return Err(Error::InvalidArgument(format!(
-            "elapsed time: the start event is of device {} and the end event of device {}",
-            start.device, end.device
-        )));
+        return Err(Error::invalid_argument(
+            ArgumentKind::WrongDevice {
+                expected: start.device,
+                found: end.device,
+            },
+            format!(
+                "elapsed time: the start event is of device {} and the end event of device {}",
+                start.device, end.device
+            ),
+        ));
     }
     match driver::event::elapsed_ms(start.as_raw(), end.as_raw()) {
         Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_NOT_READY) => {
-            Err(Error::InvalidState(format!(
-                "elapsed time: an event has not completed yet; call end.synchronize() \
-                 first ({e})"
-            )))
+            Err(Error::invalid_state(
+                StateKind::NotReady,
+                format!(
+                    "elapsed time: an event has not completed yet; call end.synchronize() \
+                     first ({e})"
+                ),
+            ))
         }
         r => r,
     }

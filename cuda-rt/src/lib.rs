@@ -44,7 +44,10 @@ pub use device::{
     availability, device_count, get_device_id, is_available, set_device_id, synchronize, Device,
     DeviceAttribute, DeviceScope,
 };
-pub use error::{Error, Result};
+pub use error::{
+    ArgumentKind, CaptureKind, Error, OutOfMemory, OutOfMemoryCause, Result, StateKind,
+    Unavailable, UnsupportedKind,
+};
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
 pub use graph::{CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};

@@ -26,9 +26,11 @@ use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use cuda_sys::CudaVersion;
+
 use crate::device::get_device_id;
 use crate::driver::{self, context::make_current, module as drv_module, sys};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, UnsupportedKind};
 
 /// ELF magic: a cubin.
 const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
@@ -95,7 +97,10 @@ impl Module {
     pub fn load_file(path: impl AsRef<Path>) -> Result<Module> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| {
-            Error::InvalidArgument(format!("cannot read module file {}: {e}", path.display()))
+            Error::invalid_argument(
+                ArgumentKind::Other,
+                format!("cannot read module file {}: {e}", path.display()),
+            )
         })?;
         Self::load_data(&bytes)
     }
@@ -160,7 +165,7 @@ impl Module {
                         msg.push_str(&names.join(", "));
                     }
                 }
-                Err(Error::InvalidArgument(msg))
+                Err(Error::invalid_argument(ArgumentKind::NotFound, msg))
             }
             Err(e) => Err(e),
         }
@@ -182,7 +187,7 @@ impl Module {
         match drv_module::get_global(self.as_raw(), &c) {
             Ok((p, n)) => Ok((p, n)),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(ArgumentKind::NotFound, format!(
                     "cuModuleGetGlobal({name:?}) failed: {}: {}: the module has no __device__ or __constant__ variable of that name",
                     d.name, d.description
                 )),
@@ -193,7 +198,7 @@ impl Module {
 
     /// Texture references were removed in CUDA 12: always [`Error::NotSupported`].
     pub fn get_texref(&self, name: &str) -> Result<()> {
-        Err(Error::NotSupported(format!(
+        Err(Error::not_supported(UnsupportedKind::Removed, format!(
             "get_texref({name:?}): texture references were removed in CUDA 12; use texture objects (cuTexObjectCreate) instead"
         )))
     }
@@ -212,8 +217,8 @@ struct FunctionInner {
     name: Box<str>,
     /// Parameter sizes as the driver reports them, fetched on the first launch (or
     /// [`Function::param_sizes`]); when the driver cannot tell (before CUDA 12.4), the
-    /// message that says so.
-    params: OnceLock<std::result::Result<Box<[usize]>, Box<str>>>,
+    /// error that says so.
+    params: OnceLock<std::result::Result<Box<[usize]>, Box<Error>>>,
     module: Arc<ModuleInner>,
 }
 
@@ -294,15 +299,14 @@ impl Function {
     /// sizes of its arguments against. Fetched once; clones share them.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] when the driver cannot report them, with a message such
+    /// [`Error::NotSupported`] when the driver cannot report them (kind
+    /// [`UnsupportedKind::DriverTooOld`] for a driver before 12.4), with a message such
     /// as `driver 12.2 cannot report kernel parameters (cuFuncGetParamInfo needs CUDA
     /// 12.4): launches of kernel saxpy are not checked for argument count or sizes`.
     /// Launches then go ahead unchecked: the count, like the types, rests on the
     /// caller's `# Safety` guarantee alone (see [`Function::launch`]).
     pub fn param_sizes(&self) -> Result<&[usize]> {
-        self.params()
-            .as_deref()
-            .map_err(|why| Error::NotSupported(why.to_string()))
+        self.params().as_deref().map_err(|e| (**e).clone())
     }
 
     /// The parameter sizes for a launch's checks, `None` when the driver cannot tell
@@ -313,17 +317,17 @@ impl Function {
     }
 
     #[inline]
-    fn params(&self) -> &std::result::Result<Box<[usize]>, Box<str>> {
+    fn params(&self) -> &std::result::Result<Box<[usize]>, Box<Error>> {
         self.inner.params.get_or_init(|| {
-            drv_module::param_sizes(self.as_raw()).ok_or_else(|| self.params_unknown().into())
+            drv_module::param_sizes(self.as_raw()).ok_or_else(|| Box::new(self.params_unknown()))
         })
     }
 
     /// Why the driver could not report the parameters (once per function).
     #[cold]
-    fn params_unknown(&self) -> String {
+    fn params_unknown(&self) -> Error {
         let entry_point = driver::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok());
-        params_unknown_message(self.name(), driver::version().ok(), entry_point)
+        params_unknown(self.name(), driver::version().ok(), entry_point)
     }
 
     /// One attribute by the driver's raw enum value.
@@ -371,9 +375,10 @@ impl Function {
     /// -1 for no preference.
     pub fn set_preferred_shared_memory_carveout(&self, percent: i32) -> Result<()> {
         if !(-1..=100).contains(&percent) {
-            return Err(Error::InvalidArgument(format!(
-                "shared memory carveout {percent}: must be -1 or 0..=100 percent"
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("shared memory carveout {percent}: must be -1 or 0..=100 percent"),
+            ));
         }
         self.set_attribute_raw(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
@@ -388,8 +393,12 @@ impl Function {
         block_size: u32,
         dynamic_shared_bytes: usize,
     ) -> Result<i32> {
-        let block = i32::try_from(block_size)
-            .map_err(|_| Error::InvalidArgument(format!("block size {block_size}")))?;
+        let block = i32::try_from(block_size).map_err(|_| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("block size {block_size}"),
+            )
+        })?;
         make_current(self.inner.device)?;
         drv_module::max_active_blocks_per_sm(self.as_raw(), block, dynamic_shared_bytes)
     }
@@ -402,8 +411,12 @@ impl Function {
         dynamic_shared_bytes: usize,
         block_size_limit: u32,
     ) -> Result<(u32, u32)> {
-        let limit = i32::try_from(block_size_limit)
-            .map_err(|_| Error::InvalidArgument(format!("block size limit {block_size_limit}")))?;
+        let limit = i32::try_from(block_size_limit).map_err(|_| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("block size limit {block_size_limit}"),
+            )
+        })?;
         make_current(self.inner.device)?;
         let (grid, block) =
             drv_module::max_potential_block_size(self.as_raw(), dynamic_shared_bytes, limit)?;
@@ -419,24 +432,37 @@ impl Function {
     }
 }
 
-/// The message of [`Function::param_sizes`]' error: `driver_version` is what
-/// `cuDriverGetVersion` says (if anything); `entry_point` whether the driver has
-/// `cuFuncGetParamInfo` at all (its absence means a driver before 12.4).
-fn params_unknown_message(kernel: &str, driver_version: Option<i32>, entry_point: bool) -> String {
+/// [`Function::param_sizes`]' error: `driver_version` is what `cuDriverGetVersion`
+/// says (if anything); `entry_point` whether the driver has `cuFuncGetParamInfo` at all
+/// (its absence means a driver before 12.4).
+fn params_unknown(kernel: &str, driver_version: Option<i32>, entry_point: bool) -> Error {
     const UNCHECKED: &str = "are not checked for argument count or sizes";
+    const NEEDED: CudaVersion = CudaVersion {
+        major: 12,
+        minor: 4,
+    };
     let driver = match driver_version {
         Some(v) => format!("driver {}", cuda_sys::format_version(v)),
         None => "the driver (version unknown)".to_owned(),
     };
     if entry_point {
-        format!(
-            "{driver} did not report the parameters of kernel {kernel} (cuFuncGetParamInfo \
-             failed): launches of it {UNCHECKED}"
+        Error::not_supported(
+            UnsupportedKind::Other,
+            format!(
+                "{driver} did not report the parameters of kernel {kernel} \
+                 (cuFuncGetParamInfo failed): launches of it {UNCHECKED}"
+            ),
         )
     } else {
-        format!(
-            "{driver} cannot report kernel parameters (cuFuncGetParamInfo needs CUDA 12.4): \
-             launches of kernel {kernel} {UNCHECKED}"
+        Error::not_supported(
+            UnsupportedKind::DriverTooOld {
+                version: driver_version.and_then(CudaVersion::from_int),
+                needed: NEEDED,
+            },
+            format!(
+                "{driver} cannot report kernel parameters (cuFuncGetParamInfo needs CUDA \
+                 {NEEDED}): launches of kernel {kernel} {UNCHECKED}"
+            ),
         )
     }
 }
@@ -452,15 +478,37 @@ pub fn driver_reports_param_sizes() -> bool {
 mod tests {
     use super::*;
 
+    fn message(e: &Error) -> &str {
+        match e {
+            Error::NotSupported { message, .. } => message,
+            other => panic!("expected NotSupported, got {other:?}"),
+        }
+    }
+
     #[test]
     fn a_driver_before_12_4_is_named_with_the_version_it_needs() {
-        let m = params_unknown_message("saxpy", Some(12020), false);
+        let e = params_unknown("saxpy", Some(12020), false);
         assert_eq!(
-            m,
+            message(&e),
             "driver 12.2 cannot report kernel parameters (cuFuncGetParamInfo needs CUDA \
              12.4): launches of kernel saxpy are not checked for argument count or sizes"
         );
-        let e = Error::NotSupported(m);
+        assert!(matches!(
+            e,
+            Error::NotSupported {
+                kind: UnsupportedKind::DriverTooOld {
+                    version: Some(CudaVersion {
+                        major: 12,
+                        minor: 2
+                    }),
+                    needed: CudaVersion {
+                        major: 12,
+                        minor: 4
+                    },
+                },
+                ..
+            }
+        ));
         assert!(
             e.to_string().starts_with("not supported: driver 12.2"),
             "{e}"
@@ -469,13 +517,22 @@ mod tests {
 
     #[test]
     fn an_unknown_version_or_a_failed_query_still_says_the_launch_is_unchecked() {
-        let m = params_unknown_message("k", None, false);
+        let e = params_unknown("k", None, false);
+        let m = message(&e);
         assert!(
             m.starts_with("the driver (version unknown) cannot report"),
             "{m}"
         );
         assert!(m.contains("needs CUDA 12.4"), "{m}");
-        let m = params_unknown_message("k", Some(13000), true);
+        assert!(matches!(
+            e,
+            Error::NotSupported {
+                kind: UnsupportedKind::DriverTooOld { version: None, .. },
+                ..
+            }
+        ));
+        let e = params_unknown("k", Some(13000), true);
+        let m = message(&e);
         assert!(
             m.starts_with("driver 13.0 did not report the parameters of kernel k"),
             "{m}"
@@ -485,5 +542,12 @@ mod tests {
             m.ends_with("not checked for argument count or sizes"),
             "{m}"
         );
+        assert!(matches!(
+            e,
+            Error::NotSupported {
+                kind: UnsupportedKind::Other,
+                ..
+            }
+        ));
     }
 }

@@ -53,7 +53,7 @@ pub fn gpu_or_skip(name: &str) -> bool {
         }
         Err(reason) => {
             eprintln!("skipped {name}: no GPU: {reason}");
-            note_skip(&reason);
+            note_skip(&reason.to_string());
             false
         }
     }

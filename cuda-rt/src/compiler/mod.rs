@@ -34,7 +34,7 @@ pub use raw::{RawKernel, RawModule};
 
 use crate::driver::context::MAX_DEVICES;
 use crate::driver::nvrtc;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind, UnsupportedKind};
 
 /// The source name used when none is given (it appears in compile logs).
 pub const DEFAULT_SOURCE_NAME: &str = "cuda_rt_kernel.cu";
@@ -253,17 +253,30 @@ pub fn arch_for_device(device: i32) -> Result<u32> {
     let slot = usize::try_from(device)
         .ok()
         .and_then(|i| ARCH.get(i))
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {device} is out of range")))?;
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {device} is out of range"),
+            )
+        })?;
     slot.get_or_init(|| {
         let (major, minor) = crate::Device::new(device)?.compute_capability()?;
-        let cc = u32::try_from(major * 10 + minor)
-            .map_err(|_| Error::InvalidState(format!("compute capability {major}.{minor}")))?;
+        let cc = u32::try_from(major * 10 + minor).map_err(|_| {
+            Error::invalid_state(
+                StateKind::Unexpected,
+                format!("compute capability {major}.{minor}"),
+            )
+        })?;
         let dir = KernelCache::global().disk_dir();
         let supported = nvrtc_facts::nvrtc_facts(dir.as_deref())?.archs.clone();
         cap_arch(cc, &supported).ok_or_else(|| {
-            Error::NotSupported(format!(
-                "device {device} is sm_{cc} but the loaded NVRTC compiles only for {supported:?}"
-            ))
+            Error::not_supported(
+                UnsupportedKind::Architecture,
+                format!(
+                    "device {device} is sm_{cc} but the loaded NVRTC compiles only for \
+                     {supported:?}"
+                ),
+            )
         })
     })
     .clone()

@@ -25,7 +25,7 @@ pub fn forget_current_context() {
 }
 
 use crate::driver::{self, sys};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, Unavailable};
 
 /// Number of CUDA devices (asked once, then cached: the driver fixes it at `cuInit`).
 /// An error when the driver cannot be loaded or initialised; use [`is_available`] for
@@ -41,13 +41,23 @@ pub fn is_available() -> bool {
     availability().is_ok()
 }
 
-/// `Ok(device count)` when CUDA is usable, else the reason in words (driver library
-/// missing and where it was looked for, `cuInit` failing, no device).
-pub fn availability() -> std::result::Result<i32, String> {
+/// `Ok(device count)` when CUDA is usable, else why not: the driver library missing
+/// (with every path tried), the driver too old (with its version), `cuInit` failing
+/// (with the driver's error), or no device. [`Unavailable`] says it in words too, and
+/// converts into [`Error::NotAvailable`] with `?`.
+///
+/// ```
+/// match cuda_rt::availability() {
+///     Ok(n) => println!("{n} CUDA device(s)"),
+///     Err(cuda_rt::Unavailable::NoDevice) => println!("a driver, but no GPU"),
+///     Err(why) => println!("CUDA is not available: {why}"),
+/// }
+/// ```
+pub fn availability() -> std::result::Result<i32, Unavailable> {
     match device_count() {
-        Ok(0) => Err("the CUDA driver reports no device".into()),
+        Ok(0) => Err(Unavailable::NoDevice),
         Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(Unavailable::from_error(e)),
     }
 }
 
@@ -86,9 +96,10 @@ impl Device {
                 return Ok(d);
             }
         }
-        Err(Error::InvalidArgument(format!(
-            "PCI bus id {bus_id:?} names no device visible to this process"
-        )))
+        Err(Error::invalid_argument(
+            ArgumentKind::NotFound,
+            format!("PCI bus id {bus_id:?} names no device visible to this process"),
+        ))
     }
 
     /// The device that owns the memory at `ptr` (device memory, managed memory, or
@@ -96,9 +107,10 @@ impl Device {
     /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)`.
     pub fn from_pointer(ptr: u64) -> Result<Device> {
         let id = driver::device::pointer_device_ordinal(ptr).map_err(|e| match e {
-            Error::Driver(d) => {
-                Error::InvalidArgument(format!("pointer {ptr:#x} is not memory CUDA knows ({d})"))
-            }
+            Error::Driver(d) => Error::invalid_argument(
+                ArgumentKind::NotFound,
+                format!("pointer {ptr:#x} is not memory CUDA knows ({d})"),
+            ),
             other => other,
         })?;
         Device::new(id)
@@ -196,10 +208,13 @@ impl Device {
     /// (`CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`) or its suffix, any case.
     pub fn attribute_by_name(&self, name: &str) -> Result<i32> {
         let attr = DeviceAttribute::from_name(name).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{name:?} is not a device attribute (e.g. MaxThreadsPerBlock, \
-                 CU_DEVICE_ATTRIBUTE_WARP_SIZE)"
-            ))
+            Error::invalid_argument(
+                ArgumentKind::NotFound,
+                format!(
+                    "{name:?} is not a device attribute (e.g. MaxThreadsPerBlock, \
+                     CU_DEVICE_ATTRIBUTE_WARP_SIZE)"
+                ),
+            )
         })?;
         self.attribute(attr)
     }

@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 
 use super::{drv, sys};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 
 pub use crate::thread_state::MAX_DEVICES;
 use crate::thread_state::{
@@ -26,7 +26,12 @@ pub fn primary(id: i32) -> Result<sys::CUcontext> {
     let slot = usize::try_from(id)
         .ok()
         .and_then(|i| PRIMARY.get(i))
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {id} is out of range")))?;
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {id} is out of range"),
+            )
+        })?;
     let addr = slot
         .get_or_init(|| {
             let dev = super::device::get(id)?;

@@ -59,7 +59,10 @@ pub fn pci_bus_id(dev: sys::CUdevice) -> Result<String> {
 pub fn by_pci_bus_id(id: &str) -> Result<sys::CUdevice> {
     init()?;
     let c = std::ffi::CString::new(id).map_err(|_| {
-        crate::Error::InvalidArgument(format!("PCI bus id {id:?} contains a NUL byte"))
+        crate::Error::invalid_argument(
+            crate::error::ArgumentKind::InteriorNul,
+            format!("PCI bus id {id:?} contains a NUL byte"),
+        )
     })?;
     let mut d: sys::CUdevice = 0;
     // SAFETY: `c` is NUL-terminated, `d` a valid out pointer.

@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 
 use super::{drv, sys};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StateKind};
 
 /// `cuMemHostAlloc(size, flags)`: page-locked host memory; the address as an integer.
 /// A context must be current.
@@ -15,9 +15,10 @@ pub fn alloc(size: usize, flags: u32) -> Result<u64> {
     // SAFETY: `p` is a valid out pointer; a context is current (caller).
     drv!(cuMemHostAlloc(&mut p, size, flags))?;
     if p.is_null() {
-        return Err(Error::InvalidState(format!(
-            "cuMemHostAlloc({size}) succeeded but returned a null pointer"
-        )));
+        return Err(Error::invalid_state(
+            StateKind::Unexpected,
+            format!("cuMemHostAlloc({size}) succeeded but returned a null pointer"),
+        ));
     }
     Ok(p as u64)
 }

@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 
 use super::{check, drv, sys};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 
 /// Size of the JIT error log buffer handed to `cuModuleLoadDataEx`.
 const JIT_LOG_BYTES: usize = 8192;
@@ -41,9 +41,10 @@ pub fn load_data(image: &[u8]) -> Result<sys::CUmodule> {
             if text.is_empty() {
                 Err(Error::Driver(d))
             } else {
-                Err(Error::InvalidArgument(format!(
-                    "loading the module image failed: {d}; JIT log:\n{text}"
-                )))
+                Err(Error::invalid_argument(
+                    ArgumentKind::Other,
+                    format!("loading the module image failed: {d}; JIT log:\n{text}"),
+                ))
             }
         }
         Err(e) => Err(e),
@@ -188,6 +189,10 @@ pub fn max_potential_cluster_size(f: sys::CUfunction, config: &sys::CUlaunchConf
 
 /// A `CString` for a symbol name, or an error naming it.
 pub fn c_name(what: &str, name: &str) -> Result<CString> {
-    CString::new(name)
-        .map_err(|_| Error::InvalidArgument(format!("{what} name {name:?} contains a NUL byte")))
+    CString::new(name).map_err(|_| {
+        Error::invalid_argument(
+            ArgumentKind::InteriorNul,
+            format!("{what} name {name:?} contains a NUL byte"),
+        )
+    })
 }

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use cuda_sys::nvrtc::{self as nv, nvrtcProgram, nvrtcResult};
 
-use crate::error::{CompileError, Error, Result};
+use crate::error::{ArgumentKind, CompileError, Error, Result, StateKind};
 
 /// Calls an NVRTC entry point and checks its result:
 /// `nvrtc!(nvrtcVersion(&mut a, &mut b))`. The caller writes the `// SAFETY:` line.
@@ -162,10 +162,16 @@ impl Program {
     /// `nvrtcCreateProgram` for `source` under the name `name` (no headers).
     pub fn new(source: &str, name: &str) -> Result<Program> {
         let src = CString::new(source).map_err(|_| {
-            Error::InvalidArgument(format!("the source of {name} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("the source of {name} contains a NUL byte"),
+            )
         })?;
         let cname = CString::new(name).map_err(|_| {
-            Error::InvalidArgument(format!("source name {name:?} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("source name {name:?} contains a NUL byte"),
+            )
         })?;
         let mut prog: nvrtcProgram = std::ptr::null_mut();
         // SAFETY: both strings are NUL-terminated; no headers (null arrays, count 0).
@@ -186,7 +192,10 @@ impl Program {
     /// `nvrtcAddNameExpression` (before compiling).
     pub fn add_name_expression(&mut self, expr: &str) -> Result<()> {
         let c = CString::new(expr).map_err(|_| {
-            Error::InvalidArgument(format!("name expression {expr:?} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("name expression {expr:?} contains a NUL byte"),
+            )
         })?;
         // SAFETY: the program is alive; `c` is NUL-terminated (NVRTC copies it).
         nvrtc!(nvrtcAddNameExpression(self.prog, c.as_ptr()))
@@ -199,13 +208,20 @@ impl Program {
             .iter()
             .map(|o| {
                 CString::new(o.as_str()).map_err(|_| {
-                    Error::InvalidArgument(format!("compile option {o:?} contains a NUL byte"))
+                    Error::invalid_argument(
+                        ArgumentKind::InteriorNul,
+                        format!("compile option {o:?} contains a NUL byte"),
+                    )
                 })
             })
             .collect::<Result<_>>()?;
         let ptrs: Vec<*const c_char> = owned.iter().map(|c| c.as_ptr()).collect();
-        let n = i32::try_from(ptrs.len())
-            .map_err(|_| Error::InvalidArgument(format!("{} compile options", ptrs.len())))?;
+        let n = i32::try_from(ptrs.len()).map_err(|_| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("{} compile options", ptrs.len()),
+            )
+        })?;
         let f = api()?.nvrtcCompileProgram()?;
         // SAFETY: the program is alive; `ptrs` holds `n` NUL-terminated strings that
         // outlive the call.
@@ -259,16 +275,20 @@ impl Program {
     /// (`nvrtcGetLoweredName`).
     pub fn lowered_name(&self, expr: &str) -> Result<String> {
         let c = CString::new(expr).map_err(|_| {
-            Error::InvalidArgument(format!("name expression {expr:?} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("name expression {expr:?} contains a NUL byte"),
+            )
         })?;
         let mut p: *const c_char = std::ptr::null();
         // SAFETY: the program is alive and compiled; `c` NUL-terminated; `p` a valid
         // out pointer to a string the program owns.
         nvrtc!(nvrtcGetLoweredName(self.prog, c.as_ptr(), &mut p))?;
         if p.is_null() {
-            return Err(Error::InvalidState(format!(
-                "NVRTC gave no lowered name for {expr:?}"
-            )));
+            return Err(Error::invalid_state(
+                StateKind::Unexpected,
+                format!("NVRTC gave no lowered name for {expr:?}"),
+            ));
         }
         // SAFETY: non-null and NUL-terminated, alive while the program is (we copy).
         Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())

@@ -63,7 +63,7 @@ pub use staging::{
     STAGING_BUFFERS,
 };
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::MemoryPointer;
 
 /// The process-wide default pinned memory pool (created on first use).
@@ -136,12 +136,18 @@ pub(crate) fn check_room(what: &str, side: &str, p: &MemoryPointer, bytes: usize
 
 #[cold]
 fn no_room(what: &str, side: &str, p: &MemoryPointer, bytes: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "{what}: {bytes} bytes do not fit: the device {side} has only {} bytes left behind \
-         the pointer {:#x} (offset {} of a memory of {} bytes)",
-        p.size(),
-        p.ptr(),
-        p.offset(),
-        p.mem().size()
-    ))
+    Error::invalid_argument(
+        ArgumentKind::OutOfBounds {
+            requested: bytes as u64,
+            available: p.size() as u64,
+        },
+        format!(
+            "{what}: {bytes} bytes do not fit: the device {side} has only {} bytes left behind \
+             the pointer {:#x} (offset {} of a memory of {} bytes)",
+            p.size(),
+            p.ptr(),
+            p.offset(),
+            p.mem().size()
+        ),
+    )
 }

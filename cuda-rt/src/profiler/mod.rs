@@ -35,7 +35,7 @@ use std::sync::{Mutex, PoisonError};
 use crate::device::get_device_id;
 use crate::driver::context::{make_current, MAX_DEVICES};
 use crate::driver::profiler as raw;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 
 /// Open [`ProfileGuard`]s per device, process-wide. The profiler is started when a
 /// device's count leaves 0 and stopped when it returns to 0, so scopes nest.
@@ -160,7 +160,12 @@ fn device_slot(device: i32) -> Result<usize> {
     usize::try_from(device)
         .ok()
         .filter(|&i| i < MAX_DEVICES)
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {device} is out of range")))
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {device} is out of range"),
+            )
+        })
 }
 
 /// Runs `body` with the CUDA profiler on (CuPy's `with cupy.cuda.profile():`) and

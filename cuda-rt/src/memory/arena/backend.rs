@@ -14,13 +14,16 @@ use std::sync::{Mutex, PoisonError};
 
 #[cfg(any(test, feature = "test-util"))]
 use super::ALLOCATION_UNIT;
+use crate::error::DriverError;
 
 /// Why a [`Backend`] could not allocate.
 #[derive(Debug)]
 pub enum BackendError {
-    /// The backend has no memory for the request. The pool releases its cached
-    /// blocks and retries once before reporting out of memory.
-    OutOfMemory,
+    /// The backend has no memory for the request: a backend over the CUDA driver
+    /// gives the driver's error, a host backend `None`. The pool releases its cached
+    /// blocks and retries once before reporting [`OutOfMemory`](crate::OutOfMemory),
+    /// which carries that error.
+    OutOfMemory(Option<DriverError>),
     /// Any other failure (a driver error, a bad context...). The pool gives it to
     /// the caller unchanged and does not retry.
     Other(Box<dyn StdError + Send + Sync + 'static>),
@@ -29,7 +32,8 @@ pub enum BackendError {
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BackendError::OutOfMemory => f.write_str("the backend is out of memory"),
+            BackendError::OutOfMemory(None) => f.write_str("the backend is out of memory"),
+            BackendError::OutOfMemory(Some(d)) => write!(f, "the backend is out of memory: {d}"),
             BackendError::Other(e) => write!(f, "the backend failed: {e}"),
         }
     }
@@ -38,7 +42,7 @@ impl fmt::Display for BackendError {
 impl StdError for BackendError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            BackendError::OutOfMemory => None,
+            BackendError::OutOfMemory(_) => None,
             BackendError::Other(e) => Some(&**e),
         }
     }
@@ -143,7 +147,7 @@ impl Accounting {
             }
             Err(_) => {
                 self.oom_refusals.fetch_add(1, Ordering::Relaxed);
-                Err(BackendError::OutOfMemory)
+                Err(BackendError::OutOfMemory(None))
             }
         }
     }
@@ -237,7 +241,7 @@ impl Backend for HostBackend {
         let mut buf = Vec::<u8>::new();
         if buf.try_reserve_exact(room).is_err() {
             self.acct.unreserve(size as u64);
-            return Err(BackendError::OutOfMemory);
+            return Err(BackendError::OutOfMemory(None));
         }
         // The cast exposes the buffer's address, so callers may turn the `u64` back
         // into a pointer; moving `buf` into the map does not move its heap buffer.
