@@ -288,6 +288,38 @@ gpu_test!(saxpy_on_typed_buffers, {
     assert!(v[..n - 10].iter().all(|&e| e == 5.0) && v[n - 10..].iter().all(|&e| e == 6.0));
 });
 
+gpu_test!(synchronous_forms_are_complete_for_other_streams, {
+    // A non-blocking stream does not wait for the legacy default stream: what it
+    // reads right after a "synchronous" call must already be there.
+    let n = 8 << 20;
+    let s = Stream::non_blocking().unwrap();
+    let mut host = PinnedBuffer::<u32>::zeros(n).unwrap();
+    for round in 0..3u32 {
+        let mut b = DeviceBuffer::<u32>::zeros(n).unwrap();
+        b.fill(round + 7).unwrap();
+        b.copy_to_pinned_async(&mut host, &s).unwrap().wait().unwrap();
+        assert!(host.as_slice().unwrap().iter().all(|&v| v == round + 7));
+        let c = DeviceBuffer::from_slice(&[round; 1000]).unwrap();
+        b.slice_mut(..1000).unwrap().copy_from(&c).unwrap();
+        b.copy_to_pinned_async(&mut host, &s).unwrap().wait().unwrap();
+        assert!(host.as_slice().unwrap()[..1000].iter().all(|&v| v == round));
+    }
+});
+
+gpu_test!(stream_ordered_forms_follow_their_stream, {
+    let n = 1 << 20;
+    let s = Stream::non_blocking().unwrap();
+    let mut a = DeviceBuffer::<f64>::empty(n).unwrap();
+    let mut b = DeviceBuffer::<f64>::empty(n).unwrap();
+    let mut host = PinnedBuffer::<f64>::zeros(n).unwrap();
+    a.fill_async(2.5, &s).unwrap();
+    b.copy_from_async(&a, &s).unwrap();
+    b.slice_mut(..10).unwrap().memset_async(0, &s).unwrap();
+    b.copy_to_pinned_async(&mut host, &s).unwrap().wait().unwrap();
+    let v = host.as_slice().unwrap();
+    assert!(v[..10].iter().all(|&x| x == 0.0) && v[10..].iter().all(|&x| x == 2.5));
+});
+
 gpu_test!(memory_under_a_kernel_is_not_handed_to_another_stream, {
     let k = kernels::Kernels::load();
     let n = 1 << 20;

@@ -8,7 +8,7 @@ use super::{
     byte_len, range_of, AsDeviceSlice, DeviceSlice, DeviceSliceMut, PinnedBuffer, Transfer,
     MAX_ALIGN,
 };
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::{MemoryPointer, Pod};
 use crate::stream::AsStream;
 
@@ -87,21 +87,33 @@ impl<T: Pod> DeviceBuffer<T> {
         let what = "DeviceBuffer::from_pointer";
         let bytes = byte_len::<T>(what, len)?;
         if bytes > mem.size() {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: {len} elements of {} take {bytes} bytes, but only {} are left \
-                 behind the pointer {:#x}",
-                std::any::type_name::<T>(),
-                mem.size(),
-                mem.ptr()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: bytes as u64,
+                    available: mem.size() as u64,
+                },
+                format!(
+                    "{what}: {len} elements of {} take {bytes} bytes, but only {} are left \
+                     behind the pointer {:#x}",
+                    std::any::type_name::<T>(),
+                    mem.size(),
+                    mem.ptr()
+                ),
+            ));
         }
         let align = std::mem::align_of::<T>().min(MAX_ALIGN) as u64;
         if bytes != 0 && !mem.ptr().is_multiple_of(align) {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: the pointer {:#x} is not aligned for {} ({align} bytes)",
-                mem.ptr(),
-                std::any::type_name::<T>()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::Misaligned {
+                    address: mem.ptr(),
+                    alignment: align,
+                },
+                format!(
+                    "{what}: the pointer {:#x} is not aligned for {} ({align} bytes)",
+                    mem.ptr(),
+                    std::any::type_name::<T>()
+                ),
+            ));
         }
         Ok(DeviceBuffer {
             mem,
@@ -159,13 +171,13 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// The elements in `range`.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
-        let (s, e) = range_of("DeviceBuffer::slice", range, self.len)?;
+        let (s, e) = range_of::<T>("DeviceBuffer::slice", range, self.len)?;
         Ok(DeviceSlice::new(&self.mem, s, e - s))
     }
 
     /// The elements in `range`, exclusively.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
-        let (s, e) = range_of("DeviceBuffer::slice_mut", range, self.len)?;
+        let (s, e) = range_of::<T>("DeviceBuffer::slice_mut", range, self.len)?;
         Ok(DeviceSliceMut::new(&self.mem, s, e - s))
     }
 
@@ -192,17 +204,19 @@ impl<T: Pod> DeviceBuffer<T> {
         self.as_slice().copy_to_host(dst)
     }
 
-    /// Copies `src` (as many elements) into the buffer, synchronously.
+    /// Copies `src` (as many elements) into the buffer, complete on return.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         self.as_mut_slice().copy_from_host(src)
     }
 
-    /// Copies `src` (as many elements, on any device) into the buffer, synchronously.
+    /// Copies `src` (as many elements, on any device) into the buffer, complete on
+    /// return.
     pub fn copy_from(&mut self, src: &(impl AsDeviceSlice<T> + ?Sized)) -> Result<()> {
         self.as_mut_slice().copy_from(src)
     }
 
-    /// Copies the buffer into `dst` (as many elements, on any device), synchronously.
+    /// Copies the buffer into `dst` (as many elements, on any device), complete on
+    /// return.
     pub fn copy_to(&self, dst: &mut DeviceBuffer<T>) -> Result<()> {
         dst.copy_from(self)
     }
@@ -227,14 +241,36 @@ impl<T: Pod> DeviceBuffer<T> {
         self.as_slice().copy_to_pinned_async(dst, stream)
     }
 
-    /// Sets every element to `value`, synchronously (see [`DeviceSliceMut::fill`]).
+    /// Queues a copy of `src` (as many elements, on any device) into the buffer on
+    /// `stream` (see [`DeviceSliceMut::copy_from_async`]).
+    pub fn copy_from_async(
+        &mut self,
+        src: &(impl AsDeviceSlice<T> + ?Sized),
+        stream: &impl AsStream,
+    ) -> Result<()> {
+        self.as_mut_slice().copy_from_async(src, stream)
+    }
+
+    /// Sets every element to `value`, complete on return (see
+    /// [`DeviceSliceMut::fill`]).
     pub fn fill(&mut self, value: T) -> Result<()> {
         self.as_mut_slice().fill(value)
     }
 
-    /// Sets every byte to `value`, synchronously.
+    /// Queues the setting of every element to `value` on `stream` (see
+    /// [`DeviceSliceMut::fill_async`]).
+    pub fn fill_async(&mut self, value: T, stream: &impl AsStream) -> Result<()> {
+        self.as_mut_slice().fill_async(value, stream)
+    }
+
+    /// Sets every byte to `value`, complete on return.
     pub fn memset(&mut self, value: u8) -> Result<()> {
         self.as_mut_slice().memset(value)
+    }
+
+    /// Queues the setting of every byte to `value` on `stream`.
+    pub fn memset_async(&mut self, value: u8, stream: &impl AsStream) -> Result<()> {
+        self.as_mut_slice().memset_async(value, stream)
     }
 }
 

@@ -55,6 +55,12 @@
 //! recorded after it holds the device memory and the pinned block, however the buffers
 //! are dropped. No host synchronisation is made for this.
 //!
+//! # Synchronous and stream-ordered
+//! The methods without `_async` (`zeros`, `from_slice`, `copy_from_host`, `copy_from`,
+//! `fill`, `memset`, `to_vec`) queue their work on the current stream and wait for
+//! it: their effect is complete, for every stream, when they return. The `_async`
+//! forms take a stream and only queue the work, ordered with the stream's other work.
+//!
 //! Copies from and to ordinary (pageable) host slices
 //! ([`DeviceSliceMut::copy_from_host`], [`DeviceSlice::copy_to_host`],
 //! [`DeviceSlice::to_vec`]) are complete when they return: large ones are staged
@@ -71,7 +77,7 @@ pub use pinned::PinnedBuffer;
 pub use slice::{AsDeviceSlice, DeviceSlice, DeviceSliceMut};
 pub use transfer::Transfer;
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::Pod;
 
 /// The largest element alignment a buffer takes: device and pinned allocations start
@@ -81,17 +87,26 @@ pub(crate) const MAX_ALIGN: usize = 256;
 /// `len` elements of `T` in bytes, or an error naming the overflow.
 pub(crate) fn byte_len<T: Pod>(what: &str, len: usize) -> Result<usize> {
     if std::mem::align_of::<T>() > MAX_ALIGN {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: {} needs {}-byte alignment; buffers guarantee {MAX_ALIGN}",
-            std::any::type_name::<T>(),
-            std::mem::align_of::<T>()
-        )));
+        return Err(Error::invalid_argument(
+            ArgumentKind::Incompatible,
+            format!(
+                "{what}: {} needs {}-byte alignment; buffers guarantee {MAX_ALIGN}",
+                std::any::type_name::<T>(),
+                std::mem::align_of::<T>()
+            ),
+        ));
     }
     len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "{what}: {len} elements of {} overflow usize bytes",
-            std::any::type_name::<T>()
-        ))
+        Error::invalid_argument(
+            ArgumentKind::OutOfBounds {
+                requested: u64::MAX,
+                available: isize::MAX as u64,
+            },
+            format!(
+                "{what}: {len} elements of {} overflow usize bytes",
+                std::any::type_name::<T>()
+            ),
+        )
     })
 }
 
@@ -149,8 +164,9 @@ fn zero<T: Pod>() -> T {
     unsafe { std::mem::zeroed() }
 }
 
-/// The range `r` of a length `len`, checked: `start <= end <= len`.
-pub(crate) fn range_of(
+/// The range `r` of a length `len` in `T`s, checked: `start <= end <= len` (an error
+/// counts the bytes).
+pub(crate) fn range_of<T>(
     what: &str,
     r: impl std::ops::RangeBounds<usize>,
     len: usize,
@@ -168,10 +184,17 @@ pub(crate) fn range_of(
     };
     match (start, end) {
         (Some(s), Some(e)) if s <= e && e <= len => Ok((s, e)),
-        _ => Err(Error::InvalidArgument(format!(
-            "{what}: range {} is outside 0..{len}",
-            show_range(&r)
-        ))),
+        _ => {
+            let size = std::mem::size_of::<T>() as u64;
+            let end = end.map_or(u64::MAX, |e| (e as u64).saturating_mul(size));
+            Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: end,
+                    available: len as u64 * size,
+                },
+                format!("{what}: range {} is outside 0..{len}", show_range(&r)),
+            ))
+        }
     }
 }
 
@@ -194,10 +217,16 @@ fn show_range(r: &impl std::ops::RangeBounds<usize>) -> String {
 /// Two lengths in elements that must be equal for a copy.
 pub(crate) fn same_len(what: &str, dst: usize, src: usize) -> Result<()> {
     if dst != src {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: the destination holds {dst} elements and the source {src}; a copy \
-             between buffers takes equal lengths (slice one of them)"
-        )));
+        return Err(Error::invalid_argument(
+            ArgumentKind::LengthMismatch {
+                expected: dst as u64,
+                found: src as u64,
+            },
+            format!(
+                "{what}: the destination holds {dst} elements and the source {src}; a copy \
+                 between buffers takes equal lengths (slice one of them)"
+            ),
+        ));
     }
     Ok(())
 }
@@ -208,15 +237,15 @@ mod tests {
 
     #[test]
     fn ranges_are_checked() {
-        assert_eq!(range_of("t", .., 10).unwrap(), (0, 10));
-        assert_eq!(range_of("t", 2..5, 10).unwrap(), (2, 5));
-        assert_eq!(range_of("t", 2..=5, 10).unwrap(), (2, 6));
-        assert_eq!(range_of("t", 10.., 10).unwrap(), (10, 10));
+        assert_eq!(range_of::<u8>("t", .., 10).unwrap(), (0, 10));
+        assert_eq!(range_of::<u8>("t", 2..5, 10).unwrap(), (2, 5));
+        assert_eq!(range_of::<u8>("t", 2..=5, 10).unwrap(), (2, 6));
+        assert_eq!(range_of::<u8>("t", 10.., 10).unwrap(), (10, 10));
         let (five, four) = (5, 4);
-        assert!(range_of("t", five..four, 10).is_err());
-        assert!(range_of("t", 0..11, 10).is_err());
-        assert!(range_of("t", ..=usize::MAX, 10).is_err());
-        let e = range_of("t", 2..=11, 10).unwrap_err().to_string();
+        assert!(range_of::<u8>("t", five..four, 10).is_err());
+        assert!(range_of::<u8>("t", 0..11, 10).is_err());
+        assert!(range_of::<u8>("t", ..=usize::MAX, 10).is_err());
+        let e = range_of::<u8>("t", 2..=11, 10).unwrap_err().to_string();
         assert!(e.contains("range 2..=11 is outside 0..10"), "{e}");
     }
 

@@ -8,7 +8,7 @@ use std::ops::RangeBounds;
 use super::{byte_len, range_of, same_len, value_bytes, zeroed_vec, PinnedBuffer, Transfer};
 use crate::error::Result;
 use crate::memory::{MemoryPointer, Pod};
-use crate::stream::AsStream;
+use crate::stream::{get_current_stream, AsStream};
 
 /// Anything that can be read as a [`DeviceSlice`]: buffers and both kinds of view.
 pub trait AsDeviceSlice<T: Pod> {
@@ -119,7 +119,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
 
     /// The elements in `range` (indices relative to this view).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'a, T>> {
-        let (s, e) = range_of("DeviceSlice::slice", range, self.len)?;
+        let (s, e) = range_of::<T>("DeviceSlice::slice", range, self.len)?;
         Ok(DeviceSlice::new(self.base, self.start + s, e - s))
     }
 
@@ -215,7 +215,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
 
     /// The elements in `range` (relative to this view), exclusively.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
-        let (s, e) = range_of("DeviceSliceMut::slice_mut", range, self.len)?;
+        let (s, e) = range_of::<T>("DeviceSliceMut::slice_mut", range, self.len)?;
         Ok(DeviceSliceMut::new(self.base, self.start + s, e - s))
     }
 
@@ -224,7 +224,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         self,
         mid: usize,
     ) -> Result<(DeviceSliceMut<'a, T>, DeviceSliceMut<'a, T>)> {
-        let (_, mid) = range_of("DeviceSliceMut::split_at_mut", ..mid, self.len)?;
+        let (_, mid) = range_of::<T>("DeviceSliceMut::split_at_mut", ..mid, self.len)?;
         let left = DeviceSliceMut::new(self.base, self.start, mid);
         let right = DeviceSliceMut::new(self.base, self.start + mid, self.len - mid);
         Ok((left, right))
@@ -235,26 +235,43 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         self.as_slice().to_vec()
     }
 
-    /// Copies `src`, which holds as many elements, into the view, synchronously
-    /// (large pageable sources are staged through pinned memory; complete on return).
+    /// Copies `src`, which holds as many elements, into the view. Complete when this
+    /// returns, for every stream: large pageable sources are staged through pinned
+    /// memory by several threads, and the current stream is waited for (the driver's
+    /// own copy from pageable memory may return before the data has landed).
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         same_len("DeviceSliceMut::copy_from_host", self.len, src.len())?;
         if byte_len::<T>("DeviceSliceMut::copy_from_host", self.len)? == 0 {
             return Ok(());
         }
-        self.pointer()?.copy_from_host(src)
+        self.pointer()?.copy_from_host(src)?;
+        get_current_stream().synchronize()
     }
 
     /// Copies the elements of `src` (as many; on this device or another, through
-    /// peer copies) into the view, synchronously.
+    /// peer copies) into the view on the current stream, and waits for it: complete
+    /// when this returns.
     pub fn copy_from(&mut self, src: &(impl AsDeviceSlice<T> + ?Sized)) -> Result<()> {
+        let s = get_current_stream();
+        self.copy_from_async(src, &s)?;
+        s.synchronize()
+    }
+
+    /// Queues a copy of the elements of `src` (as many; on any device) into the view
+    /// on `stream`: ordered with the stream's other work, not waited for.
+    pub fn copy_from_async(
+        &mut self,
+        src: &(impl AsDeviceSlice<T> + ?Sized),
+        stream: &impl AsStream,
+    ) -> Result<()> {
         let src = src.as_device_slice();
-        let bytes = byte_len::<T>("DeviceSliceMut::copy_from", self.len)?;
-        same_len("DeviceSliceMut::copy_from", self.len, src.len())?;
+        let bytes = byte_len::<T>("DeviceSliceMut::copy_from_async", self.len)?;
+        same_len("DeviceSliceMut::copy_from_async", self.len, src.len())?;
         if bytes == 0 {
             return Ok(());
         }
-        self.pointer()?.copy_from_device(&src.as_pointer()?, bytes)
+        self.pointer()?
+            .copy_from_device_async(&src.as_pointer()?, bytes, Some(stream))
     }
 
     /// Queues a copy of `src` (as many elements) into the view on `stream` and
@@ -276,26 +293,36 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         Ok(Transfer::new(src.pointer()))
     }
 
-    /// Sets every element to `value`, synchronously: one memset when the value's
-    /// bytes repeat with a period of 1, 2 or 4 bytes, otherwise one copy of the value
-    /// and copies doubling the filled prefix (about log2(len) device copies).
+    /// Sets every element to `value` on the current stream, and waits for it:
+    /// complete when this returns (see [`fill_async`](Self::fill_async) for how).
     pub fn fill(&mut self, value: T) -> Result<()> {
-        let bytes = byte_len::<T>("DeviceSliceMut::fill", self.len)?;
+        let s = get_current_stream();
+        self.fill_async(value, &s)?;
+        s.synchronize()
+    }
+
+    /// Queues, on `stream`, the setting of every element to `value`: one memset when
+    /// the value's bytes repeat with a period of 1, 2 or 4 bytes, otherwise one copy of
+    /// the value (staged by the driver before this returns) and device copies doubling
+    /// the filled prefix (about log2(len) of them).
+    pub fn fill_async(&mut self, value: T, stream: &impl AsStream) -> Result<()> {
+        let bytes = byte_len::<T>("DeviceSliceMut::fill_async", self.len)?;
         if bytes == 0 {
             return Ok(());
         }
         let v = value_bytes(&value);
         let p = self.pointer()?;
+        let s: Option<&dyn AsStream> = Some(stream);
         match memset_period(v) {
-            Some(Period::One(b)) => p.memset(b, bytes),
-            Some(Period::Two(w)) => p.memset_u16(w, bytes / 2),
-            Some(Period::Four(w)) => p.memset_u32(w, bytes / 4),
+            Some(Period::One(b)) => p.memset_async(b, bytes, s),
+            Some(Period::Two(w)) => p.memset_u16_async(w, bytes / 2, s),
+            Some(Period::Four(w)) => p.memset_u32_async(w, bytes / 4, s),
             None => {
-                p.copy_from_host(v)?;
+                p.copy_from_host_async(v, s)?;
                 let mut done = v.len();
                 while done < bytes {
                     let n = done.min(bytes - done);
-                    p.checked_add(done)?.copy_from_device(&p, n)?;
+                    p.checked_add(done)?.copy_from_device_async(&p, n, s)?;
                     done += n;
                 }
                 Ok(())
@@ -303,13 +330,21 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         }
     }
 
-    /// Sets every byte of the view to `value`, synchronously.
+    /// Sets every byte of the view to `value` on the current stream, and waits for
+    /// it: complete when this returns.
     pub fn memset(&mut self, value: u8) -> Result<()> {
-        let bytes = byte_len::<T>("DeviceSliceMut::memset", self.len)?;
+        let s = get_current_stream();
+        self.memset_async(value, &s)?;
+        s.synchronize()
+    }
+
+    /// Queues, on `stream`, the setting of every byte of the view to `value`.
+    pub fn memset_async(&mut self, value: u8, stream: &impl AsStream) -> Result<()> {
+        let bytes = byte_len::<T>("DeviceSliceMut::memset_async", self.len)?;
         if bytes == 0 {
             return Ok(());
         }
-        self.pointer()?.memset(value, bytes)
+        self.pointer()?.memset_async(value, bytes, Some(stream))
     }
 
     fn pointer(&self) -> Result<MemoryPointer> {
