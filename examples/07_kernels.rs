@@ -62,13 +62,10 @@ fn run() -> cuda_rt::Result<()> {
 
     let n = 1 << 20;
     let cfg = LaunchConfig::for_num_elems(&saxpy, n as u32)?; // the best block size
-    let attrs = saxpy.attributes()?;
+    let (attrs, block) = (saxpy.attributes()?, cfg.block.x);
+    let active = saxpy.max_active_blocks_per_multiprocessor(block, 0)?;
     let (regs, sm) = (attrs.num_regs, attrs.binary_version);
-    let active = saxpy.max_active_blocks_per_multiprocessor(cfg.block.x, 0)?;
-    println!(
-        "saxpy: sm_{sm}, {regs} registers, blocks of {}, {active} per SM",
-        cfg.block.x
-    );
+    println!("saxpy: sm_{sm}, {regs} registers, blocks of {block}, {active} per SM");
 
     // Typed buffers are kernel arguments: each passes its device address.
     let host_x: Vec<f32> = (0..n).map(|i| (i % 4096) as f32).collect();
@@ -99,10 +96,8 @@ fn run() -> cuda_rt::Result<()> {
     let module =
         RawModule::from_source(SCALE, &["-std=c++17"], &["scale<float>", "scale<double>"])?;
     let scale_f64 = module.get_function("scale<double>")?;
-    println!(
-        "scale<double> is {:?}",
-        module.lowered_name("scale<double>")
-    );
+    let lowered = module.lowered_name("scale<double>").unwrap_or_default();
+    println!("scale<double> is {lowered}");
     let d = DeviceBuffer::from_slice(&[1.5f64; 1000])?;
     let cfg = LaunchConfig::for_num_elems_with_block(1000, 128);
     // SAFETY: scale<double>(double* x, double a, int n): d holds 1000 doubles; `to_vec`
