@@ -297,11 +297,17 @@ gpu_test!(synchronous_forms_are_complete_for_other_streams, {
     for round in 0..3u32 {
         let mut b = DeviceBuffer::<u32>::zeros(n).unwrap();
         b.fill(round + 7).unwrap();
-        b.copy_to_pinned_async(&mut host, &s).unwrap().wait().unwrap();
+        b.copy_to_pinned_async(&mut host, &s)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert!(host.as_slice().unwrap().iter().all(|&v| v == round + 7));
         let c = DeviceBuffer::from_slice(&[round; 1000]).unwrap();
         b.slice_mut(..1000).unwrap().copy_from(&c).unwrap();
-        b.copy_to_pinned_async(&mut host, &s).unwrap().wait().unwrap();
+        b.copy_to_pinned_async(&mut host, &s)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert!(host.as_slice().unwrap()[..1000].iter().all(|&v| v == round));
     }
 });
@@ -315,7 +321,10 @@ gpu_test!(stream_ordered_forms_follow_their_stream, {
     a.fill_async(2.5, &s).unwrap();
     b.copy_from_async(&a, &s).unwrap();
     b.slice_mut(..10).unwrap().memset_async(0, &s).unwrap();
-    b.copy_to_pinned_async(&mut host, &s).unwrap().wait().unwrap();
+    b.copy_to_pinned_async(&mut host, &s)
+        .unwrap()
+        .wait()
+        .unwrap();
     let v = host.as_slice().unwrap();
     assert!(v[..10].iter().all(|&x| x == 0.0) && v[10..].iter().all(|&x| x == 2.5));
 });
