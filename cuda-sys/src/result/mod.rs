@@ -81,6 +81,12 @@ mod error;
 #[rustfmt::skip]
 mod lib_status;
 
+#[cfg(feature = "driver")]
+pub mod context;
+#[cfg(feature = "driver")]
+pub mod device;
+#[cfg(feature = "driver")]
+pub mod memory;
 
 #[cfg(feature = "nvrtc")]
 pub mod nvrtc;
