@@ -86,7 +86,11 @@ pub mod context;
 #[cfg(feature = "driver")]
 pub mod device;
 #[cfg(feature = "driver")]
+pub mod event;
+#[cfg(feature = "driver")]
 pub mod memory;
+#[cfg(feature = "driver")]
+pub mod stream;
 
 #[cfg(feature = "nvrtc")]
 pub mod nvrtc;
