@@ -88,7 +88,15 @@ pub mod device;
 #[cfg(feature = "driver")]
 pub mod event;
 #[cfg(feature = "driver")]
+pub mod graph;
+#[cfg(feature = "driver")]
+pub mod launch;
+#[cfg(feature = "driver")]
 pub mod memory;
+#[cfg(feature = "driver")]
+pub mod module;
+#[cfg(feature = "driver")]
+pub mod profiler;
 #[cfg(feature = "driver")]
 pub mod stream;
 
