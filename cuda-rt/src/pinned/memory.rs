@@ -6,6 +6,7 @@
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use super::bytes;
 use super::fence::{Fence, Pending};
 use super::pool::PinnedCore;
 use crate::driver::{self, context, host, sys};
@@ -439,7 +440,7 @@ impl PinnedMemoryPointer {
             None => Ok(&[]),
             Some(o) => {
                 o.wait(false)?;
-                Ok(host::bytes(self, o.addr() + self.offset as u64, self.len))
+                Ok(bytes::bytes(self, o.addr() + self.offset as u64, self.len))
             }
         }
     }
@@ -454,21 +455,21 @@ impl PinnedMemoryPointer {
                 (o.addr() + self.offset as u64, self.len)
             }
         };
-        Ok(host::bytes_mut(self, addr, len))
+        Ok(bytes::bytes_mut(self, addr, len))
     }
 
     /// The range as `T`s; an error when it is not aligned for `T` or its length is
     /// not a multiple of `T`'s size.
     pub fn as_slice_of<T: Pod>(&self) -> Result<&[T]> {
         let b = self.as_slice()?;
-        host::typed(b).ok_or_else(|| misaligned::<T>(b.as_ptr() as u64, b.len()))
+        bytes::typed(b).ok_or_else(|| misaligned::<T>(b.as_ptr() as u64, b.len()))
     }
 
     /// The range as mutable `T`s (as [`as_mut_slice`](Self::as_mut_slice)).
     pub fn as_mut_slice_of<T: Pod>(&mut self) -> Result<&mut [T]> {
         let b = self.as_mut_slice()?;
         let (p, n) = (b.as_ptr() as u64, b.len());
-        host::typed_mut(b).ok_or_else(|| misaligned::<T>(p, n))
+        bytes::typed_mut(b).ok_or_else(|| misaligned::<T>(p, n))
     }
 
     /// Copies the range ([`len`](Self::len) bytes) to the device memory at `dst` on

@@ -42,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+mod bytes;
 mod fence;
 mod memory;
 pub mod pool;

@@ -25,6 +25,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
+use super::bytes;
 use super::fence::{give_event, take_event};
 use super::PinnedMemoryPointer;
 use crate::driver::{context, host, sys};
@@ -243,7 +244,7 @@ impl Workers {
                     q = self.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            host::copy_raw(job.dst, job.src, job.len);
+            bytes::copy_raw(job.dst, job.src, job.len);
             job.latch.done(job.slot);
         }
     }
@@ -254,7 +255,7 @@ impl Workers {
         let mut q = self.lock();
         if q.live == 0 {
             drop(q);
-            host::copy_raw(dst, src, len);
+            bytes::copy_raw(dst, src, len);
             return;
         }
         let piece = piece_size_for(len, q.target);
