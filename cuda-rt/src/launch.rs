@@ -237,9 +237,33 @@ pub unsafe trait KernelArg {
 /// the kernel would dereference.
 pub unsafe trait PlainData: Copy {}
 
-// The impls for primitives, pointers and arrays, and the blanket `KernelArg` impl for
-// plain data, live in the driver layer (crate::driver::launch) with the crate's other
-// `unsafe`.
+// Primitives, pointers and arrays are plain data, and plain data is a kernel argument.
+
+// SAFETY: `&self` points to `size_of::<T>()` bytes of plain data.
+unsafe impl<T: PlainData> KernelArg for T {
+    #[inline(always)]
+    fn param_ptr(&self) -> *mut c_void {
+        self as *const T as *mut c_void
+    }
+    #[inline(always)]
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
+}
+
+macro_rules! plain {
+    ($($t:ty),*) => { $(
+        // SAFETY: a primitive: its bytes are its C layout.
+        unsafe impl PlainData for $t {}
+    )* };
+}
+plain!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64, bool);
+// SAFETY: a pointer is passed by value as its address (a device or managed pointer).
+unsafe impl<T> PlainData for *const T {}
+// SAFETY: as above.
+unsafe impl<T> PlainData for *mut T {}
+// SAFETY: an array of plain data is plain data (for use inside structs).
+unsafe impl<T: PlainData, const N: usize> PlainData for [T; N] {}
 
 /// A launch attribute for [`Function::launch_ex`] (`cuLaunchKernelEx`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -619,6 +643,18 @@ mod tests {
         assert_eq!((c.grid.x, c.block.x), (4, 256));
         let c = LaunchConfig::for_num_elems_with_block(0, 128);
         assert_eq!(c.grid.x, 1);
+    }
+
+    #[test]
+    fn cluster_attribute_sets_id_and_dims() {
+        let a = LaunchAttribute::ClusterDim(Dim3::new(2, 1, 1)).to_raw();
+        assert_eq!(
+            a.id,
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        );
+        // SAFETY: the cluster variant was written.
+        let d = unsafe { a.value.clusterDim };
+        assert_eq!((d.x, d.y, d.z), (2, 1, 1));
     }
 
     #[test]

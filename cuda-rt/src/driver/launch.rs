@@ -8,15 +8,11 @@
 //! run arbitrary device code with the caller's parameters, which nothing here can
 //! check, so the promise travels up to the public `unsafe fn`s of `crate::launch` (see
 //! each function's `# Safety`).
-//!
-//! The `unsafe impl`s that make primitives, pointers and plain-data types kernel
-//! arguments live here too.
 
 use std::ffi::c_void;
 
 use super::{check, sys};
 use crate::error::Result;
-use crate::launch::{KernelArg, PlainData};
 
 /// `cuLaunchKernel`.
 ///
@@ -97,49 +93,4 @@ pub unsafe fn launch_ex(
     // kernel (see `# Safety`).
     let rc = unsafe { launch(config, f, params, std::ptr::null_mut()) };
     check(rc, "cuLaunchKernelEx")
-}
-
-// SAFETY: `&self` points to `size_of::<T>()` bytes of plain data.
-unsafe impl<T: PlainData> KernelArg for T {
-    #[inline(always)]
-    fn param_ptr(&self) -> *mut c_void {
-        self as *const T as *mut c_void
-    }
-    #[inline(always)]
-    fn param_size(&self) -> usize {
-        std::mem::size_of::<T>()
-    }
-}
-
-macro_rules! plain {
-    ($($t:ty),*) => { $(
-        // SAFETY: a primitive: its bytes are its C layout.
-        unsafe impl PlainData for $t {}
-    )* };
-}
-plain!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64, bool);
-// SAFETY: a pointer is passed by value as its address (a device or managed pointer).
-unsafe impl<T> PlainData for *const T {}
-// SAFETY: as above.
-unsafe impl<T> PlainData for *mut T {}
-// SAFETY: an array of plain data is plain data (for use inside structs).
-unsafe impl<T: PlainData, const N: usize> PlainData for [T; N] {}
-
-#[cfg(test)]
-mod tests {
-    use crate::launch::{Dim3, LaunchAttribute};
-
-    use super::sys;
-
-    #[test]
-    fn cluster_attribute_sets_id_and_dims() {
-        let a = LaunchAttribute::ClusterDim(Dim3::new(2, 1, 1)).to_raw();
-        assert_eq!(
-            a.id,
-            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        );
-        // SAFETY: the cluster variant was written.
-        let d = unsafe { a.value.clusterDim };
-        assert_eq!((d.x, d.y, d.z), (2, 1, 1));
-    }
 }
