@@ -10,8 +10,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::context::make_current;
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::stream::{get_current_stream, AsStream};

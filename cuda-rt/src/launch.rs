@@ -59,7 +59,8 @@
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
-use crate::driver::{context::make_current, launch as dl, sys};
+use crate::device::context::make_current;
+use crate::driver::{launch as dl, sys};
 use crate::error::{Error, Result};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};

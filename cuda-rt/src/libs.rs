@@ -14,7 +14,7 @@ use std::cell::RefCell;
 
 use cuda_sys::{cublas, curand, cusolver, cusparse};
 
-use crate::driver::context::{make_current, MAX_DEVICES};
+use crate::device::context::{make_current, MAX_DEVICES};
 use crate::driver::libs as raw;
 use crate::error::{Error, Result};
 use crate::stream::{get_current_stream, AsStream, StreamRef};

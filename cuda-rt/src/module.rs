@@ -26,8 +26,9 @@ use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::{self, context::make_current, module as drv_module, sys};
+use crate::driver::{self, module as drv_module, sys};
 use crate::error::{Error, Result};
 
 /// ELF magic: a cubin.

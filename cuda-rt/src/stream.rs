@@ -29,8 +29,8 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::context::make_current;
 use crate::driver::{self, sys};
 use crate::error::{DriverError, Error, Result};
 use crate::event::Event;

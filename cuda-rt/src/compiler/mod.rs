@@ -30,7 +30,7 @@ use std::sync::OnceLock;
 pub use cache::KernelCache;
 pub use raw::{RawKernel, RawModule};
 
-use crate::driver::context::MAX_DEVICES;
+use crate::device::context::MAX_DEVICES;
 use crate::driver::nvrtc;
 use crate::error::{Error, Result};
 

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use crate::driver::context::make_current;
+use crate::device::context::make_current;
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::graph::memory::AllocState;

@@ -38,8 +38,9 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::{self, context, context::make_current};
+use crate::driver;
 use crate::error::Result;
 use crate::graph::capture;
 use crate::memory::{BaseMemory, MemoryPointer};
@@ -142,7 +143,7 @@ impl Drop for AllocState {
             let _ = make_current(self.device).and_then(|()| {
                 driver::memory::free_async(self.ptr, s.as_raw()).or_else(|_| {
                     // The launch stream is gone: finish all work, free in order with it.
-                    context::synchronize()?;
+                    cuda_sys::result::context::synchronize()?;
                     driver::memory::free_async(self.ptr, std::ptr::null_mut())
                 })
             });

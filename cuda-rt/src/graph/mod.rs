@@ -71,8 +71,8 @@ pub(crate) use capture::{
     keep_for_graph, keep_in_capture, note_use,
 };
 
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::context::make_current;
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::stream::AsStream;
@@ -443,7 +443,7 @@ impl Drop for Graph {
         let _ = make_current(self.device);
         // What the graph keeps alive may be in use by queued launches: wait for them.
         if !self.keep.get_mut().is_empty() && self.launched.get() {
-            let _ = driver::context::synchronize();
+            let _ = cuda_sys::result::context::synchronize();
         }
         self.drop_exec();
         let _ = driver::graph::destroy(self.as_raw());

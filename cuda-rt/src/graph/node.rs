@@ -17,7 +17,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::compiler::RawKernel;
-use crate::driver::context::{make_current, primary};
+use crate::device::context::{make_current, primary};
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::event::Event;

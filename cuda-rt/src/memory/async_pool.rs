@@ -13,8 +13,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::device::context::make_current;
 use crate::device::{get_device_id, Device};
-use crate::driver::{self, context, context::make_current, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, OutOfMemory, Result};
 use crate::memory::device_memory::{make_current_checked, BaseMemory};
 use crate::memory::MemoryPointer;
@@ -131,7 +132,7 @@ fn alloc_retry(
     if e.driver_code() != Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) {
         return Err(e);
     }
-    context::synchronize()?;
+    cuda_sys::result::context::synchronize()?;
     let r = match pool {
         None => driver::memory::alloc_async(size, stream.as_raw()),
         Some(p) => driver::memory::alloc_from_pool_async(size, p, stream.as_raw()),
@@ -228,8 +229,9 @@ impl MemoryAsync {
 #[cold]
 #[inline(never)]
 fn free_on_stale_stream(ptr: u64) {
-    let _ =
-        context::synchronize().and_then(|()| driver::memory::free_async(ptr, std::ptr::null_mut()));
+    let _ = cuda_sys::result::context::synchronize()
+        .map_err(Error::from)
+        .and_then(|()| driver::memory::free_async(ptr, std::ptr::null_mut()));
 }
 
 /// `size` bytes (rounded up to 512) from the current device's current memory pool, on
@@ -417,7 +419,7 @@ impl MemoryAsyncPool {
     /// (`cuMemPoolTrimTo(pool, 0)`): every cached byte goes back to the device.
     pub fn free_all_blocks(&self) -> Result<()> {
         make_current(self.inner.device)?;
-        context::synchronize()?;
+        cuda_sys::result::context::synchronize()?;
         driver::memory::pool_trim_to(self.as_raw(), 0)
     }
 }

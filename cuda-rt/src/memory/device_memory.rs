@@ -5,8 +5,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::device::context::make_current;
 use crate::device::device_count;
-use crate::driver::{self, context::make_current, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, OutOfMemory, Result};
 use crate::memory::allocator::{CAllocator, ClosureAllocator};
 

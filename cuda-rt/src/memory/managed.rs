@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::{self, context::make_current, sys};
+use crate::driver::{self, sys};
 use crate::error::Result;
 use crate::memory::device_memory::{check_device, make_current_checked, out_of_memory, BaseMemory};
 use crate::memory::MemoryPointer;

@@ -23,7 +23,7 @@ use std::fmt;
 use std::ops::{Add, Sub};
 use std::sync::Arc;
 
-use crate::driver::context::{make_current, primary};
+use crate::device::context::{make_current, primary};
 use crate::driver::memory as drv_memory;
 use crate::driver::sys;
 use crate::error::{Error, Result};

@@ -38,7 +38,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::fence::{Fence, Pending};
 use super::memory::{PinnedFlags, PinnedMemoryPointer};
-use crate::driver::{context, host, sys};
+use crate::device::context;
+use crate::driver::{host, sys};
 use crate::error::{Error, Result};
 use crate::memory::arena::parked::{self, HomeRef};
 use crate::memory::arena::{Backend, BackendError, Block, MallocError, Pool, PoolStats, RawBlock};

@@ -3,7 +3,8 @@
 //! nothing else can touch or free it while it is registered. Its copies are
 //! synchronous and name the device side with a bounds-checked [`MemoryPointer`].
 
-use crate::driver::{context, host};
+use crate::device::context;
+use crate::driver::host;
 use crate::error::Result;
 use crate::memory::MemoryPointer;
 use crate::stream::AsStream;

@@ -32,8 +32,8 @@ pub use nvtx::{
 
 use std::sync::{Mutex, PoisonError};
 
+use crate::device::context::{make_current, MAX_DEVICES};
 use crate::device::get_device_id;
-use crate::driver::context::{make_current, MAX_DEVICES};
 use crate::driver::profiler as raw;
 use crate::error::{Error, Result};
 

@@ -1,7 +1,7 @@
 //! The backends of a device's pool: `cuMemAlloc` / `cuMemFree` ([`DeviceBackend`]),
 //! and any backend with the allocation hooks around it ([`HookedBackend`]).
 
-use crate::driver::context::make_current;
+use crate::device::context::make_current;
 use crate::driver::{self, sys};
 use crate::error::Error;
 use crate::memory::arena::{Backend, BackendError};
