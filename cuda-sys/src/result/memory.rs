@@ -9,6 +9,11 @@
 //! memory, or takes a stream or a pool, is an `unsafe fn` whose `# Safety` says which
 //! ranges must be valid and for how long.
 //!
+//! Host memory that a call reads or writes follows Rust's rules for the whole time the
+//! driver uses it: readable (or writable and unaliased) and alive. Device memory must be
+//! allocated for as long as the work using it runs; device work racing on the same
+//! device bytes gets unspecified values, as in CUDA, but no host memory is touched.
+//!
 //! The allocation and free calls, synchronous and stream-ordered, are on the hot path
 //! of a memory pool: inlined, one load of the cached entry point and one branch on the
 //! result.
@@ -38,8 +43,8 @@ pub fn alloc(size: usize) -> Result<CUdeviceptr> {
 /// Frees memory from [`alloc`] or [`alloc_managed`] (`cuMemFree`).
 ///
 /// # Safety
-/// `ptr` came from one of those calls and is freed once; no work still queued uses it
-/// and nothing uses it afterwards.
+/// `ptr` came from one of those calls and is freed once, and nothing uses it afterwards
+/// (the driver waits for work already queued that uses it).
 #[inline]
 pub unsafe fn free(ptr: CUdeviceptr) -> Result<()> {
     let f = api()?.cuMemFree_v2()?;
@@ -98,9 +103,10 @@ pub unsafe fn alloc_from_pool_async(
 /// `stream` may still use it.
 ///
 /// # Safety
-/// `ptr` is an allocation the caller owns, freed once; `stream` is a live stream (or a
-/// default-stream handle), and no work queued on another stream uses `ptr` unless it is
-/// ordered before this free.
+/// `ptr` is an allocation the caller owns, freed once and not used afterwards; `stream`
+/// is a live stream (or a default-stream handle). Work on other streams that still uses
+/// `ptr` should be ordered before the free, or it reads and writes memory that later
+/// allocations may reuse (device memory only: see the [module](self) docs).
 #[inline]
 pub unsafe fn free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
     let f = api()?.cuMemFreeAsync()?;
@@ -159,7 +165,8 @@ pub fn host_get_device_pointer(p: *mut c_void) -> Result<CUdeviceptr> {
 ///
 /// # Safety
 /// `p..p + bytes` is host memory the caller owns, which stays allocated until
-/// [`host_unregister`] and is not accessed in a way that races with copies using it.
+/// [`host_unregister`]; copies using it follow the host-memory rule of the
+/// [module](self) docs.
 pub unsafe fn host_register(p: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
     let f = api()?.cuMemHostRegister_v2()?;
     // SAFETY: see `# Safety`.
@@ -224,8 +231,7 @@ pub fn pointer_get_memory_type(ptr: CUdeviceptr) -> Result<CUmemorytype> {
 /// source has been read.
 ///
 /// # Safety
-/// `dst..dst + src.len()` is device (or managed) memory the caller may write, not used
-/// by other work during the copy.
+/// `dst..dst + src.len()` is allocated device (or managed, or mapped) memory.
 pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: &[u8]) -> Result<()> {
     let f = api()?.cuMemcpyHtoD_v2()?;
     // SAFETY: `src` is readable for its length; the destination is the caller's (see
@@ -239,8 +245,7 @@ pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: &[u8]) -> Result<()> {
 /// Fills all of `dst` from device address `src` (`cuMemcpyDtoH`).
 ///
 /// # Safety
-/// `src..src + dst.len()` is device (or managed) memory the caller may read, not
-/// written by other work during the copy.
+/// `src..src + dst.len()` is allocated device (or managed, or mapped) memory.
 pub unsafe fn memcpy_dtoh(dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
     let f = api()?.cuMemcpyDtoH_v2()?;
     // SAFETY: `dst` is writable for its length (any byte is a valid `u8`); the source
@@ -257,8 +262,8 @@ pub unsafe fn memcpy_dtoh(dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
 ///
 /// # Safety
 /// `stream` is a live stream (or a default-stream handle) of the current context;
-/// `src..src + bytes` stays valid and unwritten, and `dst..dst + bytes` is device memory
-/// the caller may write, until the copy has completed on `stream`.
+/// `src..src + bytes` stays readable and unwritten, and `dst..dst + bytes` allocated
+/// device memory, until the copy has completed on `stream`.
 pub unsafe fn memcpy_htod_async(
     dst: CUdeviceptr,
     src: *const c_void,
@@ -279,10 +284,9 @@ pub unsafe fn memcpy_htod_async(
 ///
 /// # Safety
 /// `stream` is a live stream (or a default-stream handle) of the current context;
-/// `dst..dst + bytes` stays valid, and is neither read nor written by anyone else, and
-/// `src..src + bytes` is device memory the caller may read, until the copy has
-/// completed on `stream`. Every byte pattern written must be valid for what `dst`
-/// holds.
+/// `dst..dst + bytes` stays writable, and is neither read nor written by anyone else,
+/// and `src..src + bytes` allocated device memory, until the copy has completed on
+/// `stream`. Every byte pattern written must be valid for what `dst` holds.
 pub unsafe fn memcpy_dtoh_async(
     dst: *mut c_void,
     src: CUdeviceptr,
@@ -300,8 +304,7 @@ pub unsafe fn memcpy_dtoh_async(
 /// Copies `bytes` bytes between device addresses (`cuMemcpyDtoD`).
 ///
 /// # Safety
-/// Both ranges are device (or managed) memory the caller may read (`src`) and write
-/// (`dst`), not used by other work during the copy.
+/// Both ranges are allocated device (or managed, or mapped) memory.
 pub unsafe fn memcpy_dtod(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> Result<()> {
     let f = api()?.cuMemcpyDtoD_v2()?;
     // SAFETY: see `# Safety`.
@@ -313,8 +316,7 @@ pub unsafe fn memcpy_dtod(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> R
 ///
 /// # Safety
 /// `stream` is a live stream (or a default-stream handle) of the current context; both
-/// ranges are valid device memory until the copy has completed on `stream`, with no
-/// other work racing with it.
+/// ranges are allocated device memory until the copy has completed on `stream`.
 pub unsafe fn memcpy_dtod_async(
     dst: CUdeviceptr,
     src: CUdeviceptr,
@@ -333,8 +335,7 @@ pub unsafe fn memcpy_dtod_async(
 /// (`cuMemcpyPeer`).
 ///
 /// # Safety
-/// Both contexts are live; both ranges are valid memory of their context, not used by
-/// other work during the copy.
+/// Both contexts are live; both ranges are allocated memory of their context.
 pub unsafe fn memcpy_peer(
     dst: CUdeviceptr,
     dst_ctx: CUcontext,
@@ -377,8 +378,7 @@ pub unsafe fn memcpy_peer_async(
 /// Sets `count` bytes at `dst` to `value` (`cuMemsetD8`).
 ///
 /// # Safety
-/// `dst..dst + count` is device (or managed) memory the caller may write, not used by
-/// other work during the call.
+/// `dst..dst + count` is allocated device (or managed, or mapped) memory.
 pub unsafe fn memset_d8(dst: CUdeviceptr, value: u8, count: usize) -> Result<()> {
     let f = api()?.cuMemsetD8_v2()?;
     // SAFETY: see `# Safety`.
