@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::{self, sys};
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
 use crate::error::{Error, Result};
 use crate::stream::{get_current_stream, AsStream};
 
@@ -187,7 +189,9 @@ impl Drop for CacheGuard {
             c.state.set(EXITING);
             // At thread exit an error leaves nothing to do.
             c.drain(|h| {
-                let _ = driver::event::destroy(h as sys::CUevent);
+                // SAFETY: a cached handle belongs to the cache alone (its event was
+                // dropped or its fence gave it back), and draining empties the cache.
+                let _ = unsafe { result::event::destroy(h as sys::CUevent) };
             });
         });
     }
@@ -290,7 +294,7 @@ impl Event {
     pub fn from_ipc_handle(handle: &IpcEventHandle) -> Result<Event> {
         let device = get_device_id();
         make_current(device)?;
-        let h = driver::event::ipc_open_handle(handle.as_bytes())?;
+        let h = result::event::ipc_open_event_handle(handle.as_bytes())?;
         Ok(Event {
             handle: h as usize,
             device,
@@ -375,7 +379,10 @@ impl Event {
         {
             make_current(dev)?;
         }
-        driver::event::record(self.as_raw(), s)?;
+        // SAFETY: the event is live while `self` is; the stream is live while `stream`
+        // is borrowed (`AsStream`), of the event's device (checked above), and a
+        // default stream's context was made current above.
+        unsafe { result::event::record(self.as_raw(), s) }?;
         self.recorded.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -385,8 +392,9 @@ impl Event {
         if !self.is_recorded() {
             return Ok(());
         }
-        driver::event::synchronize(self.as_raw())
-            .map_err(|e| crate::graph::explain(e, "Event::synchronize"))
+        // SAFETY: the event is live while `self` is.
+        unsafe { result::event::synchronize(self.as_raw()) }
+            .map_err(|e| crate::graph::explain(e.into(), "Event::synchronize"))
     }
 
     /// `true` when the event's last record has completed (or it was never recorded),
@@ -396,7 +404,8 @@ impl Event {
         if !self.is_recorded() {
             return Ok(true);
         }
-        driver::event::query(self.as_raw())
+        // SAFETY: the event is live while `self` is.
+        Ok(unsafe { result::event::query(self.as_raw()) }?)
     }
 
     /// CuPy's `Event.done`: the same as [`query`](Event::query).
@@ -420,9 +429,10 @@ impl Event {
                     .into(),
             ));
         }
-        Ok(IpcEventHandle(driver::event::ipc_get_handle(
-            self.as_raw(),
-        )?))
+        // SAFETY: the event is live while `self` is.
+        Ok(IpcEventHandle(unsafe {
+            result::event::ipc_get_event_handle(self.as_raw())
+        }?))
     }
 }
 
@@ -475,7 +485,7 @@ pub(crate) fn give_raw(device: i32, flags: EventFlags, handle: usize) {
 #[inline(never)]
 fn create_uncached(device: i32, flags: EventFlags) -> Result<usize> {
     make_current(device)?;
-    Ok(driver::event::create(flags.bits())? as usize)
+    Ok(result::event::create(flags.bits())? as usize)
 }
 
 /// Destroys a handle the cache did not keep.
@@ -483,7 +493,10 @@ fn create_uncached(device: i32, flags: EventFlags) -> Result<usize> {
 #[inline(never)]
 fn destroy_uncached(handle: usize) {
     // An error here (a context torn down at exit) leaves nothing to clean up.
-    let _ = driver::event::destroy(handle as sys::CUevent);
+    // SAFETY: the callers hand over a handle nothing holds any more (its `Event`
+    // dropped, or its fence gave it back) and that the cache did not keep: destroyed
+    // once, here.
+    let _ = unsafe { result::event::destroy(handle as sys::CUevent) };
 }
 
 #[inline]
@@ -521,7 +534,10 @@ pub fn get_elapsed_time(start: &Event, end: &Event) -> Result<f32> {
             start.device, end.device
         )));
     }
-    match driver::event::elapsed_ms(start.as_raw(), end.as_raw()) {
+    // SAFETY: both events are live while borrowed, and of the same device (checked
+    // above).
+    match unsafe { result::event::elapsed_time(start.as_raw(), end.as_raw()) }.map_err(Error::from)
+    {
         Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_NOT_READY) => {
             Err(Error::InvalidState(format!(
                 "elapsed time: an event has not completed yet; call end.synchronize() \

@@ -9,8 +9,6 @@
 // The layer mirrors the driver API by area; not every call has a safe user yet.
 #![allow(dead_code)]
 
-pub mod event;
-pub mod graph;
 pub mod host;
 pub mod launch;
 #[rustfmt::skip]

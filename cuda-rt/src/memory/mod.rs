@@ -32,7 +32,7 @@ mod async_pool;
 mod device_memory;
 pub mod hook;
 mod managed;
-mod pod;
+pub(crate) mod pod;
 mod pointer;
 pub mod pool;
 mod unowned;
