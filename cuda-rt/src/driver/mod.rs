@@ -9,16 +9,13 @@
 // The layer mirrors the driver API by area; not every call has a safe user yet.
 #![allow(dead_code)]
 
-pub mod host;
 pub mod launch;
 #[rustfmt::skip]
 pub mod lib_status;
 pub mod libs;
-pub mod memory;
 pub mod module;
 pub mod nvrtc;
 pub mod profiler;
-pub mod stream;
 
 use std::ffi::{c_char, CStr};
 use std::sync::OnceLock;

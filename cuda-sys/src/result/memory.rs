@@ -164,8 +164,8 @@ pub fn host_get_device_pointer(p: *mut c_void) -> Result<CUdeviceptr> {
 /// `CU_MEMHOSTREGISTER_*`).
 ///
 /// # Safety
-/// `p..p + bytes` is host memory the caller owns, which stays allocated until
-/// [`host_unregister`]; copies using it follow the host-memory rule of the
+/// `p..p + bytes` is allocated host memory the caller may use (registering changes no
+/// byte of it); copies that use it later follow the host-memory rule of the
 /// [module](self) docs.
 pub unsafe fn host_register(p: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
     let f = api()?.cuMemHostRegister_v2()?;
