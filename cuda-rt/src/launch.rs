@@ -60,7 +60,9 @@ use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
 use crate::device::context::make_current;
-use crate::driver::{launch as dl, sys};
+use cuda_sys::driver as sys;
+use cuda_sys::result::launch as dl;
+
 use crate::error::{Error, Result};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};
@@ -421,12 +423,13 @@ impl Function {
         make_current(self.device_id())?;
         let cfg = config.to_raw(stream.as_raw(), &mut raw[..attributes.len()]);
         // SAFETY: the function's module is alive (self holds it) and its context
-        // current; the stream belongs to the device (checked); `ptrs` holds one pointer
-        // per argument, each alive for the call, count and sizes checked where the
-        // driver can tell; `cfg.attrs` covers `numAttrs` initialised entries. That the
-        // arguments match the kernel and the memory they name is valid and race-free
-        // until the kernel completes is the caller's guarantee (see `# Safety`).
-        unsafe { dl::launch_ex(&cfg, self.as_raw(), ptrs) }
+        // current; the stream is live while borrowed (`AsStream`) and belongs to the
+        // device (checked); `ptrs` holds one pointer per argument, each alive for the
+        // call, count and sizes checked where the driver can tell; `cfg.attrs` covers
+        // `numAttrs` initialised entries. That the arguments match the kernel and the
+        // memory they name is valid and race-free until the kernel completes is the
+        // caller's guarantee (see `# Safety`).
+        Ok(unsafe { dl::launch_kernel_ex(&cfg, self.as_raw(), ptrs) }?)
     }
 
     /// Launches with raw parameter pointers on `stream` (which must belong to the
@@ -455,10 +458,11 @@ impl Function {
         self.check_stream(stream)?;
         make_current(self.device_id())?;
         // SAFETY: the module is alive (self holds it) and its context current; the
-        // stream belongs to the device (checked); the parameter pointers, and the memory
-        // the kernel reaches through them, are the caller's guarantee (see `# Safety`).
-        unsafe {
-            dl::launch(
+        // stream is live while borrowed (`AsStream`) and belongs to the device
+        // (checked); the parameter pointers, and the memory the kernel reaches through
+        // them, are the caller's guarantee (see `# Safety`).
+        Ok(unsafe {
+            dl::launch_kernel(
                 self.as_raw(),
                 config.grid.to_array(),
                 config.block.to_array(),
@@ -466,7 +470,7 @@ impl Function {
                 stream.as_raw(),
                 params.as_mut_ptr(),
             )
-        }
+        }?)
     }
 
     /// # Safety
@@ -485,13 +489,14 @@ impl Function {
         make_current(self.device_id())?;
         let (grid, block) = (config.grid.to_array(), config.block.to_array());
         // SAFETY: the function's module is alive (self holds it) and its context
-        // current; the stream belongs to the device (checked); `ptrs` holds one pointer
-        // per argument, each alive for the call, with count and sizes checked where the
-        // driver can tell. That the arguments match the kernel and the memory they name
-        // is valid and race-free until the kernel completes is the caller's guarantee.
-        unsafe {
+        // current; the stream is live while borrowed (`AsStream`) and belongs to the
+        // device (checked); `ptrs` holds one pointer per argument, each alive for the
+        // call, with count and sizes checked where the driver can tell. That the
+        // arguments match the kernel and the memory they name is valid and race-free
+        // until the kernel completes is the caller's guarantee.
+        Ok(unsafe {
             match kind {
-                Kind::Plain => dl::launch(
+                Kind::Plain => dl::launch_kernel(
                     self.as_raw(),
                     grid,
                     block,
@@ -499,7 +504,7 @@ impl Function {
                     stream.as_raw(),
                     ptrs,
                 ),
-                Kind::Cooperative => dl::launch_cooperative(
+                Kind::Cooperative => dl::launch_cooperative_kernel(
                     self.as_raw(),
                     grid,
                     block,
@@ -508,7 +513,7 @@ impl Function {
                     ptrs,
                 ),
             }
-        }
+        }?)
     }
 
     #[inline]

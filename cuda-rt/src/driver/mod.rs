@@ -9,11 +9,9 @@
 // The layer mirrors the driver API by area; not every call has a safe user yet.
 #![allow(dead_code)]
 
-pub mod launch;
 #[rustfmt::skip]
 pub mod lib_status;
 pub mod libs;
-pub mod module;
 pub mod nvrtc;
 pub mod profiler;
 
