@@ -20,7 +20,7 @@ use cuda_sys::loader::search::{candidates, SearchEnv, Source};
 use cuda_sys::loader::specs::NVRTC;
 
 use super::cache::{write_file_atomically, Fnv128};
-use crate::driver::nvrtc;
+use super::nvrtc;
 use crate::error::Result;
 
 /// NVRTC's answers to the questions the kernel cache asks.

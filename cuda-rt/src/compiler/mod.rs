@@ -23,6 +23,7 @@
 
 pub mod cache;
 pub mod facts;
+mod nvrtc;
 mod raw;
 
 use std::sync::OnceLock;
@@ -31,7 +32,6 @@ pub use cache::KernelCache;
 pub use raw::{RawKernel, RawModule};
 
 use crate::device::context::MAX_DEVICES;
-use crate::driver::nvrtc;
 use crate::error::{Error, Result};
 
 /// The source name used when none is given (it appears in compile logs).
