@@ -56,6 +56,11 @@ mod version;
 mod generated_versions;
 
 pub use loader::{LoadError, LoadErrorKind};
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 pub use version::{format_version, CudaVersion};
 
 macro_rules! generated_module {

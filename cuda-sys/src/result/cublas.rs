@@ -1,6 +1,6 @@
-//! Checked cuBLAS calls that a runtime makes itself: creating and destroying a handle, and setting its stream. A status
-//! other than success is a [`LibraryError`](super::LibraryError) named by
-//! [`cublas_status_name`](super::cublas_status_name).
+//! Checked cuBLAS calls that a runtime makes itself: creating and destroying a handle,
+//! and setting its stream. A status other than success is a
+//! [`LibraryError`](super::LibraryError) named by [`cublas_status_name`].
 //!
 //! Calls that take a handle are `unsafe fn`: it is live (created and not
 //! destroyed) and not used by another thread during the call.

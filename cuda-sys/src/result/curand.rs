@@ -1,6 +1,6 @@
-//! Checked cuRAND calls that a runtime makes itself: creating and destroying a generator, and setting its stream. A status
-//! other than success is a [`LibraryError`](super::LibraryError) named by
-//! [`curand_status_name`](super::curand_status_name).
+//! Checked cuRAND calls that a runtime makes itself: creating and destroying a
+//! generator, and setting its stream. A status other than success is a
+//! [`LibraryError`](super::LibraryError) named by [`curand_status_name`].
 //!
 //! Calls that take a generator are `unsafe fn`: it is live (created and not
 //! destroyed) and not used by another thread during the call.

@@ -1,6 +1,6 @@
-//! Checked cuSOLVER calls that a runtime makes itself: creating and destroying a dense-API handle, and setting its stream. A status
-//! other than success is a [`LibraryError`](super::LibraryError) named by
-//! [`cusolver_status_name`](super::cusolver_status_name).
+//! Checked cuSOLVER calls that a runtime makes itself: creating and destroying a
+//! dense-API handle, and setting its stream. A status other than success is a
+//! [`LibraryError`](super::LibraryError) named by [`cusolver_status_name`].
 //!
 //! Calls that take a handle are `unsafe fn`: it is live (created and not
 //! destroyed) and not used by another thread during the call.

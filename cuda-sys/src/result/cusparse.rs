@@ -1,6 +1,6 @@
-//! Checked cuSPARSE calls that a runtime makes itself: creating and destroying a handle, and setting its stream. A status
-//! other than success is a [`LibraryError`](super::LibraryError) named by
-//! [`cusparse_status_name`](super::cusparse_status_name).
+//! Checked cuSPARSE calls that a runtime makes itself: creating and destroying a
+//! handle, and setting its stream. A status other than success is a
+//! [`LibraryError`](super::LibraryError) named by [`cusparse_status_name`].
 //!
 //! Calls that take a handle are `unsafe fn`: it is live (created and not
 //! destroyed) and not used by another thread during the call.

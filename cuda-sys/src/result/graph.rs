@@ -14,7 +14,8 @@
 //! holds (`cuGraphRetainUserObject` with MOVE): CUDA carries the reference into clones,
 //! child-graph nodes, executables and updates, and calls the destructor once the last of
 //! them is gone and its work has finished. A panic in the closure is caught and counted
-//! with the stream host functions ([`stream::host_fn_panic_count`](super::stream::host_fn_panic_count)).
+//! with the stream host functions
+//! ([`host_fn_panic_count`](super::stream::host_fn_panic_count)).
 
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;

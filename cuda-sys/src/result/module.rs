@@ -207,8 +207,8 @@ pub unsafe fn occupancy_max_active_blocks_per_multiprocessor(
 
 /// The block size with the best occupancy and the smallest grid that reaches it, as
 /// `(min grid size, block size)`, for `dyn_smem` bytes of dynamic shared memory per
-/// block and at most `block_limit` threads (0: no limit) (`cuOccupancyMaxPotentialBlockSize`
-/// without a shared-memory callback).
+/// block and at most `block_limit` threads, 0 for no limit
+/// (`cuOccupancyMaxPotentialBlockSize` without a shared-memory callback).
 ///
 /// # Safety
 /// `func` is a function of a loaded module.
