@@ -10,11 +10,11 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::device::context::make_current;
-use crate::device::get_device_id;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
+use crate::device::get_device_id;
 use crate::error::{Error, Result};
 use crate::stream::{get_current_stream, AsStream};
 

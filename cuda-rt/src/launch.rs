@@ -59,10 +59,10 @@
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
-use crate::device::context::make_current;
 use cuda_sys::driver as sys;
 use cuda_sys::result::launch as dl;
 
+use crate::device::context::make_current;
 use crate::error::{Error, Result};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};

@@ -26,11 +26,11 @@ use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use crate::device::context::make_current;
-use crate::device::get_device_id;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
+use crate::device::get_device_id;
 use crate::error::{Error, Result};
 
 /// ELF magic: a cubin.

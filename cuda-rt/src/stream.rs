@@ -29,11 +29,11 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::device::context::make_current;
-use crate::device::get_device_id;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
+use crate::device::get_device_id;
 use crate::error::{DriverError, Error, Result};
 use crate::event::Event;
 use crate::graph::{self, CaptureMode, CaptureStatus, Graph, InstantiateFlags};

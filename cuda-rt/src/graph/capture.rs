@@ -30,10 +30,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use crate::device::context::make_current;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
 use crate::error::{Error, Result};
 use crate::graph::memory::AllocState;
 use crate::graph::{Graph, InstantiateFlags};

@@ -38,10 +38,10 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::device::context::make_current;
-use crate::device::get_device_id;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
+use crate::device::get_device_id;
 use crate::error::Result;
 use crate::graph::capture;
 use crate::memory::{BaseMemory, MemoryPointer};

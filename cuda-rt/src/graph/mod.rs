@@ -71,11 +71,11 @@ pub(crate) use capture::{
     keep_for_graph, keep_in_capture, note_use,
 };
 
-use crate::device::context::make_current;
-use crate::device::get_device_id;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
+use crate::device::get_device_id;
 use crate::error::{Error, Result};
 use crate::stream::AsStream;
 use memory::{AllocState, LaunchRecord};

@@ -16,11 +16,11 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::compiler::RawKernel;
-use crate::device::context::{make_current, primary};
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::compiler::RawKernel;
+use crate::device::context::{make_current, primary};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::graph::Graph;

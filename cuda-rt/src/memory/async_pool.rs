@@ -13,11 +13,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::device::context::make_current;
-use crate::device::{get_device_id, Device};
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
+use crate::device::{get_device_id, Device};
 use crate::error::{Error, OutOfMemory, Result};
 use crate::memory::device_memory::{make_current_checked, BaseMemory};
 use crate::memory::MemoryPointer;

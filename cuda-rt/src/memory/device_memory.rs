@@ -5,11 +5,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::device::context::make_current;
-use crate::device::device_count;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
+use crate::device::device_count;
 use crate::error::{Error, OutOfMemory, Result};
 use crate::memory::allocator::{CAllocator, ClosureAllocator};
 

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use crate::device::context::make_current;
-use crate::device::get_device_id;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
+use crate::device::get_device_id;
 use crate::error::Result;
 use crate::memory::device_memory::{check_device, make_current_checked, out_of_memory, BaseMemory};
 use crate::memory::MemoryPointer;

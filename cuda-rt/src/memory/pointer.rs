@@ -28,7 +28,10 @@ use cuda_sys::result;
 
 use crate::device::context::{make_current, primary};
 use crate::error::{Error, Result};
+use crate::memory::device_memory::{BaseMemory, Memory};
 use crate::memory::pod::{as_bytes, as_bytes_mut};
+use crate::memory::Pod;
+use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
 
 // Device ranges (what the `SAFETY` lines of the copies and memsets rely on): every
 // call first checks that its bytes fit behind the pointer (`check_room`), in memory the
@@ -36,9 +39,6 @@ use crate::memory::pod::{as_bytes, as_bytes_mut};
 // After the last pointer goes, plain memory is freed with `cuMemFree`, which waits for
 // the work already queued on it, and pool memory is handed out again in stream order;
 // during a capture the graph keeps what its nodes use (`graph::note_use`).
-use crate::memory::device_memory::{BaseMemory, Memory};
-use crate::memory::Pod;
-use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
 
 /// A pointer into a memory object: the object (kept alive) and a byte offset in it.
 /// Clones share the memory.

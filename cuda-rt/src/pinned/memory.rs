@@ -3,18 +3,17 @@
 //! [`PinnedMemory`] or a pool) with offset arithmetic, byte and typed views, and
 //! asynchronous copies that protect the memory until they have finished.
 
+use std::ffi::c_void;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use cuda_sys::driver as sys;
+use cuda_sys::result;
 
 use super::bytes;
 use super::fence::{Fence, Pending};
 use super::pool::PinnedCore;
 use crate::device::context;
-use std::ffi::c_void;
-
-use cuda_sys::driver as sys;
-use cuda_sys::result;
-
 use crate::error::{Error, Result};
 use crate::memory::arena::{AtomicBlock, Block, RawBlock};
 use crate::memory::{MemoryPointer, Pod};

@@ -36,12 +36,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::fence::{Fence, Pending};
-use super::memory::{PinnedFlags, PinnedMemoryPointer};
-use crate::device::context;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use super::fence::{Fence, Pending};
+use super::memory::{PinnedFlags, PinnedMemoryPointer};
+use crate::device::context;
 use crate::error::{Error, Result};
 use crate::memory::arena::parked::{self, HomeRef};
 use crate::memory::arena::{Backend, BackendError, Block, MallocError, Pool, PoolStats, RawBlock};

@@ -3,11 +3,11 @@
 //! nothing else can touch or free it while it is registered. Its copies are
 //! synchronous and name the device side with a bounds-checked [`MemoryPointer`].
 
-use crate::device::context;
 use std::ffi::c_void;
 
 use cuda_sys::result;
 
+use crate::device::context;
 use crate::error::Result;
 use crate::memory::MemoryPointer;
 use crate::stream::AsStream;

@@ -22,18 +22,17 @@
 //! capturing current stream before any CUDA call).
 
 use std::collections::VecDeque;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use cuda_sys::driver as sys;
+use cuda_sys::result;
 
 use super::bytes;
 use super::fence::{give_event, take_event};
 use super::PinnedMemoryPointer;
 use crate::device::context;
-use std::ffi::c_void;
-
-use cuda_sys::driver as sys;
-use cuda_sys::result;
-
 use crate::error::{Error, Result};
 use crate::memory::MemoryPointer;
 use crate::stream::AsStream;

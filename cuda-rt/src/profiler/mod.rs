@@ -32,10 +32,11 @@ pub use nvtx::{
 
 use std::sync::{Mutex, PoisonError};
 
+use cuda_sys::result::profiler as raw;
+
 use crate::device::context::{make_current, MAX_DEVICES};
 use crate::device::get_device_id;
 use crate::error::{Error, Result};
-use cuda_sys::result::profiler as raw;
 
 /// Open [`ProfileGuard`]s per device, process-wide. The profiler is started when a
 /// device's count leaves 0 and stopped when it returns to 0, so scopes nest.

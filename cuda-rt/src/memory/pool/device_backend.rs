@@ -1,10 +1,10 @@
 //! The backends of a device's pool: `cuMemAlloc` / `cuMemFree` ([`DeviceBackend`]),
 //! and any backend with the allocation hooks around it ([`HookedBackend`]).
 
-use crate::device::context::make_current;
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use crate::device::context::make_current;
 use crate::error::Error;
 use crate::memory::arena::{Backend, BackendError};
 use crate::memory::hook;
