@@ -42,14 +42,15 @@ fn run() -> cuda_rt::Result<()> {
     cuda_rt::device::set_device_id(0)?;
     let k = RawKernel::new(SAXPY, "saxpy", &[])?;
     let cache = KernelCache::global();
+    let stats = cache.stats();
     println!(
         "kernel cache: {} (compiles so far: {}, disk hits: {})",
         cache
             .disk_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_else(|| "memory only".into()),
-        cache.compile_count(),
-        cache.disk_hit_count()
+        stats.compiles,
+        stats.disk_hits
     );
     let a = k.attributes()?;
     println!(

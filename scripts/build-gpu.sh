@@ -43,7 +43,10 @@ echo "tests:";    collect tests test test --no-run
 echo "benches:";  collect benches bench bench --no-run
 echo "examples:"; collect examples example build --examples
 cargo build -p cuda-rt-c --profile gpu
-cp target/gpu/libcuda_rt_c.so "$OUT/lib/"
+# Where cargo builds (CARGO_TARGET_DIR or the workspace's target/).
+target_dir=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+cp "$target_dir/gpu/libcuda_rt_c.so" "$OUT/lib/"
 ${CC:-cc} tests/c/smoke.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_smoke"
 ${CC:-cc} tests/c/teardown.c -I. -pthread -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_teardown"
 cp scripts/gpu-run.sh "$OUT/run.sh"

@@ -89,11 +89,11 @@ pub fn error_code(e: &Error) -> c_int {
         }
     }
     match e {
-        Error::InvalidArgument(_) | Error::InvalidDevice { .. } => CURT_ERROR_INVALID_ARGUMENT,
+        Error::InvalidArgument { .. } | Error::InvalidDevice { .. } => CURT_ERROR_INVALID_ARGUMENT,
         Error::Load(_) => CURT_ERROR_NOT_FOUND,
         Error::OutOfMemory(_) => CURT_ERROR_OUT_OF_MEMORY,
         Error::Compile(_) => CURT_ERROR_COMPILE,
-        Error::NotAvailable(_) | Error::NotSupported(_) => CURT_ERROR_NOT_SUPPORTED,
+        Error::NotAvailable(_) | Error::NotSupported { .. } => CURT_ERROR_NOT_SUPPORTED,
         _ => CURT_ERROR_OTHER,
     }
 }
@@ -117,7 +117,9 @@ fn guard(f: impl FnOnce() -> cuda_rt::Result<()>) -> c_int {
 fn out<T>(p: *mut T, name: &str) -> cuda_rt::Result<&'static mut T> {
     // SAFETY: the C caller passes either null (rejected here) or a valid, aligned,
     // writable pointer, as wrapper.h documents.
-    unsafe { p.as_mut() }.ok_or_else(|| Error::InvalidArgument(format!("{name} is NULL")))
+    unsafe { p.as_mut() }.ok_or_else(|| {
+        Error::invalid_argument(cuda_rt::ArgumentKind::Null, format!("{name} is NULL"))
+    })
 }
 
 /// The last error message on this thread (empty if none); valid until the next call
@@ -147,7 +149,7 @@ pub extern "C" fn curt_is_available() -> c_int {
         || match cuda_rt::availability() {
             Ok(_) => 1,
             Err(reason) => {
-                set_last_error(&reason);
+                set_last_error(&reason.to_string());
                 0
             }
         },

@@ -1,6 +1,8 @@
 //! Host-only benches of the pool algorithm (`memory::arena`) over the fake backend:
 //! cached malloc+free pairs, multi-thread scaling, and two allocation traces.
-//! Prints one JSON object per line, then a table. `cargo bench --bench arena_traces`.
+//! Prints one JSON object per line, then a table (the shared reporter of `common`);
+//! `ARENA_BENCH_QUICK=1` runs a tenth of the iterations. `cargo bench --bench
+//! arena_traces`. Needs no GPU.
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -8,38 +10,12 @@ use std::time::Instant;
 
 use cuda_rt::memory::arena::{Backend, Block, FakeBackend, Pool};
 
+mod common;
+use common::{Figure, Report};
+
 #[path = "common/traces.rs"]
 mod traces;
 use traces::{trace_a, trace_b, Op};
-
-struct Row {
-    name: String,
-    size: u64,
-    value: f64,
-    unit: &'static str,
-    raw: Option<(f64, &'static str)>,
-    note: String,
-}
-
-fn emit(rows: &mut Vec<Row>, row: Row) {
-    let mut line = format!(
-        "{{\"name\": \"{}\", \"size\": {}, \"value\": {:.2}, \"unit\": \"{}\"",
-        row.name, row.size, row.value, row.unit
-    );
-    if let Some((raw, raw_name)) = row.raw {
-        // ratio = ours over raw for times, raw over ours for rates: < 1 is faster.
-        let ratio = if row.unit == "ns" {
-            row.value / raw
-        } else {
-            raw / row.value
-        };
-        line +=
-            &format!(", \"raw\": {raw:.2}, \"raw_name\": \"{raw_name}\", \"ratio\": {ratio:.4}");
-    }
-    line += "}";
-    println!("{line}");
-    rows.push(row);
-}
 
 fn quick() -> bool {
     std::env::var_os("ARENA_BENCH_QUICK").is_some()
@@ -58,7 +34,7 @@ fn time_ns(n: u64, mut f: impl FnMut()) -> f64 {
     best
 }
 
-fn pair_cached(rows: &mut Vec<Row>, size: usize) {
+fn pair_cached(report: &mut Report, size: usize) {
     let n = if quick() { 200_000 } else { 2_000_000 };
     let pool = Pool::new(FakeBackend::new());
     pool.free(pool.malloc(size, 1).unwrap()).unwrap();
@@ -86,20 +62,15 @@ fn pair_cached(rows: &mut Vec<Row>, size: usize) {
         s.backend_allocs, 1,
         "a cached pair must not reach the backend"
     );
-    emit(
-        rows,
-        Row {
-            name: "arena_pair_cached".into(),
-            size: size as u64,
-            value: ns,
-            unit: "ns",
-            raw: Some((raw_sys, "std_alloc_align512_pair")),
-            note: format!("fake backend pair {raw_fake:.1} ns"),
-        },
+    report.push(
+        Figure::new("arena_pair_cached", ns, "ns")
+            .size(size as u64)
+            .raw(raw_sys, "std_alloc_align512_pair")
+            .note(format!("fake backend pair {raw_fake:.1} ns")),
     );
 }
 
-fn scaling(rows: &mut Vec<Row>) {
+fn scaling(report: &mut Report) {
     let size = 1 << 20;
     let per_thread: u64 = if quick() { 100_000 } else { 1_000_000 };
     let mut single = 0.0;
@@ -109,16 +80,11 @@ fn scaling(rows: &mut Vec<Row>) {
         if threads == 1 {
             single = rate;
         }
-        emit(
-            rows,
-            Row {
-                name: format!("arena_scaling_{threads}_threads"),
-                size: size as u64,
-                value: rate,
-                unit: "pairs/s",
-                raw: Some((alone, "one_pool_per_thread")),
-                note: format!("{:.2}x one thread", rate / single),
-            },
+        report.push(
+            Figure::new(format!("arena_scaling_{threads}_threads"), rate, "pairs/s")
+                .size(size as u64)
+                .raw(alone, "one_pool_per_thread")
+                .note(format!("{:.2}x one thread", rate / single)),
         );
     }
 }
@@ -190,36 +156,28 @@ fn run_trace(ops: &[Op], release_on_miss: bool) -> (f64, u64, String) {
     (best, peak_reserved, note)
 }
 
-fn traces(rows: &mut Vec<Row>) {
+fn traces(report: &mut Report) {
     let n = 200_000;
     for (name, (ops, peak_live)) in [("trace_a", trace_a(n, 42)), ("trace_b", trace_b(n, 42))] {
         for (policy, release) in [("", false), ("_release_on_miss", true)] {
             let (ns, peak_reserved, note) = run_trace(&ops, release);
-            emit(
-                rows,
-                Row {
-                    name: format!("arena_{name}{policy}"),
-                    size: ops.len() as u64,
-                    value: ns,
-                    unit: "ns",
-                    raw: None,
-                    note: note.clone(),
-                },
+            report.push(
+                Figure::new(format!("arena_{name}{policy}"), ns, "ns")
+                    .size(ops.len() as u64)
+                    .note(note.clone()),
             );
-            emit(
-                rows,
-                Row {
-                    name: format!("arena_{name}{policy}_reserved_over_live"),
-                    size: ops.len() as u64,
-                    value: peak_reserved as f64 / peak_live as f64,
-                    unit: "ratio",
-                    raw: None,
-                    note: format!(
-                        "peak reserved {:.2} GiB, peak live {:.2} GiB",
-                        peak_reserved as f64 / (1u64 << 30) as f64,
-                        peak_live as f64 / (1u64 << 30) as f64
-                    ),
-                },
+            report.push(
+                Figure::new(
+                    format!("arena_{name}{policy}_reserved_over_live"),
+                    peak_reserved as f64 / peak_live as f64,
+                    "ratio",
+                )
+                .size(ops.len() as u64)
+                .note(format!(
+                    "peak reserved {:.2} GiB, peak live {:.2} GiB",
+                    peak_reserved as f64 / (1u64 << 30) as f64,
+                    peak_live as f64 / (1u64 << 30) as f64
+                )),
             );
         }
     }
@@ -227,25 +185,11 @@ fn traces(rows: &mut Vec<Row>) {
 
 fn main() {
     // `cargo bench` passes `--bench`; accept and ignore arguments.
-    let mut rows = Vec::new();
+    let mut report = Report::new("the pool algorithm over the fake backend (host only)");
     for size in [256, 1 << 20, 64 << 20] {
-        pair_cached(&mut rows, size);
+        pair_cached(&mut report, size);
     }
-    scaling(&mut rows);
-    traces(&mut rows);
-    println!();
-    println!(
-        "{:<44} {:>10} {:>14} {:>8}  notes",
-        "name", "size", "value", "unit"
-    );
-    for r in &rows {
-        let raw = r
-            .raw
-            .map(|(v, n)| format!("raw {n} {v:.1} ({:.3}x) ", r.value / v))
-            .unwrap_or_default();
-        println!(
-            "{:<44} {:>10} {:>14.2} {:>8}  {}{}",
-            r.name, r.size, r.value, r.unit, raw, r.note
-        );
-    }
+    scaling(&mut report);
+    traces(&mut report);
+    report.finish();
 }

@@ -8,7 +8,8 @@
 //!   synchronized outside the timed part), target within 5% of raw.
 //!
 //! `cargo bench -p cuda-rt --bench graph` prints one JSON object per line (`name`,
-//! `value`, `unit`, `raw`, `raw_name`, `ratio` = value / raw, `target`), then a table;
+//! `value`, `unit`, `raw`, `raw_name`, `ratio` = value / raw, `target`, `nodes`,
+//! `device`), then a table (the shared reporter of `common`);
 //! each figure is the median of several repetitions, raw and cuda-rt interleaved,
 //! after a warm-up. Without a GPU it prints why it skipped and exits 0.
 
@@ -22,23 +23,13 @@ use cuda_rt::graph::CaptureMode;
 use cuda_rt::{AsStream, Stream};
 
 mod common;
-use common::interleaved;
+use common::{interleaved, Figure, Report};
 
 const REPS: usize = 11;
 const NODES: usize = 1000;
 
-struct Figure {
-    name: &'static str,
-    value: f64,
-    raw: f64,
-    raw_name: &'static str,
-    target: &'static str,
-}
-
 fn main() {
-    if let Err(reason) = cuda_rt::availability() {
-        let reason = reason.replace('\n', "; ");
-        println!("skipped graph bench: no GPU: {reason}");
+    if !common::gpu_or_skip("graph") {
         return;
     }
     if let Err(e) = run() {
@@ -58,9 +49,9 @@ fn run() -> cuda_rt::Result<()> {
     let graph = s.end_capture()?;
     graph.upload(&s)?;
     s.synchronize()?;
-    let exec = graph
-        .exec_raw()
-        .ok_or_else(|| cuda_rt::Error::InvalidState("graph not instantiated".into()))?;
+    let exec = graph.exec_raw().ok_or_else(|| {
+        cuda_rt::Error::invalid_state(cuda_rt::StateKind::Other, "graph not instantiated")
+    })?;
     let api = sys::api()?;
     let raw_launch = api.cuGraphLaunch()?;
     let raw_s = s.as_raw();
@@ -71,7 +62,11 @@ fn run() -> cuda_rt::Result<()> {
         assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
     };
 
-    let mut figures = Vec::new();
+    let mut report = Report::new(format!(
+        "graph replay on {name} ({NODES} empty-kernel nodes; ns, median of {REPS})"
+    ));
+    report.context("nodes", NODES);
+    report.context("device", name);
 
     // Device time per node: LAUNCHES launches, then a synchronize.
     const LAUNCHES: usize = 20;
@@ -88,13 +83,11 @@ fn run() -> cuda_rt::Result<()> {
         || per_node(&|| graph.launch(&s).unwrap()),
         || per_node(&|| raw("cuGraphLaunch")),
     );
-    figures.push(Figure {
-        name: "graph_replay_per_node",
-        value,
-        raw: rawv,
-        raw_name: "cuGraphLaunch_1000_empty_nodes",
-        target: "ratio <= 1.03",
-    });
+    report.push(
+        Figure::new("graph_replay_per_node", value, "ns")
+            .raw(rawv, "cuGraphLaunch_1000_empty_nodes")
+            .target("ratio <= 1.03"),
+    );
 
     // Host time of one launch call: BATCH calls timed, synchronized untimed.
     const BATCH: usize = 10;
@@ -116,44 +109,12 @@ fn run() -> cuda_rt::Result<()> {
         || host_call(&|| graph.launch(&s).unwrap()),
         || host_call(&|| raw("cuGraphLaunch")),
     );
-    figures.push(Figure {
-        name: "graph_launch_host_call",
-        value,
-        raw: rawv,
-        raw_name: "cuGraphLaunch",
-        target: "ratio <= 1.05",
-    });
-
-    for f in &figures {
-        println!(
-            "{{\"name\": \"{}\", \"nodes\": {NODES}, \"value\": {:.2}, \"unit\": \"ns\", \
-             \"raw\": {:.2}, \"raw_name\": \"{}\", \"ratio\": {:.4}, \"target\": \"{}\", \
-             \"device\": \"{}\"}}",
-            f.name,
-            f.value,
-            f.raw,
-            f.raw_name,
-            f.value / f.raw,
-            f.target,
-            name
-        );
-    }
-    println!();
-    println!("graph replay on {name} ({NODES} empty-kernel nodes; ns, median of {REPS})");
-    println!(
-        "{:<24} {:>10} {:>10} {:>7}  {:<32} target",
-        "figure", "cuda-rt", "raw", "ratio", "raw call"
+    report.push(
+        Figure::new("graph_launch_host_call", value, "ns")
+            .raw(rawv, "cuGraphLaunch")
+            .target("ratio <= 1.05"),
     );
-    for f in &figures {
-        println!(
-            "{:<24} {:>10.2} {:>10.2} {:>7.4}  {:<32} {}",
-            f.name,
-            f.value,
-            f.raw,
-            f.value / f.raw,
-            f.raw_name,
-            f.target
-        );
-    }
+
+    report.finish();
     Ok(())
 }

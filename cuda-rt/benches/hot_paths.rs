@@ -6,12 +6,17 @@
 //! the host's cost of one locked instruction, with no driver at all.
 //! `cargo bench -p cuda-rt --bench hot_paths -- [async|raw|pool|event|pinned|lock] N`
 //! times it; for instruction counts run the binary that `cargo bench --no-run` names
-//! under `valgrind --tool=callgrind` with the same arguments.
+//! under `valgrind --tool=callgrind` with the same arguments. Prints one figure (the
+//! shared reporter of `common`: a JSON line, then a table), named after the path;
+//! without a GPU (or a fake driver) a skip line, exit 0.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use cuda_rt::cuda_sys::driver as sys;
+
+mod common;
+use common::{Figure, Report};
 
 fn main() {
     // `cargo bench` passes `--bench`: only the other arguments are ours.
@@ -37,10 +42,18 @@ fn main() {
             l.store(false, Ordering::Release);
         }
         let ns = t.elapsed().as_nanos() as f64 / n as f64;
-        println!("lock: {ns:.2} ns per lock + unlock");
+        let mut report = Report::new(format!("hot path `lock` ({n} iterations)"));
+        report.push(Figure::new("lock", ns, "ns").note("per lock + unlock"));
+        report.finish();
         return;
     }
-    cuda_rt::device::set_device_id(0).unwrap();
+    if !common::gpu_or_skip("hot_paths") {
+        return;
+    }
+    if let Err(e) = cuda_rt::device::set_device_id(0) {
+        common::skip("hot_paths", &format!("device 0: {e}"));
+        return;
+    }
     let t = Instant::now();
     match what.as_str() {
         "async" => {
@@ -88,5 +101,7 @@ fn main() {
         }
     }
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
-    println!("{what}: {ns:.1} ns per pair");
+    let mut report = Report::new(format!("hot path `{what}` ({n} iterations, host time)"));
+    report.push(Figure::new(what, ns, "ns").note("per pair"));
+    report.finish();
 }

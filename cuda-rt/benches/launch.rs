@@ -1,9 +1,10 @@
 //! Launch overhead: cuda-rt against the raw driver in the same run.
 //!
-//! One JSON object per line per figure, then a table. Without a GPU: one skip line,
-//! exit 0. Host time per launch of an empty kernel (100k launches on one stream,
-//! synchronised at the end, median of 5 repetitions); also the cost of a second
-//! `RawKernel::new` of the same source, and first use from a warm disk cache.
+//! One JSON object per line per figure, then a table (the shared reporter of
+//! `common`). Without a GPU: one skip line, exit 0. Host time per launch of an empty
+//! kernel (100k launches on one stream, synchronised at the end, median of 5
+//! repetitions); also the cost of a second `RawKernel::new` of the same source, and
+//! first use from a warm disk cache.
 
 use std::ffi::c_void;
 use std::time::Instant;
@@ -13,7 +14,7 @@ use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::{AsStream, LaunchConfig, Stream};
 
 mod common;
-use common::median;
+use common::{median, Figure, Report};
 
 const LAUNCHES: usize = 100_000;
 const REPS: usize = 5;
@@ -22,14 +23,6 @@ const SRC: &str = r#"
 extern "C" __global__ void empty1(int a) {}
 extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
 "#;
-
-struct Row {
-    name: String,
-    value: f64,
-    unit: &'static str,
-    raw: f64,
-    raw_name: &'static str,
-}
 
 fn per_launch_us(stream: &Stream, mut body: impl FnMut()) -> f64 {
     let mut reps = Vec::new();
@@ -45,8 +38,7 @@ fn per_launch_us(stream: &Stream, mut body: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    if let Err(reason) = cuda_rt::availability() {
-        println!("{{\"skip\": \"launch bench\", \"reason\": {:?}}}", reason);
+    if !common::gpu_or_skip("launch") {
         return;
     }
     if let Err(e) = run() {
@@ -63,7 +55,9 @@ fn run() -> cuda_rt::Result<()> {
     let e6 = module.get_function("empty6")?;
     let cfg = LaunchConfig::new(1, 32);
     let launch_raw = sys::api()?.cuLaunchKernel()?;
-    let mut rows = Vec::new();
+    let mut report = Report::new(format!(
+        "launch and module figures on device 0 (host time, median of {REPS})"
+    ));
 
     // Warm up both paths (first launch fetches parameter sizes, loads lazily).
     // SAFETY: empty1(int) gets one int and touches no memory.
@@ -104,13 +98,7 @@ fn run() -> cuda_rt::Result<()> {
         // SAFETY: empty1(int) gets one int and touches no memory.
         unsafe { e1.launch_on(&stream, &cfg, &[&a]) }.expect("launch");
     });
-    rows.push(Row {
-        name: "launch_empty_1arg".into(),
-        value: ours1,
-        unit: "us",
-        raw: raw1,
-        raw_name: "cuLaunchKernel",
-    });
+    report.push(Figure::new("launch_empty_1arg", ours1, "us").raw(raw1, "cuLaunchKernel"));
 
     let (mut x, mut y, mut z, mut n, mut f, mut d) = (0u64, 0u64, 0u64, 1i32, 1.0f32, 1.0f64);
     let raw6 = per_launch_us(&stream, || {
@@ -145,13 +133,7 @@ fn run() -> cuda_rt::Result<()> {
         // the null pointers x, y, z are never followed.
         unsafe { cuda_rt::launch!(e6, &cfg, &stream, (x, y, z, n, f, d)) }.expect("launch");
     });
-    rows.push(Row {
-        name: "launch_empty_6args".into(),
-        value: ours6,
-        unit: "us",
-        raw: raw6,
-        raw_name: "cuLaunchKernel",
-    });
+    report.push(Figure::new("launch_empty_6args", ours6, "us").raw(raw6, "cuLaunchKernel"));
 
     // Second construction of the same RawKernel vs one raw cuModuleGetFunction.
     let _ = RawKernel::new(SRC, "empty6", &[])?;
@@ -171,13 +153,9 @@ fn run() -> cuda_rt::Result<()> {
         assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
     }
     let raw_get = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    rows.push(Row {
-        name: "raw_kernel_second_new".into(),
-        value: second,
-        unit: "us",
-        raw: raw_get,
-        raw_name: "cuModuleGetFunction",
-    });
+    report.push(
+        Figure::new("raw_kernel_second_new", second, "us").raw(raw_get, "cuModuleGetFunction"),
+    );
 
     // First use in a "new process" (a new cache) with a warm disk cache vs a raw
     // cuModuleLoadData of the same cubin.
@@ -194,7 +172,11 @@ fn run() -> cuda_rt::Result<()> {
         let t = Instant::now();
         let m = RawModule::from_program(&program, Output::Cubin, &fresh)?;
         firsts.push(t.elapsed().as_secs_f64() * 1e3);
-        assert_eq!(fresh.compile_count(), 0, "warm disk cache must not compile");
+        assert_eq!(
+            fresh.stats().compiles,
+            0,
+            "warm disk cache must not compile"
+        );
         drop(m);
         let t = Instant::now();
         let mut h: sys::CUmodule = std::ptr::null_mut();
@@ -206,36 +188,11 @@ fn run() -> cuda_rt::Result<()> {
         unsafe { unload(h) };
     }
     let _ = std::fs::remove_dir_all(&dir);
-    rows.push(Row {
-        name: "raw_module_warm_disk_first_use".into(),
-        value: median(firsts),
-        unit: "ms",
-        raw: median(raws),
-        raw_name: "cuModuleLoadData",
-    });
-
-    for r in &rows {
-        println!(
-            "{{\"name\": \"{}\", \"value\": {:.4}, \"unit\": \"{}\", \"raw\": {:.4}, \"raw_name\": \"{}\", \"ratio\": {:.3}}}",
-            r.name, r.value, r.unit, r.raw, r.raw_name, r.value / r.raw
-        );
-    }
-    println!();
-    println!(
-        "{:<32} {:>12} {:>12} {:>22} {:>7}",
-        "figure", "cuda-rt", "raw", "raw call", "ratio"
+    report.push(
+        Figure::new("raw_module_warm_disk_first_use", median(firsts), "ms")
+            .raw(median(raws), "cuModuleLoadData"),
     );
-    for r in &rows {
-        println!(
-            "{:<32} {:>9.4} {:<2} {:>9.4} {:<2} {:>22} {:>7.3}",
-            r.name,
-            r.value,
-            r.unit,
-            r.raw,
-            r.unit,
-            r.raw_name,
-            r.value / r.raw
-        );
-    }
+
+    report.finish();
     Ok(())
 }

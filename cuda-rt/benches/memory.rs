@@ -2,7 +2,8 @@
 //!
 //! One JSON object per line (`name`, `size`, `value`, `unit`, `raw`, `raw_name`,
 //! `ratio` = our cost over raw: value / raw for times, raw / value for rates), then a
-//! human-readable table. Without a GPU: says why it skipped and exits 0.
+//! human-readable table (the shared reporter of `common`). Without a GPU: says why it
+//! skipped and exits 0.
 //!
 //! `cargo bench -p cuda-rt --bench memory`
 
@@ -12,17 +13,10 @@ use std::time::Instant;
 use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::memory::{alloc, malloc_async, MemoryPointer};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+mod common;
+use common::{Figure, Report};
 
-struct Figure {
-    name: &'static str,
-    size: usize,
-    value: f64,
-    unit: &'static str,
-    raw: f64,
-    raw_name: &'static str,
-    ratio: f64,
-}
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn check(rc: sys::CUresult, call: &str) -> Res<()> {
     if rc == sys::CUresult::CUDA_SUCCESS {
@@ -57,17 +51,10 @@ fn median_secs(warm: usize, reps: usize, mut f: impl FnMut() -> Res<()>) -> Res<
     Ok(t[t.len() / 2])
 }
 
+/// The rate figure of copying `size` bytes in `ours` seconds, raw in `raw` seconds.
 fn rate(name: &'static str, size: usize, ours: f64, raw: f64, raw_name: &'static str) -> Figure {
     let (v, r) = (size as f64 / ours / 1e9, size as f64 / raw / 1e9);
-    Figure {
-        name,
-        size,
-        value: v,
-        unit: "GB/s",
-        raw: r,
-        raw_name,
-        ratio: r / v,
-    }
+    Figure::new(name, v, "GB/s").size(size).raw(r, raw_name)
 }
 
 /// Pinned host memory from cuMemHostAlloc, freed on drop.
@@ -101,7 +88,7 @@ impl Drop for Pinned {
     }
 }
 
-fn transfers(figs: &mut Vec<Figure>) -> Res<()> {
+fn transfers(report: &mut Report) -> Res<()> {
     const N: usize = 256 << 20;
     let (warm, reps) = (2, 9);
     let d = alloc(N)?;
@@ -117,7 +104,7 @@ fn transfers(figs: &mut Vec<Figure>) -> Res<()> {
             "cuMemcpyHtoD",
         )
     })?;
-    figs.push(rate("h2d_pageable", N, ours, raw, "cuMemcpyHtoD"));
+    report.push(rate("h2d_pageable", N, ours, raw, "cuMemcpyHtoD"));
 
     let ours = median_secs(warm, reps, || Ok(d.copy_to_host(&mut pageable)?))?;
     let raw = median_secs(warm, reps, || {
@@ -127,7 +114,7 @@ fn transfers(figs: &mut Vec<Figure>) -> Res<()> {
             "cuMemcpyDtoH",
         )
     })?;
-    figs.push(rate("d2h_pageable", N, ours, raw, "cuMemcpyDtoH"));
+    report.push(rate("d2h_pageable", N, ours, raw, "cuMemcpyDtoH"));
     drop(pageable);
 
     let mut pinned = Pinned::new(N)?;
@@ -137,18 +124,18 @@ fn transfers(figs: &mut Vec<Figure>) -> Res<()> {
         // SAFETY: `p` is N bytes of pinned host memory alive for the whole loop.
         check(unsafe { htod(d.ptr(), p, N) }, "cuMemcpyHtoD")
     })?;
-    figs.push(rate("h2d_pinned", N, ours, raw, "cuMemcpyHtoD"));
+    report.push(rate("h2d_pinned", N, ours, raw, "cuMemcpyHtoD"));
 
     let ours = median_secs(warm, reps, || Ok(d.copy_to_host(pinned.slice())?))?;
     let raw = median_secs(warm, reps, || {
         // SAFETY: as above, device to host.
         check(unsafe { dtoh(p, d.ptr(), N) }, "cuMemcpyDtoH")
     })?;
-    figs.push(rate("d2h_pinned", N, ours, raw, "cuMemcpyDtoH"));
+    report.push(rate("d2h_pinned", N, ours, raw, "cuMemcpyDtoH"));
     Ok(())
 }
 
-fn d2d(figs: &mut Vec<Figure>) -> Res<()> {
+fn d2d(report: &mut Report) -> Res<()> {
     let (free, _) = cuda_rt::Device::new(0)?.mem_info()?;
     let n: usize = if free > (9usize << 30) {
         4 << 30
@@ -164,7 +151,7 @@ fn d2d(figs: &mut Vec<Figure>) -> Res<()> {
         // SAFETY: both are n bytes of device memory.
         check(unsafe { dtod(dst.ptr(), src.ptr(), n) }, "cuMemcpyDtoD")
     })?;
-    figs.push(rate("d2d", n, ours, raw, "cuMemcpyDtoD"));
+    report.push(rate("d2d", n, ours, raw, "cuMemcpyDtoD"));
     Ok(())
 }
 
@@ -206,7 +193,7 @@ fn interleaved_median_secs(
     Ok((to[reps / 2], tr[reps / 2]))
 }
 
-fn async_pairs(figs: &mut Vec<Figure>) -> Res<()> {
+fn async_pairs(report: &mut Report) -> Res<()> {
     const SIZE: usize = 1 << 20;
     const ITERS: usize = 20_000;
     let a = sys::api()?.cuMemAllocAsync()?;
@@ -238,48 +225,27 @@ fn async_pairs(figs: &mut Vec<Figure>) -> Res<()> {
         },
     )?;
     let (v, r) = (ours / ITERS as f64 * 1e9, raw / ITERS as f64 * 1e9);
-    figs.push(Figure {
-        name: "malloc_async_free_pair",
-        size: SIZE,
-        value: v,
-        unit: "ns",
-        raw: r,
-        raw_name: "cuMemAllocAsync+cuMemFreeAsync",
-        ratio: v / r,
-    });
+    report.push(
+        Figure::new("malloc_async_free_pair", v, "ns")
+            .size(SIZE)
+            .raw(r, "cuMemAllocAsync+cuMemFreeAsync"),
+    );
     Ok(())
 }
 
 fn main() {
-    if let Err(why) = cuda_rt::availability() {
-        println!("memory bench skipped: no GPU: {why}");
+    if !common::gpu_or_skip("memory") {
         return;
     }
-    let mut figs = Vec::new();
+    let mut report = Report::new("memory copies and async pairs on device 0 (median of 9 runs)");
     for (name, step) in [
-        ("transfers", transfers as fn(&mut Vec<Figure>) -> Res<()>),
+        ("transfers", transfers as fn(&mut Report) -> Res<()>),
         ("d2d", d2d),
         ("async_pairs", async_pairs),
     ] {
-        if let Err(e) = step(&mut figs) {
+        if let Err(e) = step(&mut report) {
             eprintln!("memory bench: {name} failed: {e}");
         }
     }
-    for f in &figs {
-        println!(
-            "{{\"name\": \"{}\", \"size\": {}, \"value\": {:.3}, \"unit\": \"{}\", \"raw\": {:.3}, \"raw_name\": \"{}\", \"ratio\": {:.3}}}",
-            f.name, f.size, f.value, f.unit, f.raw, f.raw_name, f.ratio
-        );
-    }
-    println!();
-    println!(
-        "{:<24} {:>12} {:>12} {:>12} {:<32} {:>7}",
-        "figure", "size", "ours", "raw", "raw call", "ratio"
-    );
-    for f in &figs {
-        println!(
-            "{:<24} {:>12} {:>9.3} {:<2} {:>9.3} {:<2} {:<32} {:>7.3}",
-            f.name, f.size, f.value, f.unit, f.raw, f.unit, f.raw_name, f.ratio
-        );
-    }
+    report.finish();
 }

@@ -3,7 +3,8 @@
 //! H2D/D2H through cuda-rt vs raw pageable copies and vs the ceiling
 //! min(pinned DMA, host multi-threaded pageable<->pinned memcpy with as many
 //! threads); pinned pool malloc+free vs raw cuMemHostAlloc+cuMemFreeHost of 1 MiB.
-//! One JSON object per line, then a table. Without a GPU: a skip line, exit 0.
+//! One JSON object per line, then a table (the shared reporter of `common`). Without a
+//! GPU: a skip line, exit 0.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,20 +15,10 @@ use cuda_rt::pinned::{self, PinnedMemoryPointer, PinnedMemoryPool};
 use cuda_rt::Stream;
 
 mod common;
-use common::median;
+use common::{median, Figure, Report};
 
 const SIZE: usize = 256 << 20;
 const REPS: usize = 9;
-
-struct Row {
-    name: String,
-    size: usize,
-    value: f64,
-    unit: &'static str,
-    raw: f64,
-    raw_name: &'static str,
-    ratio: f64,
-}
 
 fn rate(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
@@ -51,14 +42,6 @@ fn ok(rc: sys::CUresult, what: &str) {
     assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
 }
 
-fn emit(rows: &mut Vec<Row>, r: Row) {
-    println!(
-        "{{\"name\": \"{}\", \"size\": {}, \"value\": {:.3}, \"unit\": \"{}\", \"raw\": {:.3}, \"raw_name\": \"{}\", \"ratio\": {:.3}}}",
-        r.name, r.size, r.value, r.unit, r.raw, r.raw_name, r.ratio
-    );
-    rows.push(r);
-}
-
 /// Host memcpy with `threads` scoped threads, each a contiguous part: the host side
 /// of the ceiling (measured independently of cuda-rt's worker pool).
 fn threaded_memcpy(dst: &mut [u8], src: &[u8], threads: usize) {
@@ -71,17 +54,16 @@ fn threaded_memcpy(dst: &mut [u8], src: &[u8], threads: usize) {
 }
 
 fn main() {
-    if let Err(why) = cuda_rt::availability() {
-        println!(
-            "{{\"skipped\": \"no GPU: {}\"}}",
-            why.replace('"', "'").replace('\n', " ")
-        );
+    if !common::gpu_or_skip("pinned") {
         return;
     }
     cuda_rt::device::set_device_id(0).unwrap();
     let api = sys::api().unwrap();
     let stream = Stream::new().unwrap();
-    let mut rows = Vec::new();
+    let mut report = Report::new(format!(
+        "pinned memory on device 0 ({} MiB copies, median of {REPS})",
+        SIZE >> 20
+    ));
 
     // Plain cuMemAlloc'd memory: cuda-rt's copies take the pointer, the raw ones the
     // address.
@@ -112,17 +94,11 @@ fn main() {
     // SAFETY: raw_pinned holds SIZE bytes; dptr SIZE bytes.
     let raw = time(REPS, || ok(unsafe { htod(dptr, raw_pinned, SIZE) }, "htod"));
     let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
-    emit(
-        &mut rows,
-        Row {
-            name: "h2d_pinned".into(),
-            size: SIZE,
-            value: v,
-            unit: "GB/s",
-            raw: r,
-            raw_name: "cuMemcpyHtoD(cuMemHostAlloc)",
-            ratio: r / v,
-        },
+    let pinned_h2d = r;
+    report.push(
+        Figure::new("h2d_pinned", v, "GB/s")
+            .size(SIZE)
+            .raw(r, "cuMemcpyHtoD(cuMemHostAlloc)"),
     );
     let ours = time(REPS, || {
         p.copy_from_device_async(&dev, &stream).unwrap();
@@ -132,19 +108,11 @@ fn main() {
     let raw = time(REPS, || ok(unsafe { dtoh(raw_pinned, dptr, SIZE) }, "dtoh"));
     let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
     let pinned_d2h = r;
-    emit(
-        &mut rows,
-        Row {
-            name: "d2h_pinned".into(),
-            size: SIZE,
-            value: v,
-            unit: "GB/s",
-            raw: r,
-            raw_name: "cuMemcpyDtoH(cuMemHostAlloc)",
-            ratio: r / v,
-        },
+    report.push(
+        Figure::new("d2h_pinned", v, "GB/s")
+            .size(SIZE)
+            .raw(r, "cuMemcpyDtoH(cuMemHostAlloc)"),
     );
-    let pinned_h2d = rows[0].raw;
     drop(p);
 
     // --- pageable ---
@@ -172,29 +140,15 @@ fn main() {
     });
     let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
     let ceiling_h2d = pinned_h2d.min(memcpy_in);
-    emit(
-        &mut rows,
-        Row {
-            name: "h2d_pageable".into(),
-            size: SIZE,
-            value: v,
-            unit: "GB/s",
-            raw: r,
-            raw_name: "cuMemcpyHtoD(pageable)",
-            ratio: r / v,
-        },
+    report.push(
+        Figure::new("h2d_pageable", v, "GB/s")
+            .size(SIZE)
+            .raw(r, "cuMemcpyHtoD(pageable)"),
     );
-    emit(
-        &mut rows,
-        Row {
-            name: format!("h2d_pageable_vs_ceiling_{threads}t"),
-            size: SIZE,
-            value: v,
-            unit: "GB/s",
-            raw: ceiling_h2d,
-            raw_name: "min(pinned DMA, threaded memcpy)",
-            ratio: ceiling_h2d / v,
-        },
+    report.push(
+        Figure::new(format!("h2d_pageable_vs_ceiling_{threads}t"), v, "GB/s")
+            .size(SIZE)
+            .raw(ceiling_h2d, "min(pinned DMA, threaded memcpy)"),
     );
     let ours = time(REPS, || {
         pinned::copy_device_to_host(&mut host, &dev, &stream).unwrap()
@@ -208,29 +162,15 @@ fn main() {
     });
     let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
     let ceiling_d2h = pinned_d2h.min(memcpy_out);
-    emit(
-        &mut rows,
-        Row {
-            name: "d2h_pageable".into(),
-            size: SIZE,
-            value: v,
-            unit: "GB/s",
-            raw: r,
-            raw_name: "cuMemcpyDtoH(pageable)",
-            ratio: r / v,
-        },
+    report.push(
+        Figure::new("d2h_pageable", v, "GB/s")
+            .size(SIZE)
+            .raw(r, "cuMemcpyDtoH(pageable)"),
     );
-    emit(
-        &mut rows,
-        Row {
-            name: format!("d2h_pageable_vs_ceiling_{threads}t"),
-            size: SIZE,
-            value: v,
-            unit: "GB/s",
-            raw: ceiling_d2h,
-            raw_name: "min(pinned DMA, threaded memcpy)",
-            ratio: ceiling_d2h / v,
-        },
+    report.push(
+        Figure::new(format!("d2h_pageable_vs_ceiling_{threads}t"), v, "GB/s")
+            .size(SIZE)
+            .raw(ceiling_d2h, "min(pinned DMA, threaded memcpy)"),
     );
     eprintln!(
         "threaded memcpy pageable->pinned {memcpy_in:.1} GB/s, pinned->pageable \
@@ -270,17 +210,10 @@ fn main() {
             })
             .collect(),
     );
-    emit(
-        &mut rows,
-        Row {
-            name: "pinned_pool_malloc_free_pair".into(),
-            size: 1 << 20,
-            value: ours,
-            unit: "ns",
-            raw,
-            raw_name: "cuMemHostAlloc+cuMemFreeHost",
-            ratio: ours / raw,
-        },
+    report.push(
+        Figure::new("pinned_pool_malloc_free_pair", ours, "ns")
+            .size(1 << 20)
+            .raw(raw, "cuMemHostAlloc+cuMemFreeHost"),
     );
 
     // SAFETY: allocated above, freed once.
@@ -289,15 +222,5 @@ fn main() {
     }
     drop(dev);
 
-    println!();
-    println!(
-        "{:<34} {:>12} {:>6} {:>12}  {:<34} {:>7}",
-        "name", "value", "unit", "raw", "raw_name", "ratio"
-    );
-    for r in &rows {
-        println!(
-            "{:<34} {:>12.3} {:>6} {:>12.3}  {:<34} {:>7.3}",
-            r.name, r.value, r.unit, r.raw, r.raw_name, r.ratio
-        );
-    }
+    report.finish();
 }

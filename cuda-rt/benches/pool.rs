@@ -11,8 +11,9 @@
 //! First a line saying whether cached pairs take no lock in this process
 //! (`memory::lock_free_cached_pairs`: the Linux `membarrier` call is there). Then one
 //! JSON object per line (`ratio` = value / raw for times, raw / value for rates;
-//! below 1 is faster than raw), then a table. Median of reps after a warm-up. Without
-//! a GPU: a skip line, exit 0.
+//! below 1 is faster than raw; the scaling figures add `threads` and `speedup`), then
+//! a table (the shared reporter of `common`) and whether the targets are met. Median
+//! of reps after a warm-up. Without a GPU: a skip line, exit 0.
 //!
 //! `cargo bench -p cuda-rt --bench pool`
 
@@ -24,7 +25,7 @@ use cuda_rt::memory::{self, get_default_memory_pool, MemoryPool};
 use cuda_rt::stream::{AsStream, Stream};
 
 mod common;
-use common::{interleaved, median};
+use common::{interleaved, median, Figure, Json, Report};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -35,18 +36,6 @@ const RAW_ITERS: usize = 20_000;
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 const SCALE_POOL_ITERS: usize = 100_000;
 const SCALE_RAW_ITERS: usize = 5_000;
-
-struct Row {
-    name: &'static str,
-    size: usize,
-    threads: usize,
-    value: f64,
-    unit: &'static str,
-    raw: f64,
-    raw_name: &'static str,
-    ratio: f64,
-    speedup: Option<f64>,
-}
 
 fn check(rc: sys::CUresult, call: &str) -> Res<()> {
     if rc == sys::CUresult::CUDA_SUCCESS {
@@ -91,7 +80,7 @@ fn pool_pairs(pool: &MemoryPool, size: usize, iters: usize) -> Res<()> {
     Ok(())
 }
 
-fn pairs(figs: &mut Vec<Row>) -> Res<()> {
+fn pairs(report: &mut Report) -> Res<()> {
     let default = get_default_memory_pool();
     let own = MemoryPool::new();
     for size in SIZES {
@@ -134,17 +123,11 @@ fn pairs(figs: &mut Vec<Row>) -> Res<()> {
             ("user_pool_malloc_free_pair", user),
             ("alloc_free_pair", via_alloc),
         ] {
-            figs.push(Row {
-                name,
-                size,
-                threads: 1,
-                value: v,
-                unit: "ns",
-                raw,
-                raw_name: "cuMemAllocAsync_pair",
-                ratio: v / raw,
-                speedup: None,
-            });
+            report.push(
+                Figure::new(name, v, "ns")
+                    .size(size)
+                    .raw(raw, "cuMemAllocAsync_pair"),
+            );
         }
     }
     Ok(())
@@ -209,88 +192,54 @@ fn scaled_rate(threads: usize, iters: usize, raw: bool) -> Res<f64> {
     Ok(median(rates))
 }
 
-fn scaling(figs: &mut Vec<Row>) -> Res<()> {
+fn scaling(report: &mut Report) -> Res<()> {
     let mut single = None;
     for threads in THREADS {
         let ours = scaled_rate(threads, SCALE_POOL_ITERS, false)?;
         let raw = scaled_rate(threads, SCALE_RAW_ITERS, true)?;
         let base = *single.get_or_insert(ours);
-        figs.push(Row {
-            name: "pool_pairs_per_s_threads",
-            size: 1 << 20,
-            threads,
-            value: ours,
-            unit: "pairs/s",
-            raw,
-            raw_name: "cuMemAllocAsync_pair",
-            ratio: raw / ours,
-            speedup: Some(ours / base),
-        });
+        report.push(
+            Figure::new("pool_pairs_per_s_threads", ours, "pairs/s")
+                .size(1usize << 20)
+                .raw(raw, "cuMemAllocAsync_pair")
+                .field("threads", threads)
+                .field("speedup", ours / base),
+        );
     }
     Ok(())
 }
 
 fn main() {
-    if let Err(why) = cuda_rt::availability() {
-        println!(
-            "{{\"skipped\": \"pool bench: no GPU: {}\"}}",
-            why.replace('"', "'").replace('\n', " ")
-        );
+    if !common::gpu_or_skip("pool") {
         return;
     }
     if let Err(e) = cuda_rt::device::set_device_id(0) {
-        println!("{{\"skipped\": \"pool bench: device 0: {e}\"}}");
+        common::skip("pool", &format!("device 0: {e}"));
         return;
     }
-    println!(
-        "{{\"lock_free_cached_pairs\": {}}}",
-        memory::lock_free_cached_pairs()
-    );
-    let mut figs = Vec::new();
+    let mut report = Report::new(format!(
+        "caching pool on device 0 (median of {REPS} after a warm-up)"
+    ));
+    report.info("lock_free_cached_pairs", memory::lock_free_cached_pairs());
     for (name, step) in [
-        ("pairs", pairs as fn(&mut Vec<Row>) -> Res<()>),
+        ("pairs", pairs as fn(&mut Report) -> Res<()>),
         ("scaling", scaling),
     ] {
-        if let Err(e) = step(&mut figs) {
+        if let Err(e) = step(&mut report) {
             eprintln!("pool bench: {name} failed: {e}");
         }
     }
-    for f in &figs {
-        let extra = match f.speedup {
-            Some(s) => format!(", \"threads\": {}, \"speedup\": {s:.2}", f.threads),
-            None => String::new(),
-        };
-        println!(
-            "{{\"name\": \"{}\", \"size\": {}, \"value\": {:.3}, \"unit\": \"{}\", \"raw\": {:.3}, \"raw_name\": \"{}\", \"ratio\": {:.4}{extra}}}",
-            f.name, f.size, f.value, f.unit, f.raw, f.raw_name, f.ratio
-        );
-    }
-    println!();
-    println!(
-        "{:<28} {:>9} {:>7} {:>14} {:>14} {:<8} {:>8} {:>8}",
-        "figure", "size", "threads", "ours", "raw", "unit", "ratio", "speedup"
-    );
-    for f in &figs {
-        println!(
-            "{:<28} {:>9} {:>7} {:>14.1} {:>14.1} {:<8} {:>8.4} {:>8}",
-            f.name,
-            f.size,
-            f.threads,
-            f.value,
-            f.raw,
-            f.unit,
-            f.ratio,
-            f.speedup.map_or(String::new(), |s| format!("{s:.2}x"))
-        );
-    }
+    report.finish();
+    let figs = report.figures();
     let pair_ok = figs
         .iter()
         .filter(|f| f.name == "pool_malloc_free_pair")
-        .all(|f| f.ratio <= 0.05);
+        .all(|f| f.ratio().is_some_and(|r| r <= 0.05));
     let scale_ok = figs
         .iter()
-        .find(|f| f.speedup.is_some() && f.threads == 16)
-        .is_some_and(|f| f.speedup.unwrap_or(0.0) >= 8.0);
+        .filter(|f| f.get("threads").and_then(Json::as_f64) == Some(16.0))
+        .find_map(|f| f.get("speedup").and_then(Json::as_f64))
+        .is_some_and(|s| s >= 8.0);
     println!();
     println!(
         "targets: pair ratio <= 0.05: {}; 16-thread speedup >= 8x: {}",

@@ -1,29 +1,22 @@
 //! Streams and events against the raw driver, measured in the same run.
 //!
 //! `cargo bench -p cuda-rt --bench stream_event` prints one JSON object per line
-//! (`name`, `value`, `unit`, `raw`, `raw_name`, `ratio` = value / raw, `target`) and
-//! then a table. Each figure is the median over several repetitions of the mean time
-//! per operation over many iterations, after a warm-up, with raw and cuda-rt
-//! interleaved in each repetition. Without a GPU it prints why it skipped and exits 0.
+//! (`name`, `value`, `unit`, `raw`, `raw_name`, `ratio` = value / raw, `target`,
+//! `device`) and then a table (the shared reporter of `common`). Each figure is the
+//! median over several repetitions of the mean time per operation over many
+//! iterations, after a warm-up, with raw and cuda-rt interleaved in each repetition.
+//! Without a GPU it prints why it skipped and exits 0.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 mod common;
-use common::interleaved;
+use common::{interleaved, Figure, Report};
 
 use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::{AsStream, Device, Event, Stream};
 
 const REPS: usize = 9;
-
-struct Figure {
-    name: &'static str,
-    value: f64,
-    raw: f64,
-    raw_name: &'static str,
-    target: &'static str,
-}
 
 /// Mean ns per operation of `f`, which runs `iters` operations.
 fn per_op(iters: usize, f: impl FnOnce()) -> f64 {
@@ -37,9 +30,7 @@ fn check(rc: sys::CUresult, what: &str) {
 }
 
 fn main() {
-    if let Err(reason) = cuda_rt::availability() {
-        let reason = reason.replace('\n', "; ");
-        println!("skipped stream_event bench: no GPU: {reason}");
+    if !common::gpu_or_skip("stream_event") {
         return;
     }
     if let Err(e) = run() {
@@ -64,7 +55,11 @@ fn run() -> cuda_rt::Result<()> {
     let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
     let stream = Stream::non_blocking()?;
     let s_raw = stream.as_raw();
-    let mut figs = Vec::new();
+    let name = dev.name()?;
+    let mut report = Report::new(format!(
+        "streams and events on {name} (ns per operation, median of {REPS})"
+    ));
+    report.context("device", name);
 
     // Batches of the cache's size, so every cuda-rt create is served by the cache.
     const BATCH: usize = cuda_rt::event::EVENT_CACHE_CAPACITY;
@@ -106,13 +101,7 @@ fn run() -> cuda_rt::Result<()> {
             total / BATCHES as f64
         },
     );
-    figs.push(Figure {
-        name: "event_create",
-        value: o,
-        raw: r,
-        raw_name: "cuEventCreate",
-        target: "",
-    });
+    report.push(Figure::new("event_create", o, "ns").raw(r, "cuEventCreate"));
 
     // Event destroy, alone.
     let (o, r) = interleaved(
@@ -146,13 +135,7 @@ fn run() -> cuda_rt::Result<()> {
             total / BATCHES as f64
         },
     );
-    figs.push(Figure {
-        name: "event_destroy",
-        value: o,
-        raw: r,
-        raw_name: "cuEventDestroy",
-        target: "",
-    });
+    report.push(Figure::new("event_destroy", o, "ns").raw(r, "cuEventDestroy"));
 
     // Event create + destroy pair.
     const N: usize = 20_000;
@@ -177,13 +160,11 @@ fn run() -> cuda_rt::Result<()> {
             })
         },
     );
-    figs.push(Figure {
-        name: "event_create_destroy",
-        value: o,
-        raw: r,
-        raw_name: "cuEventCreate+cuEventDestroy",
-        target: "< 0.10",
-    });
+    report.push(
+        Figure::new("event_create_destroy", o, "ns")
+            .raw(r, "cuEventCreate+cuEventDestroy")
+            .target("< 0.10"),
+    );
 
     // Record, on the same idle stream, the same event.
     let ev = Event::new(false, true, false)?;
@@ -206,13 +187,11 @@ fn run() -> cuda_rt::Result<()> {
             })
         },
     );
-    figs.push(Figure {
-        name: "event_record",
-        value: o,
-        raw: r,
-        raw_name: "cuEventRecord",
-        target: "<= 1.05",
-    });
+    report.push(
+        Figure::new("event_record", o, "ns")
+            .raw(r, "cuEventRecord")
+            .target("<= 1.05"),
+    );
 
     // Query of a completed event.
     ev.synchronize()?;
@@ -234,13 +213,11 @@ fn run() -> cuda_rt::Result<()> {
             })
         },
     );
-    figs.push(Figure {
-        name: "event_query",
-        value: o,
-        raw: r,
-        raw_name: "cuEventQuery",
-        target: "<= 1.05",
-    });
+    report.push(
+        Figure::new("event_query", o, "ns")
+            .raw(r, "cuEventQuery")
+            .target("<= 1.05"),
+    );
 
     // Stream create + destroy.
     const NS: usize = 2_000;
@@ -265,13 +242,11 @@ fn run() -> cuda_rt::Result<()> {
             })
         },
     );
-    figs.push(Figure {
-        name: "stream_create_destroy",
-        value: o,
-        raw: r,
-        raw_name: "cuStreamCreate+cuStreamDestroy",
-        target: "<= 1.05",
-    });
+    report.push(
+        Figure::new("stream_create_destroy", o, "ns")
+            .raw(r, "cuStreamCreate+cuStreamDestroy")
+            .target("<= 1.05"),
+    );
 
     // Current-stream lookup: no driver call; paired with the cheapest driver query.
     const NL: usize = 1_000_000;
@@ -295,13 +270,11 @@ fn run() -> cuda_rt::Result<()> {
             })
         },
     );
-    figs.push(Figure {
-        name: "current_stream_lookup",
-        value: o,
-        raw: r,
-        raw_name: "cuCtxGetCurrent",
-        target: "ns, no driver call",
-    });
+    report.push(
+        Figure::new("current_stream_lookup", o, "ns")
+            .raw(r, "cuCtxGetCurrent")
+            .target("ns, no driver call"),
+    );
 
     // Device scope enter + exit when the device is current: no driver call; paired with
     // the push/pop a naive scope would make.
@@ -329,46 +302,14 @@ fn run() -> cuda_rt::Result<()> {
             })
         },
     );
-    figs.push(Figure {
-        name: "device_scope_enter_exit",
-        value: o,
-        raw: r,
-        raw_name: "cuCtxPushCurrent+cuCtxPopCurrent",
-        target: "ns, no driver call",
-    });
+    report.push(
+        Figure::new("device_scope_enter_exit", o, "ns")
+            .raw(r, "cuCtxPushCurrent+cuCtxPopCurrent")
+            .target("ns, no driver call"),
+    );
     drop(ev);
     drop(stream);
 
-    let name = dev.name()?;
-    for f in &figs {
-        println!(
-            "{{\"name\": \"{}\", \"value\": {:.1}, \"unit\": \"ns\", \"raw\": {:.1}, \
-             \"raw_name\": \"{}\", \"ratio\": {:.3}, \"target\": \"{}\", \"device\": \"{}\"}}",
-            f.name,
-            f.value,
-            f.raw,
-            f.raw_name,
-            f.value / f.raw,
-            f.target,
-            name
-        );
-    }
-    println!();
-    println!("streams and events on {name} (ns per operation, median of {REPS})");
-    println!(
-        "{:<26} {:>10} {:>10} {:>7}  {:<34} target",
-        "figure", "cuda-rt", "raw", "ratio", "raw call"
-    );
-    for f in &figs {
-        println!(
-            "{:<26} {:>10.1} {:>10.1} {:>7.3}  {:<34} {}",
-            f.name,
-            f.value,
-            f.raw,
-            f.value / f.raw,
-            f.raw_name,
-            f.target
-        );
-    }
+    report.finish();
     Ok(())
 }

@@ -5,13 +5,17 @@ use std::path::{Path, PathBuf};
 
 use cuda_sys::{result, CudaVersion};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StateKind};
 
 /// The CUDA version the driver supports (`cuDriverGetVersion`), e.g. 13.0.
 pub fn driver_version() -> Result<CudaVersion> {
     let v = result::version()?;
-    CudaVersion::from_int(v)
-        .ok_or_else(|| Error::InvalidState(format!("the driver reported version {v}")))
+    CudaVersion::from_int(v).ok_or_else(|| {
+        Error::invalid_state(
+            StateKind::Unexpected,
+            format!("the driver reported version {v}"),
+        )
+    })
 }
 
 /// The version of the CUDA runtime library actually loaded (`cudaRuntimeGetVersion` of
@@ -29,8 +33,12 @@ pub fn get_local_runtime_version() -> Result<CudaVersion> {
             name: "cudaError",
         });
     }
-    CudaVersion::from_int(v)
-        .ok_or_else(|| Error::InvalidState(format!("the runtime reported version {v}")))
+    CudaVersion::from_int(v).ok_or_else(|| {
+        Error::invalid_state(
+            StateKind::Unexpected,
+            format!("the runtime reported version {v}"),
+        )
+    })
 }
 
 /// Where the runtime library was loaded from, once loaded.

@@ -1,9 +1,55 @@
 //! The one error type of cuda-rt: every failure says what failed in words a user can act on.
+//!
+//! # Matching on errors
+//! [`Error`] has one variant per kind of failure, and each carries what a program
+//! needs to tell failures apart without reading the text:
+//! - [`Error::Driver`]: the driver call and its code ([`DriverError`]); also
+//!   [`Error::driver_code`], which sees through the variants that keep one.
+//! - [`Error::OutOfMemory`]: an [`OutOfMemory`] with requested, in-use, cached and
+//!   limit bytes and what refused ([`OutOfMemoryCause`]). One type for every
+//!   allocation cuda-rt makes: the caching pools of device and pinned memory (and the
+//!   [`arena`](crate::memory::arena) algorithm under them), `cuMemAlloc`, and the
+//!   driver's stream-ordered pools.
+//! - [`Error::NotAvailable`]: why CUDA cannot be used at all ([`Unavailable`], which
+//!   [`availability`](crate::availability) returns too).
+//! - [`Error::InvalidArgument`], [`Error::InvalidState`], [`Error::Capture`] and
+//!   [`Error::NotSupported`] are each a `kind` and a `message`, as
+//!   [`std::io::Error`] is a [`kind()`](std::io::Error::kind) and a message: the kind
+//!   ([`ArgumentKind`], [`StateKind`], [`CaptureKind`], [`UnsupportedKind`]) is for
+//!   programs, and carries the numbers where they are the point (the bytes asked for
+//!   and the bytes there are, the two devices that differ); the message is for people,
+//!   names the call and the values, and is what [`Display`](fmt::Display) prints.
+//!   Kinds are `#[non_exhaustive]`: new ones may come, so match them with a wildcard
+//!   arm. Messages may be reworded in any release; never parse them.
+//!
+//! ```
+//! use cuda_rt::error::{ArgumentKind, Error};
+//!
+//! fn explain(e: &Error) -> String {
+//!     match e {
+//!         Error::InvalidArgument {
+//!             kind: ArgumentKind::OutOfBounds { requested, available },
+//!             ..
+//!         } => format!("{requested} bytes asked for, {available} there"),
+//!         Error::OutOfMemory(o) => format!("out of memory: {} bytes in use", o.in_use),
+//!         other => other.to_string(),
+//!     }
+//! }
+//! let e = Error::invalid_argument(
+//!     ArgumentKind::OutOfBounds { requested: 65, available: 64 },
+//!     "copy_from_host: 65 bytes do not fit",
+//! );
+//! assert_eq!(explain(&e), "65 bytes asked for, 64 there");
+//! assert_eq!(e.to_string(), "invalid argument: copy_from_host: 65 bytes do not fit");
+//! ```
+//!
+//! Errors are built on cold paths only: a variant with a message allocates it there,
+//! never on a hot path that succeeds.
 
 use std::fmt;
 
 use cuda_sys::driver::CUresult;
-use cuda_sys::LoadError;
+use cuda_sys::{CudaVersion, LoadError, LoadErrorKind};
 
 /// `Result` with cuda-rt's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -13,33 +59,72 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// the checked layer's own error, [`cuda_sys::result::DriverError`].
 pub use cuda_sys::result::DriverError;
 
-/// Out of device (or pinned) memory, with the numbers that explain it.
+/// Out of memory, with the numbers that explain it: the one out-of-memory type of
+/// cuda-rt, for device and pinned pools (and the [`arena`](crate::memory::arena)
+/// algorithm under them), for `cuMemAlloc` and for the driver's stream-ordered pools.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutOfMemory {
-    /// What was asked for, in bytes (after rounding).
+    /// What the caller asked for, in bytes.
     pub requested: u64,
-    /// The device, or `None` for host (pinned) memory.
+    /// The request as the allocator rounds it (a pool: up to a multiple of 512 bytes;
+    /// an allocator that does not round: `requested`), or `None` when rounding up
+    /// overflowed.
+    pub rounded: Option<u64>,
+    /// The device, or `None` for host memory: pinned memory, or the memory of an
+    /// arena pool over a host backend.
     pub device: Option<i32>,
     /// Bytes handed out by the pool when it failed.
     pub in_use: u64,
-    /// Bytes cached (free in the pool) when it failed, after release and retry.
+    /// Bytes cached (reserved but free) when it failed; for a caching pool, after it
+    /// gave back what it could and retried.
     pub cached: u64,
     /// The pool's limit, if one is set.
     pub limit: Option<u64>,
-    /// What the driver said, if the driver refused (rather than the limit).
-    pub driver: Option<DriverError>,
+    /// What refused the memory: the limit, the driver, or a pool's backend.
+    pub cause: OutOfMemoryCause,
+}
+
+/// What refused an allocation that ended as [`OutOfMemory`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutOfMemoryCause {
+    /// The pool's limit: the request would take the pool's reserved bytes past it.
+    /// Raising the limit (or freeing memory of the pool) can help.
+    Limit,
+    /// The driver has no memory left (`CUDA_ERROR_OUT_OF_MEMORY`): its error.
+    Driver(DriverError),
+    /// A pool's backend had no memory left and no driver error to give (the host
+    /// backends of the [`arena`](crate::memory::arena) algorithm), or no memory could
+    /// hold the request (rounding it up overflowed: [`OutOfMemory::rounded`] is
+    /// `None`).
+    Backend,
+}
+
+impl OutOfMemory {
+    /// The driver's error, when the driver refused.
+    pub fn driver(&self) -> Option<&DriverError> {
+        match &self.cause {
+            OutOfMemoryCause::Driver(d) => Some(d),
+            OutOfMemoryCause::Limit | OutOfMemoryCause::Backend => None,
+        }
+    }
 }
 
 impl fmt::Display for OutOfMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "out of memory allocating {}",
-            human_bytes(self.requested)
-        )?;
+        f.write_str("out of memory allocating ")?;
+        match self.rounded {
+            Some(r) if r == self.requested => write!(f, "{}", human_bytes(r))?,
+            Some(r) => write!(f, "{} ({} bytes asked for)", human_bytes(r), self.requested)?,
+            None => write!(
+                f,
+                "{} bytes (too many to round up to the allocation unit)",
+                self.requested
+            )?,
+        }
         match self.device {
             Some(d) => write!(f, " on device {d}")?,
-            None => write!(f, " of pinned host memory")?,
+            None => write!(f, " of host memory")?,
         }
         write!(
             f,
@@ -51,10 +136,73 @@ impl fmt::Display for OutOfMemory {
             Some(l) => write!(f, ", limit {}", human_bytes(l))?,
             None => write!(f, ", no limit set")?,
         }
-        if let Some(d) = &self.driver {
-            write!(f, " ({d})")?;
+        match &self.cause {
+            OutOfMemoryCause::Limit => write!(f, "; the request would pass the limit"),
+            OutOfMemoryCause::Driver(d) => write!(f, " ({d})"),
+            OutOfMemoryCause::Backend => write!(f, "; the backend has no more memory"),
         }
-        Ok(())
+    }
+}
+
+impl std::error::Error for OutOfMemory {}
+
+/// Why CUDA cannot be used on this machine: what [`availability`](crate::availability)
+/// returns, and what [`Error::NotAvailable`] carries.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unavailable {
+    /// The driver library (`libcuda.so.1`) could not be loaded, or lacks an entry
+    /// point cuda-rt needs: no NVIDIA driver is installed, or not where the loader
+    /// looks. The [`LoadError`] names every path tried.
+    #[error("{0}")]
+    NoDriver(LoadError),
+    /// The driver loaded but is older than cuda-rt supports.
+    #[error("{error}")]
+    DriverTooOld {
+        /// The CUDA version the driver supports, `None` when it could not be asked.
+        version: Option<CudaVersion>,
+        /// The oldest CUDA version cuda-rt supports.
+        minimum: CudaVersion,
+        /// The loader's error, which names the library and its path.
+        error: LoadError,
+    },
+    /// A driver call that starts CUDA (`cuInit`, `cuDeviceGetCount`) failed, e.g.
+    /// `CUDA_ERROR_NO_DEVICE` (no GPU, or none visible) or
+    /// `CUDA_ERROR_INSUFFICIENT_DRIVER` (the kernel module is older than the library).
+    #[error("{0}")]
+    Driver(DriverError),
+    /// The driver started and reports no device.
+    #[error("the CUDA driver reports no device")]
+    NoDevice,
+    /// Another failure while starting CUDA (none is expected: loading the driver and
+    /// `cuInit` fail only in the ways above).
+    #[error("{0}")]
+    Other(Box<Error>),
+}
+
+impl Unavailable {
+    /// Why the failure `e` of loading or starting the driver makes CUDA unusable.
+    pub(crate) fn from_error(e: Error) -> Unavailable {
+        match e {
+            Error::Load(l) => Unavailable::from_load(l),
+            Error::Driver(d) => Unavailable::Driver(d),
+            other => Unavailable::Other(Box::new(other)),
+        }
+    }
+
+    fn from_load(l: LoadError) -> Unavailable {
+        match l.kind() {
+            LoadErrorKind::DriverTooOld {
+                version, minimum, ..
+            } => Unavailable::DriverTooOld {
+                version: version.and_then(CudaVersion::from_int),
+                // The loader's minimum is a constant (12000): never negative.
+                minimum: CudaVersion::from_int(*minimum)
+                    .unwrap_or(CudaVersion { major: 0, minor: 0 }),
+                error: l.clone(),
+            },
+            _ => Unavailable::NoDriver(l),
+        }
     }
 }
 
@@ -87,7 +235,157 @@ impl fmt::Display for CompileError {
     }
 }
 
-/// Everything that can go wrong in cuda-rt.
+/// What is wrong with the argument of an [`Error::InvalidArgument`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ArgumentKind {
+    /// A range past the end of its memory: `requested` bytes (or an offset of that
+    /// many bytes) where only `available` are, after the pointer or before it (a
+    /// copy, a view, pointer arithmetic, a memcpy or memset node). A size that
+    /// overflows counts as `u64::MAX` bytes.
+    OutOfBounds {
+        /// The bytes the call needs (or the offset it moves by).
+        requested: u64,
+        /// The bytes there are in that direction.
+        available: u64,
+    },
+    /// Something of device `found` (a stream, an event, a kernel, a pool) where one of
+    /// device `expected` is needed.
+    WrongDevice {
+        /// The device the call needs.
+        expected: i32,
+        /// The device of what was given.
+        found: i32,
+    },
+    /// Two lengths that must be equal differ (a copy between slices).
+    LengthMismatch {
+        /// The length of the destination (or of what sets the rule).
+        expected: u64,
+        /// The length given.
+        found: u64,
+    },
+    /// An address not aligned as the call needs.
+    Misaligned {
+        /// The address.
+        address: u64,
+        /// The alignment needed, in bytes.
+        alignment: u64,
+    },
+    /// Kernel arguments that do not match the kernel's parameters in count or sizes
+    /// (a launch, a kernel node).
+    KernelArguments,
+    /// A string with a NUL byte inside, which C strings cannot hold.
+    InteriorNul,
+    /// A null pointer where one is needed (the C shim's out pointers, an unowned
+    /// memory with no device).
+    Null,
+    /// A name or an address that names nothing: a kernel or global variable a module
+    /// lacks, an unknown device attribute or PCI bus id, a pointer CUDA does not know.
+    NotFound,
+    /// A name already taken (a memory hook's).
+    AlreadyExists,
+    /// A value outside what is allowed: a fraction, a percentage, an element size, a
+    /// count past a limit, a device id past what cuda-rt addresses, a setting that
+    /// does not parse.
+    InvalidValue,
+    /// An object that cannot serve here as it was made: an event without timing or
+    /// not interprocess, pinned memory not mapped for the device, a node of another
+    /// graph, a graph whose shape differs.
+    Incompatible,
+    /// Anything else (an unreadable module file, an image the driver refused with a
+    /// log...); the message says what.
+    Other,
+}
+
+/// What is wrong with the state of things in an [`Error::InvalidState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StateKind {
+    /// The call needs the only handle to an object that `others` other handles
+    /// (clones, offsets, threads where it is current, memory allocated on it) share.
+    Shared {
+        /// How many other handles hold the object.
+        others: usize,
+    },
+    /// An object belongs to `device` but device `current` is current on this thread.
+    DeviceNotCurrent {
+        /// The object's device.
+        device: i32,
+        /// This thread's current device.
+        current: i32,
+    },
+    /// An event that was never recorded.
+    NotRecorded,
+    /// Work that has not completed yet (an event's): wait for it and ask again.
+    NotReady,
+    /// The call came back into itself (a handle asked for while one is being made),
+    /// or was made inside a scope that forbids it (`set_allocator` inside
+    /// `using_allocator`).
+    Reentrant,
+    /// The thread is exiting and its thread-local state is gone.
+    ThreadExit,
+    /// A graph owns allocations made during its capture: their addresses belong to
+    /// it, so it can be neither cloned nor added to another graph.
+    GraphOwnsAllocations,
+    /// A user allocator (closure or C function) returned a null pointer.
+    AllocatorFailed,
+    /// A table of fixed size is full (a pool's arenas or chunks: about 4.29 billion).
+    TooMany,
+    /// The driver or a library answered something cuda-rt cannot use (a null pointer
+    /// from a call that succeeded, a version it cannot read).
+    Unexpected,
+    /// Anything else; the message says what.
+    Other,
+}
+
+/// What went wrong with a graph capture in an [`Error::Capture`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CaptureKind {
+    /// cuda-rt refused, before any CUDA call, an operation that cannot be part of a
+    /// graph (a synchronous copy, a run-once closure, an asynchronous copy of
+    /// borrowed or pinned host memory) on a stream that is capturing. The capture goes
+    /// on, still valid.
+    Refused,
+    /// The capture is invalid: the driver refused an operation during it (a
+    /// synchronize, a query...), now or earlier. No graph can come of it: end it and
+    /// capture again.
+    Invalidated,
+    /// The stream is not capturing, or is not the stream that began the capture.
+    NotCapturing,
+    /// The legacy default stream cannot capture, and a capturing stream cannot wait
+    /// on it.
+    LegacyStream,
+    /// A stream forked from the capture was never joined back.
+    Unjoined,
+    /// Another rule of captures (two captures merged, a dependency across the
+    /// capture's boundary, an event of a capture waited for from the host, a capture
+    /// of another thread); the message says which.
+    Other,
+}
+
+/// What is not supported in an [`Error::NotSupported`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UnsupportedKind {
+    /// The driver is too old for the feature (reporting kernel parameters needs a
+    /// driver for CUDA 12.4).
+    DriverTooOld {
+        /// The CUDA version the driver supports, `None` when it could not be asked.
+        version: Option<CudaVersion>,
+        /// The CUDA version the feature needs.
+        needed: CudaVersion,
+    },
+    /// The device's architecture is not one the loaded NVRTC compiles for.
+    Architecture,
+    /// A feature CUDA removed (texture references, in CUDA 12).
+    Removed,
+    /// Anything else; the message says what.
+    Other,
+}
+
+/// Everything that can go wrong in cuda-rt. See the [module documentation](self) for
+/// how to match on it.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -113,9 +411,14 @@ pub enum Error {
     /// Out of memory, with requested, in-use, cached and limit bytes.
     #[error("{0}")]
     OutOfMemory(Box<OutOfMemory>),
-    /// A bad argument; the message names it and its value.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// A bad argument.
+    #[error("invalid argument: {message}")]
+    InvalidArgument {
+        /// What is wrong with it, for programs.
+        kind: ArgumentKind,
+        /// The call, the argument and its value, for people.
+        message: String,
+    },
     /// A device id that does not exist.
     #[error("invalid device id {id}: {count} CUDA device(s) present (valid ids 0..{count})")]
     InvalidDevice {
@@ -124,26 +427,81 @@ pub enum Error {
         /// How many devices there are.
         count: i32,
     },
-    /// CUDA is not usable on this machine; the reason says why.
+    /// CUDA is not usable on this machine.
     #[error("CUDA is not available: {0}")]
-    NotAvailable(String),
-    /// The operation is not supported (by CUDA, this device or this build).
-    #[error("not supported: {0}")]
-    NotSupported(String),
-    /// The operation is not allowed while a stream captures a graph.
-    #[error("{0}")]
-    Capture(String),
-    /// A state error (a scope misuse, a handle used after its owner ended...).
-    #[error("{0}")]
-    InvalidState(String),
+    NotAvailable(#[from] Unavailable),
+    /// The operation is not supported (by CUDA, this driver, this device or this
+    /// build).
+    #[error("not supported: {message}")]
+    NotSupported {
+        /// What is missing, for programs.
+        kind: UnsupportedKind,
+        /// What was asked and why it cannot be done, for people.
+        message: String,
+    },
+    /// The operation is not allowed while a stream captures a graph, or a capture
+    /// went wrong.
+    #[error("{message}")]
+    Capture {
+        /// What went wrong, for programs.
+        kind: CaptureKind,
+        /// The call, the stream and what to do, for people.
+        message: String,
+    },
+    /// A state error (an object shared that must be unique, an event not recorded, a
+    /// scope misuse...).
+    #[error("{message}")]
+    InvalidState {
+        /// What is wrong, for programs.
+        kind: StateKind,
+        /// The call and the state it found, for people.
+        message: String,
+    },
 }
 
 impl Error {
+    /// An [`Error::InvalidArgument`].
+    #[cold]
+    pub fn invalid_argument(kind: ArgumentKind, message: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// An [`Error::InvalidState`].
+    #[cold]
+    pub fn invalid_state(kind: StateKind, message: impl Into<String>) -> Error {
+        Error::InvalidState {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// An [`Error::Capture`].
+    #[cold]
+    pub fn capture(kind: CaptureKind, message: impl Into<String>) -> Error {
+        Error::Capture {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// An [`Error::NotSupported`].
+    #[cold]
+    pub fn not_supported(kind: UnsupportedKind, message: impl Into<String>) -> Error {
+        Error::NotSupported {
+            kind,
+            message: message.into(),
+        }
+    }
+
     /// The driver result code, when the error came from a driver call.
     pub fn driver_code(&self) -> Option<CUresult> {
         match self {
             Error::Driver(d) => Some(d.code),
-            Error::OutOfMemory(o) => o.driver.map(|d| d.code),
+            Error::OutOfMemory(o) => o.driver().map(|d| d.code),
+            Error::NotAvailable(Unavailable::Driver(d)) => Some(d.code),
             _ => None,
         }
     }
@@ -198,7 +556,7 @@ impl From<cuda_sys::result::Error> for Error {
             cuda_sys::result::Error::Nvrtc(n) => n.into(),
             cuda_sys::result::Error::Library(l) => l.into(),
             // `non_exhaustive`: an error of a later cuda-sys, in its own words.
-            other => Error::InvalidState(other.to_string()),
+            other => Error::invalid_state(StateKind::Unexpected, other.to_string()),
         }
     }
 }
@@ -241,17 +599,117 @@ mod tests {
     fn out_of_memory_message_has_every_number() {
         let e = Error::OutOfMemory(Box::new(OutOfMemory {
             requested: 3 << 29,
+            rounded: Some(3 << 29),
             device: Some(0),
             in_use: 78 << 30,
             cached: 2 << 30,
             limit: Some(80 << 30),
-            driver: None,
+            cause: OutOfMemoryCause::Limit,
         }));
         assert_eq!(
             e.to_string(),
             "out of memory allocating 1.50 GiB on device 0: 78.00 GiB in use, 2.00 GiB cached \
-             (released and retried), limit 80.00 GiB"
+             (released and retried), limit 80.00 GiB; the request would pass the limit"
         );
+        assert!(e.is_out_of_memory());
+        assert_eq!(e.driver_code(), None);
+    }
+
+    #[test]
+    fn out_of_memory_names_the_rounding_the_host_and_the_driver() {
+        let driver = DriverError {
+            call: "cuMemHostAlloc",
+            code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            name: "CUDA_ERROR_OUT_OF_MEMORY",
+            description: "out of memory",
+        };
+        let o = OutOfMemory {
+            requested: 1000,
+            rounded: Some(1024),
+            device: None,
+            in_use: 0,
+            cached: 0,
+            limit: None,
+            cause: OutOfMemoryCause::Driver(driver),
+        };
+        assert_eq!(o.driver(), Some(&driver));
+        assert_eq!(
+            o.to_string(),
+            "out of memory allocating 1.00 KiB (1000 bytes asked for) of host memory: 0 B in \
+             use, 0 B cached (released and retried), no limit set (cuMemHostAlloc failed: \
+             CUDA_ERROR_OUT_OF_MEMORY: out of memory)"
+        );
+        let e = Error::OutOfMemory(Box::new(o));
+        assert_eq!(e.driver_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        let huge = OutOfMemory {
+            requested: u64::MAX,
+            rounded: None,
+            device: Some(1),
+            in_use: 0,
+            cached: 0,
+            limit: None,
+            cause: OutOfMemoryCause::Backend,
+        };
+        let s = huge.to_string();
+        assert!(
+            s.contains("18446744073709551615 bytes (too many to round up"),
+            "{s}"
+        );
+        assert!(s.ends_with("; the backend has no more memory"), "{s}");
+    }
+
+    #[test]
+    fn kinds_are_matched_and_messages_displayed() {
+        let e = Error::invalid_argument(
+            ArgumentKind::WrongDevice {
+                expected: 0,
+                found: 1,
+            },
+            "stream of device 1 used with the async pool of device 0",
+        );
+        assert!(matches!(
+            e,
+            Error::InvalidArgument {
+                kind: ArgumentKind::WrongDevice {
+                    expected: 0,
+                    found: 1
+                },
+                ..
+            }
+        ));
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: stream of device 1 used with the async pool of device 0"
+        );
+        let e = Error::invalid_state(StateKind::NotReady, "an event has not completed");
+        assert_eq!(e.to_string(), "an event has not completed");
+        let e = Error::capture(CaptureKind::Refused, "x: the stream is capturing");
+        assert_eq!(e.to_string(), "x: the stream is capturing");
+        let e = Error::not_supported(UnsupportedKind::Removed, "texture references");
+        assert_eq!(e.to_string(), "not supported: texture references");
+    }
+
+    #[test]
+    fn unavailable_says_why_and_keeps_the_driver_code() {
+        let e = Error::from(Unavailable::NoDevice);
+        assert_eq!(
+            e.to_string(),
+            "CUDA is not available: the CUDA driver reports no device"
+        );
+        let d = DriverError {
+            call: "cuInit",
+            code: CUresult::CUDA_ERROR_NO_DEVICE,
+            name: "CUDA_ERROR_NO_DEVICE",
+            description: "no CUDA-capable device is detected",
+        };
+        let u = Unavailable::from_error(Error::Driver(d));
+        assert!(matches!(u, Unavailable::Driver(x) if x == d), "{u:?}");
+        assert_eq!(
+            Error::from(u).driver_code(),
+            Some(CUresult::CUDA_ERROR_NO_DEVICE)
+        );
+        let other = Unavailable::from_error(Error::invalid_state(StateKind::Other, "odd"));
+        assert_eq!(other.to_string(), "odd");
     }
 
     #[test]

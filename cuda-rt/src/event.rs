@@ -15,7 +15,7 @@ use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::stream::{get_current_stream, AsStream};
 
 bitflags::bitflags! {
@@ -164,6 +164,7 @@ impl EventCache {
         true
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     fn len(&self) -> usize {
         self.total.get()
     }
@@ -202,7 +203,9 @@ thread_local! {
     static GUARD: CacheGuard = const { CacheGuard };
 }
 
-/// How many released events this thread holds for reuse.
+/// How many released events this thread holds for reuse (test instrumentation,
+/// feature `test-util`).
+#[cfg(feature = "test-util")]
 pub fn cached_event_count() -> usize {
     CACHE.try_with(EventCache::len).unwrap_or(0)
 }
@@ -368,10 +371,16 @@ impl Event {
     pub fn record_on<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
         let dev = stream.device_id();
         if dev != self.device {
-            return Err(Error::InvalidArgument(format!(
-                "an event of device {} cannot be recorded on a stream of device {dev}",
-                self.device
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::WrongDevice {
+                    expected: self.device,
+                    found: dev,
+                },
+                format!(
+                    "an event of device {} cannot be recorded on a stream of device {dev}",
+                    self.device
+                ),
+            ));
         }
         let s = stream.as_raw();
         if s as usize == crate::stream::LEGACY_DEFAULT_HANDLE
@@ -423,10 +432,10 @@ impl Event {
     /// interprocess.
     pub fn ipc_handle(&self) -> Result<IpcEventHandle> {
         if !self.flags.contains(EventFlags::INTERPROCESS) {
-            return Err(Error::InvalidArgument(
+            return Err(Error::invalid_argument(
+                ArgumentKind::Incompatible,
                 "ipc_handle needs an interprocess event: create it with \
-                 Event::new(_, true, true)"
-                    .into(),
+                 Event::new(_, true, true)",
             ));
         }
         // SAFETY: the event is live while `self` is.
@@ -502,10 +511,10 @@ fn destroy_uncached(handle: usize) {
 #[inline]
 fn check_flags(flags: EventFlags) -> Result<()> {
     if flags.contains(EventFlags::INTERPROCESS) && !flags.contains(EventFlags::DISABLE_TIMING) {
-        return Err(Error::InvalidArgument(
+        return Err(Error::invalid_argument(
+            ArgumentKind::Incompatible,
             "an interprocess event must have timing disabled: \
-             Event::new(block, disable_timing = true, interprocess = true)"
-                .into(),
+             Event::new(block, disable_timing = true, interprocess = true)",
         ));
     }
     Ok(())
@@ -517,32 +526,45 @@ fn check_flags(flags: EventFlags) -> Result<()> {
 pub fn get_elapsed_time(start: &Event, end: &Event) -> Result<f32> {
     for (which, ev) in [("start", start), ("end", end)] {
         if ev.flags.contains(EventFlags::DISABLE_TIMING) {
-            return Err(Error::InvalidArgument(format!(
-                "elapsed time: the {which} event was created with timing disabled \
-                 (disable_timing = true)"
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::Incompatible,
+                format!(
+                    "elapsed time: the {which} event was created with timing disabled \
+                     (disable_timing = true)"
+                ),
+            ));
         }
         if !ev.is_recorded() {
-            return Err(Error::InvalidState(format!(
-                "elapsed time: the {which} event was never recorded"
-            )));
+            return Err(Error::invalid_state(
+                StateKind::NotRecorded,
+                format!("elapsed time: the {which} event was never recorded"),
+            ));
         }
     }
     if start.device != end.device {
-        return Err(Error::InvalidArgument(format!(
-            "elapsed time: the start event is of device {} and the end event of device {}",
-            start.device, end.device
-        )));
+        return Err(Error::invalid_argument(
+            ArgumentKind::WrongDevice {
+                expected: start.device,
+                found: end.device,
+            },
+            format!(
+                "elapsed time: the start event is of device {} and the end event of device {}",
+                start.device, end.device
+            ),
+        ));
     }
     // SAFETY: both events are live while borrowed, and of the same device (checked
     // above).
     match unsafe { result::event::elapsed_time(start.as_raw(), end.as_raw()) }.map_err(Error::from)
     {
         Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_NOT_READY) => {
-            Err(Error::InvalidState(format!(
-                "elapsed time: an event has not completed yet; call end.synchronize() \
-                 first ({e})"
-            )))
+            Err(Error::invalid_state(
+                StateKind::NotReady,
+                format!(
+                    "elapsed time: an event has not completed yet; call end.synchronize() \
+                     first ({e})"
+                ),
+            ))
         }
         r => r,
     }

@@ -63,7 +63,7 @@ use cuda_sys::driver as sys;
 use cuda_sys::result::launch as dl;
 
 use crate::device::context::make_current;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};
 
@@ -408,10 +408,13 @@ impl Function {
         args: &[&dyn KernelArg],
     ) -> Result<()> {
         if attributes.len() > MAX_LAUNCH_ATTRIBUTES {
-            return Err(Error::InvalidArgument(format!(
-                "{} launch attributes: at most {MAX_LAUNCH_ATTRIBUTES}",
-                attributes.len()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!(
+                    "{} launch attributes: at most {MAX_LAUNCH_ATTRIBUTES}",
+                    attributes.len()
+                ),
+            ));
         }
         let mut raw = [sys::CUlaunchAttribute::default(); MAX_LAUNCH_ATTRIBUTES];
         for (r, a) in raw.iter_mut().zip(attributes) {
@@ -526,11 +529,18 @@ impl Function {
 
     #[cold]
     fn stream_error(&self, stream_device: i32) -> Error {
-        Error::InvalidArgument(format!(
-            "kernel {} is loaded on device {} but the launch stream belongs to device {stream_device}",
-            self.name(),
-            self.device_id()
-        ))
+        let expected = self.device_id();
+        Error::invalid_argument(
+            ArgumentKind::WrongDevice {
+                expected,
+                found: stream_device,
+            },
+            format!(
+                "kernel {} is loaded on device {expected} but the launch stream belongs to \
+                 device {stream_device}",
+                self.name(),
+            ),
+        )
     }
 
     #[cold]
@@ -544,7 +554,7 @@ impl Function {
         if let Some(s) = sizes {
             msg.push_str(&format!(" of sizes {s:?} bytes"));
         }
-        Error::InvalidArgument(msg)
+        Error::invalid_argument(ArgumentKind::KernelArguments, msg)
     }
 }
 
@@ -567,7 +577,7 @@ impl ParamArray {
     #[inline(always)]
     fn fill(&mut self, f: &Function, args: &[&dyn KernelArg]) -> Result<*mut *mut c_void> {
         if args.len() > MAX_KERNEL_ARGS {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(ArgumentKind::InvalidValue, format!(
                 "{} kernel arguments: a typed launch takes at most {MAX_KERNEL_ARGS} (use launch_raw)",
                 args.len()
             )));

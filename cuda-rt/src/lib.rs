@@ -31,7 +31,7 @@ pub mod pinned;
 pub mod profiler;
 mod spare;
 pub mod stream;
-#[doc(hidden)]
+#[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 mod thread_state;
 
@@ -41,7 +41,10 @@ pub use device::{
     availability, device_count, get_device_id, is_available, set_device_id, synchronize, Device,
     DeviceAttribute, DeviceScope,
 };
-pub use error::{Error, Result};
+pub use error::{
+    ArgumentKind, CaptureKind, Error, OutOfMemory, OutOfMemoryCause, Result, StateKind,
+    Unavailable, UnsupportedKind,
+};
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
 pub use graph::{CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};

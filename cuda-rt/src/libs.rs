@@ -18,7 +18,7 @@ use cuda_sys::result::{
 use cuda_sys::{cublas, curand, cusolver, cusparse};
 
 use crate::device::context::{make_current, MAX_DEVICES};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::stream::{get_current_stream, AsStream, StreamRef};
 
 /// The libraries, as indices into a device's slots.
@@ -125,12 +125,20 @@ fn handle(lib: Lib, stream: StreamRef) -> Result<usize> {
     let idx = usize::try_from(device)
         .ok()
         .filter(|&d| d < MAX_DEVICES)
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {device} is out of range")))?;
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {device} is out of range"),
+            )
+        })?;
     let s = stream.handle();
     HANDLES
         .try_with(|cell| {
             let mut hs = cell.try_borrow_mut().map_err(|_| {
-                Error::InvalidState("library handles asked for re-entrantly".into())
+                Error::invalid_state(
+                    StateKind::Reentrant,
+                    "library handles asked for re-entrantly",
+                )
             })?;
             if hs.devices.len() <= idx {
                 hs.devices.resize(idx + 1, [Slot::default(); LIBS]);
@@ -150,7 +158,12 @@ fn handle(lib: Lib, stream: StreamRef) -> Result<usize> {
             }
             Ok(slot.handle)
         })
-        .map_err(|_| Error::InvalidState("library handles asked for during thread exit".into()))?
+        .map_err(|_| {
+            Error::invalid_state(
+                StateKind::ThreadExit,
+                "library handles asked for during thread exit",
+            )
+        })?
 }
 
 /// This thread's cuBLAS handle for the current device, bound to the current stream.

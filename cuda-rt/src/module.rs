@@ -27,11 +27,11 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use cuda_sys::driver as sys;
-use cuda_sys::result;
+use cuda_sys::{result, CudaVersion};
 
 use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, UnsupportedKind};
 
 /// ELF magic: a cubin.
 const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
@@ -100,7 +100,10 @@ impl Module {
     pub fn load_file(path: impl AsRef<Path>) -> Result<Module> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| {
-            Error::InvalidArgument(format!("cannot read module file {}: {e}", path.display()))
+            Error::invalid_argument(
+                ArgumentKind::Other,
+                format!("cannot read module file {}: {e}", path.display()),
+            )
         })?;
         Self::load_data(&bytes)
     }
@@ -170,7 +173,7 @@ impl Module {
                         msg.push_str(&names.join(", "));
                     }
                 }
-                Err(Error::InvalidArgument(msg))
+                Err(Error::invalid_argument(ArgumentKind::NotFound, msg))
             }
             Err(e) => Err(e),
         }
@@ -199,7 +202,7 @@ impl Module {
         match unsafe { result::module::get_global(self.as_raw(), &c) }.map_err(Error::from) {
             Ok((p, n)) => Ok((p, n)),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(ArgumentKind::NotFound, format!(
                     "cuModuleGetGlobal({name:?}) failed: {}: {}: the module has no __device__ or __constant__ variable of that name",
                     d.name, d.description
                 )),
@@ -210,7 +213,7 @@ impl Module {
 
     /// Texture references were removed in CUDA 12: always [`Error::NotSupported`].
     pub fn get_texref(&self, name: &str) -> Result<()> {
-        Err(Error::NotSupported(format!(
+        Err(Error::not_supported(UnsupportedKind::Removed, format!(
             "get_texref({name:?}): texture references were removed in CUDA 12; use texture objects (cuTexObjectCreate) instead"
         )))
     }
@@ -229,8 +232,8 @@ struct FunctionInner {
     name: Box<str>,
     /// Parameter sizes as the driver reports them, fetched on the first launch (or
     /// [`Function::param_sizes`]); when the driver cannot tell (before CUDA 12.4), the
-    /// message that says so.
-    params: OnceLock<std::result::Result<Box<[usize]>, Box<str>>>,
+    /// error that says so.
+    params: OnceLock<std::result::Result<Box<[usize]>, Box<Error>>>,
     module: Arc<ModuleInner>,
 }
 
@@ -311,15 +314,14 @@ impl Function {
     /// sizes of its arguments against. Fetched once; clones share them.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] when the driver cannot report them, with a message such
+    /// [`Error::NotSupported`] when the driver cannot report them (kind
+    /// [`UnsupportedKind::DriverTooOld`] for a driver before 12.4), with a message such
     /// as `driver 12.2 cannot report kernel parameters (cuFuncGetParamInfo needs CUDA
     /// 12.4): launches of kernel saxpy are not checked for argument count or sizes`.
     /// Launches then go ahead unchecked: the count, like the types, rests on the
     /// caller's `# Safety` guarantee alone (see [`Function::launch`]).
     pub fn param_sizes(&self) -> Result<&[usize]> {
-        self.params()
-            .as_deref()
-            .map_err(|why| Error::NotSupported(why.to_string()))
+        self.params().as_deref().map_err(|e| (**e).clone())
     }
 
     /// The parameter sizes for a launch's checks, `None` when the driver cannot tell
@@ -330,10 +332,10 @@ impl Function {
     }
 
     #[inline]
-    fn params(&self) -> &std::result::Result<Box<[usize]>, Box<str>> {
+    fn params(&self) -> &std::result::Result<Box<[usize]>, Box<Error>> {
         self.inner.params.get_or_init(|| {
             self.query_param_sizes()
-                .ok_or_else(|| self.params_unknown().into())
+                .ok_or_else(|| Box::new(self.params_unknown()))
         })
     }
 
@@ -363,9 +365,9 @@ impl Function {
 
     /// Why the driver could not report the parameters (once per function).
     #[cold]
-    fn params_unknown(&self) -> String {
+    fn params_unknown(&self) -> Error {
         let entry_point = result::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok());
-        params_unknown_message(self.name(), result::version().ok(), entry_point)
+        params_unknown(self.name(), result::version().ok(), entry_point)
     }
 
     /// One attribute by the driver's raw enum value.
@@ -416,9 +418,10 @@ impl Function {
     /// -1 for no preference.
     pub fn set_preferred_shared_memory_carveout(&self, percent: i32) -> Result<()> {
         if !(-1..=100).contains(&percent) {
-            return Err(Error::InvalidArgument(format!(
-                "shared memory carveout {percent}: must be -1 or 0..=100 percent"
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("shared memory carveout {percent}: must be -1 or 0..=100 percent"),
+            ));
         }
         self.set_attribute_raw(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
@@ -433,8 +436,12 @@ impl Function {
         block_size: u32,
         dynamic_shared_bytes: usize,
     ) -> Result<i32> {
-        let block = i32::try_from(block_size)
-            .map_err(|_| Error::InvalidArgument(format!("block size {block_size}")))?;
+        let block = i32::try_from(block_size).map_err(|_| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("block size {block_size}"),
+            )
+        })?;
         make_current(self.inner.device)?;
         // SAFETY: as in `attribute_raw`.
         Ok(unsafe {
@@ -454,8 +461,12 @@ impl Function {
         dynamic_shared_bytes: usize,
         block_size_limit: u32,
     ) -> Result<(u32, u32)> {
-        let limit = i32::try_from(block_size_limit)
-            .map_err(|_| Error::InvalidArgument(format!("block size limit {block_size_limit}")))?;
+        let limit = i32::try_from(block_size_limit).map_err(|_| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("block size limit {block_size_limit}"),
+            )
+        })?;
         make_current(self.inner.device)?;
         // SAFETY: as in `attribute_raw`.
         let (grid, block) = unsafe {
@@ -478,38 +489,56 @@ impl Function {
     }
 }
 
-/// The message of [`Function::param_sizes`]' error: `driver_version` is what
-/// `cuDriverGetVersion` says (if anything); `entry_point` whether the driver has
-/// `cuFuncGetParamInfo` at all (its absence means a driver before 12.4).
-fn params_unknown_message(kernel: &str, driver_version: Option<i32>, entry_point: bool) -> String {
+/// [`Function::param_sizes`]' error: `driver_version` is what `cuDriverGetVersion`
+/// says (if anything); `entry_point` whether the driver has `cuFuncGetParamInfo` at all
+/// (its absence means a driver before 12.4).
+fn params_unknown(kernel: &str, driver_version: Option<i32>, entry_point: bool) -> Error {
     const UNCHECKED: &str = "are not checked for argument count or sizes";
+    const NEEDED: CudaVersion = CudaVersion {
+        major: 12,
+        minor: 4,
+    };
     let driver = match driver_version {
         Some(v) => format!("driver {}", cuda_sys::format_version(v)),
         None => "the driver (version unknown)".to_owned(),
     };
     if entry_point {
-        format!(
-            "{driver} did not report the parameters of kernel {kernel} (cuFuncGetParamInfo \
-             failed): launches of it {UNCHECKED}"
+        Error::not_supported(
+            UnsupportedKind::Other,
+            format!(
+                "{driver} did not report the parameters of kernel {kernel} \
+                 (cuFuncGetParamInfo failed): launches of it {UNCHECKED}"
+            ),
         )
     } else {
-        format!(
-            "{driver} cannot report kernel parameters (cuFuncGetParamInfo needs CUDA 12.4): \
-             launches of kernel {kernel} {UNCHECKED}"
+        Error::not_supported(
+            UnsupportedKind::DriverTooOld {
+                version: driver_version.and_then(CudaVersion::from_int),
+                needed: NEEDED,
+            },
+            format!(
+                "{driver} cannot report kernel parameters (cuFuncGetParamInfo needs CUDA \
+                 {NEEDED}): launches of kernel {kernel} {UNCHECKED}"
+            ),
         )
     }
 }
 
-/// `true` if the driver's kernel parameter table can be read (for tests).
-#[doc(hidden)]
+/// `true` if the driver's kernel parameter table can be read (for tests; feature
+/// `test-util`).
+#[cfg(feature = "test-util")]
 pub fn driver_reports_param_sizes() -> bool {
     result::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok())
 }
 
 /// A `CString` for a symbol name, or an error naming it.
 fn c_name(what: &str, name: &str) -> Result<CString> {
-    CString::new(name)
-        .map_err(|_| Error::InvalidArgument(format!("{what} name {name:?} contains a NUL byte")))
+    CString::new(name).map_err(|_| {
+        Error::invalid_argument(
+            ArgumentKind::InteriorNul,
+            format!("{what} name {name:?} contains a NUL byte"),
+        )
+    })
 }
 
 /// Size of the JIT error log buffer handed to `cuModuleLoadDataEx`.
@@ -539,9 +568,10 @@ unsafe fn load_image(image: &[u8]) -> Result<sys::CUmodule> {
             if text.is_empty() {
                 Err(Error::Driver(d))
             } else {
-                Err(Error::InvalidArgument(format!(
-                    "loading the module image failed: {d}; JIT log:\n{text}"
-                )))
+                Err(Error::invalid_argument(
+                    ArgumentKind::Other,
+                    format!("loading the module image failed: {d}; JIT log:\n{text}"),
+                ))
             }
         }
         Err(e) => Err(e.into()),
@@ -552,15 +582,37 @@ unsafe fn load_image(image: &[u8]) -> Result<sys::CUmodule> {
 mod tests {
     use super::*;
 
+    fn message(e: &Error) -> &str {
+        match e {
+            Error::NotSupported { message, .. } => message,
+            other => panic!("expected NotSupported, got {other:?}"),
+        }
+    }
+
     #[test]
     fn a_driver_before_12_4_is_named_with_the_version_it_needs() {
-        let m = params_unknown_message("saxpy", Some(12020), false);
+        let e = params_unknown("saxpy", Some(12020), false);
         assert_eq!(
-            m,
+            message(&e),
             "driver 12.2 cannot report kernel parameters (cuFuncGetParamInfo needs CUDA \
              12.4): launches of kernel saxpy are not checked for argument count or sizes"
         );
-        let e = Error::NotSupported(m);
+        assert!(matches!(
+            e,
+            Error::NotSupported {
+                kind: UnsupportedKind::DriverTooOld {
+                    version: Some(CudaVersion {
+                        major: 12,
+                        minor: 2
+                    }),
+                    needed: CudaVersion {
+                        major: 12,
+                        minor: 4
+                    },
+                },
+                ..
+            }
+        ));
         assert!(
             e.to_string().starts_with("not supported: driver 12.2"),
             "{e}"
@@ -569,13 +621,22 @@ mod tests {
 
     #[test]
     fn an_unknown_version_or_a_failed_query_still_says_the_launch_is_unchecked() {
-        let m = params_unknown_message("k", None, false);
+        let e = params_unknown("k", None, false);
+        let m = message(&e);
         assert!(
             m.starts_with("the driver (version unknown) cannot report"),
             "{m}"
         );
         assert!(m.contains("needs CUDA 12.4"), "{m}");
-        let m = params_unknown_message("k", Some(13000), true);
+        assert!(matches!(
+            e,
+            Error::NotSupported {
+                kind: UnsupportedKind::DriverTooOld { version: None, .. },
+                ..
+            }
+        ));
+        let e = params_unknown("k", Some(13000), true);
+        let m = message(&e);
         assert!(
             m.starts_with("driver 13.0 did not report the parameters of kernel k"),
             "{m}"
@@ -585,5 +646,12 @@ mod tests {
             m.ends_with("not checked for argument count or sizes"),
             "{m}"
         );
+        assert!(matches!(
+            e,
+            Error::NotSupported {
+                kind: UnsupportedKind::Other,
+                ..
+            }
+        ));
     }
 }

@@ -34,7 +34,7 @@ use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::error::{DriverError, Error, Result};
+use crate::error::{ArgumentKind, CaptureKind, DriverError, Error, Result, StateKind};
 use crate::event::Event;
 use crate::graph::{self, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 use crate::thread_state::{self, MAX_DEVICES};
@@ -68,13 +68,16 @@ fn refuse_capture<S: AsStream + ?Sized>(s: &S, what: &str) -> Result<()> {
     // above).
     let status = unsafe { result::stream::is_capturing(s.as_raw()) }?;
     if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-        return Err(Error::Capture(format!(
-            "{what} on stream {:#x} of device {}: the stream is capturing a graph, and a \
-             run-once Rust closure cannot become a graph node (it could run once per \
-             launch); use launch_host_func_repeatable, or end the capture first",
-            s.as_raw() as usize,
-            s.device_id()
-        )));
+        return Err(Error::capture(
+            CaptureKind::Refused,
+            format!(
+                "{what} on stream {:#x} of device {}: the stream is capturing a graph, and a \
+                 run-once Rust closure cannot become a graph node (it could run once per \
+                 launch); use launch_host_func_repeatable, or end the capture first",
+                s.as_raw() as usize,
+                s.device_id()
+            ),
+        ));
     }
     Ok(())
 }
@@ -107,7 +110,8 @@ pub trait AsStream: sealed::Sealed {
     }
 
     /// Blocks until all work queued on the stream is done. During a capture an
-    /// [`Error::Capture`] that says the capture is now invalid.
+    /// [`Error::Capture`] (kind [`Invalidated`](crate::CaptureKind::Invalidated)) that
+    /// says the capture is now invalid.
     fn synchronize(&self) -> Result<()> {
         context_for(self)?;
         // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
@@ -264,11 +268,17 @@ pub trait AsStream: sealed::Sealed {
 fn check_device(s: &StreamRef) -> Result<()> {
     let cur = get_device_id();
     if s.device != cur {
-        return Err(Error::InvalidState(format!(
-            "stream {:#x} belongs to device {} but device {cur} is current on this thread; \
-             enter device {}'s scope first",
-            s.handle, s.device, s.device
-        )));
+        return Err(Error::invalid_state(
+            StateKind::DeviceNotCurrent {
+                device: s.device,
+                current: cur,
+            },
+            format!(
+                "stream {:#x} belongs to device {} but device {cur} is current on this thread; \
+                 enter device {}'s scope first",
+                s.handle, s.device, s.device
+            ),
+        ));
     }
     Ok(())
 }
@@ -505,11 +515,16 @@ impl Stream {
                 std::mem::forget(inner);
                 Ok(handle as sys::CUstream)
             }
-            Err(shared) => Err(Error::InvalidState(format!(
-                "stream {handle:#x} cannot be given up: {} other owners (references, \
-                 threads where it is current, memory allocated on it) still hold it",
-                Arc::strong_count(&shared) - 1
-            ))),
+            Err(shared) => Err(Error::invalid_state(
+                StateKind::Shared {
+                    others: Arc::strong_count(&shared) - 1,
+                },
+                format!(
+                    "stream {handle:#x} cannot be given up: {} other owners (references, \
+                     threads where it is current, memory allocated on it) still hold it",
+                    Arc::strong_count(&shared) - 1
+                ),
+            )),
         }
     }
 
@@ -715,12 +730,20 @@ pub(crate) fn set_current_stream(s: StreamRef) -> Result<StreamRef> {
     let idx = usize::try_from(s.device)
         .ok()
         .filter(|&d| d < MAX_DEVICES)
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {} is out of range", s.device)))?;
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {} is out of range", s.device),
+            )
+        })?;
     let device = s.device;
     let keep = s.keep.map(|k| k as thread_state::StreamKeep);
     let (prev, prev_keep) =
         thread_state::replace_current_stream(idx, s.handle, keep).ok_or_else(|| {
-            Error::InvalidState("the current stream was set during thread exit".into())
+            Error::invalid_state(
+                StateKind::ThreadExit,
+                "the current stream was set during thread exit",
+            )
         })?;
     Ok(StreamRef {
         handle: prev,

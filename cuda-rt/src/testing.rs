@@ -1,4 +1,5 @@
-//! The one helper every GPU test uses to decide whether to run.
+//! The one helper every GPU test uses to decide whether to run (feature `test-util`,
+//! which this crate's own tests and benches turn on; not part of the stable API).
 //!
 //! Without a GPU a test skips with a printed reason; with `CUDA_RT_REQUIRE_GPU=1` it
 //! fails instead, so a GPU run can never pass by skipping. libtest counts a skipped test
@@ -52,7 +53,7 @@ pub fn gpu_or_skip(name: &str) -> bool {
         }
         Err(reason) => {
             eprintln!("skipped {name}: no GPU: {reason}");
-            note_skip(&reason);
+            note_skip(&reason.to_string());
             false
         }
     }

@@ -10,7 +10,7 @@ use cuda_rt::memory::{
     self, alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator, CAllocator,
     ClosureAllocator, MemoryPointer,
 };
-use cuda_rt::Error;
+use cuda_rt::{ArgumentKind, Error, StateKind};
 
 /// The process-wide allocator is shared by every test in this binary.
 fn serial() -> MutexGuard<'static, ()> {
@@ -152,7 +152,13 @@ fn set_allocator_inside_a_scope_is_an_error() {
     let (a, _, _) = counting();
     using_allocator(Some(a), || {
         let e = set_allocator(None).unwrap_err();
-        assert!(matches!(e, Error::InvalidState(_)));
+        assert!(matches!(
+            e,
+            Error::InvalidState {
+                kind: StateKind::Reentrant,
+                ..
+            }
+        ));
         assert!(e.to_string().contains("using_allocator"), "{e}");
     });
     set_allocator(None).unwrap();
@@ -213,7 +219,12 @@ fn closure_allocator_errors_pass_through() {
     // SAFETY: malloc never succeeds, so no address is ever used.
     let a = unsafe {
         ClosureAllocator::new(
-            |size, _| Err(Error::InvalidArgument(format!("refusing {size}"))),
+            |size, _| {
+                Err(Error::invalid_argument(
+                    ArgumentKind::Other,
+                    format!("refusing {size}"),
+                ))
+            },
             |_, _, _| {},
         )
     };
@@ -256,9 +267,10 @@ fn c_function_allocator_passes_its_argument_and_frees() {
 struct Fixed;
 impl Allocate for Fixed {
     fn malloc(&self, size: usize, device: i32) -> cuda_rt::Result<MemoryPointer> {
-        Err(Error::InvalidArgument(format!(
-            "Fixed asked for {size} on {device}"
-        )))
+        Err(Error::invalid_argument(
+            ArgumentKind::Other,
+            format!("Fixed asked for {size} on {device}"),
+        ))
     }
 }
 

@@ -4,10 +4,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use cuda_rt::cuda_sys::driver::CUresult;
+use cuda_rt::error::DriverError;
 use cuda_rt::memory::arena::{
-    limit_from_fraction, parse_limit, round_size, Backend, Block, FakeBackend, FreeError,
-    HostBackend, MallocError, OutOfMemory, Pool, PoolStats, ALLOCATION_UNIT,
+    limit_from_fraction, parse_limit, round_size, Backend, BackendError, Block, FakeBackend,
+    FreeError, HostBackend, MallocError, Pool, PoolStats, ALLOCATION_UNIT,
 };
+use cuda_rt::{OutOfMemory, OutOfMemoryCause};
 
 const KIB: usize = 1024;
 
@@ -32,7 +35,7 @@ fn assert_consistent(pool: &Pool<Arc<FakeBackend>>, backend: &FakeBackend) -> Po
 
 fn oom(r: Result<Block, MallocError>) -> OutOfMemory {
     match r {
-        Err(MallocError::OutOfMemory(e)) => e,
+        Err(MallocError::OutOfMemory(e)) => *e,
         other => panic!("expected out of memory, got {other:?}"),
     }
 }
@@ -59,7 +62,8 @@ fn sizes_round_up_to_512_bytes() {
 fn huge_request_that_overflows_rounding_is_out_of_memory() {
     let (_, pool) = fake_pool();
     let e = oom(pool.malloc(usize::MAX, 0));
-    assert_eq!(e.rounded, u64::MAX);
+    assert_eq!((e.requested, e.rounded), (usize::MAX as u64, None));
+    assert_eq!(e.cause, OutOfMemoryCause::Backend);
 }
 
 #[test]
@@ -253,11 +257,12 @@ fn over_the_limit_with_nothing_releasable_fails_with_the_numbers() {
         e,
         OutOfMemory {
             requested: 8000,
-            rounded: 8192,
+            rounded: Some(8192),
+            device: None,
             in_use: 1024,
             cached: 7168,
             limit: Some(8192),
-            backend_refused: false,
+            cause: OutOfMemoryCause::Limit,
         }
     );
     let msg = e.to_string();
@@ -285,7 +290,7 @@ fn backend_out_of_memory_releases_the_cache_and_retries_once() {
     assert_eq!(backend.counters().oom_refusals, 1);
     // Now nothing is cached: one refusal, one release, one more refusal, error.
     let e = oom(pool.malloc(8 * KIB, 2));
-    assert!(e.backend_refused);
+    assert_eq!(e.cause, OutOfMemoryCause::Backend);
     assert_eq!((e.in_use, e.cached, e.limit), (4096, 0, None));
     assert_eq!(backend.counters().oom_refusals, 3);
     assert_eq!(pool.stats().oom_retries, 2);
@@ -305,6 +310,34 @@ fn other_backend_failures_are_returned_without_retry() {
     backend.set_fail_other(false);
     pool.free(pool.malloc(KIB, 0).unwrap()).unwrap();
     assert_consistent(&pool, &backend);
+}
+
+#[test]
+fn the_driver_error_of_a_refusing_backend_is_in_the_out_of_memory_error() {
+    const DRIVER: DriverError = DriverError {
+        call: "cuMemAlloc",
+        code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+        name: "CUDA_ERROR_OUT_OF_MEMORY",
+        description: "out of memory",
+    };
+    /// A backend over a full device: every allocation is refused by "the driver".
+    struct Full;
+    impl Backend for Full {
+        fn alloc(&self, _size: usize) -> Result<u64, BackendError> {
+            Err(BackendError::OutOfMemory(Some(DRIVER)))
+        }
+        fn free(&self, _addr: u64, _size: usize) {}
+    }
+    let pool = Pool::new(Full);
+    let e = oom(pool.malloc(1000, 0));
+    assert_eq!(e.cause, OutOfMemoryCause::Driver(DRIVER));
+    assert_eq!((e.requested, e.rounded, e.device), (1000, Some(1024), None));
+    assert_eq!(pool.stats().oom_retries, 1, "released and retried once");
+    let msg = e.to_string();
+    assert!(
+        msg.ends_with("(cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY: out of memory)"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -581,11 +614,12 @@ fn random_walk(
                     live.push((b, pattern));
                 }
                 Err(MallocError::OutOfMemory(e)) => {
-                    assert!(e.limit.is_some() || e.backend_refused, "{e}");
+                    let cap_hit = e.cause == OutOfMemoryCause::Backend;
+                    assert!(e.limit.is_some() || cap_hit, "{e}");
                     if alone {
                         let limit = e.limit.unwrap_or(u64::MAX);
-                        let cap_hit = e.backend_refused;
-                        assert!(cap_hit || e.in_use + e.cached + e.rounded > limit, "{e:?}");
+                        let rounded = e.rounded.unwrap_or(u64::MAX);
+                        assert!(cap_hit || e.in_use + e.cached + rounded > limit, "{e:?}");
                         assert_eq!(e.in_use, live_bytes);
                     }
                 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use cuda_rt::memory::{malloc_async, MemoryAsync, MemoryAsyncPool, MemoryPointer, ROUND_SIZE};
-use cuda_rt::{AsStream, Error, Stream};
+use cuda_rt::{ArgumentKind, AsStream, Error, Stream};
 
 cuda_rt::gpu_test!(malloc_async_rounds_to_512_and_round_trips, {
     let p = malloc_async(1000).unwrap();
@@ -101,11 +101,17 @@ cuda_rt::gpu_test!(pool_limit_is_the_release_threshold, {
     assert_eq!(pool.limit().unwrap(), 0);
     assert!(matches!(
         pool.set_limit_fraction(1.5),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument {
+            kind: ArgumentKind::InvalidValue,
+            ..
+        })
     ));
     assert!(matches!(
         pool.set_limit_fraction(-0.1),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument {
+            kind: ArgumentKind::InvalidValue,
+            ..
+        })
     ));
 });
 

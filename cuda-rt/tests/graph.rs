@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use cuda_rt::graph::{CaptureMode, CaptureStatus, InstantiateFlags, KernelArgs, LaunchConfig};
 use cuda_rt::memory::{ClosureAllocator, MemoryPointer};
-use cuda_rt::{gpu_test, AsStream, Error, Event, EventFlags, Graph, Module, Stream};
+use cuda_rt::{
+    gpu_test, ArgumentKind, AsStream, CaptureKind, Error, Event, EventFlags, Graph, Module, Stream,
+};
 use kernels::{add_one, axpy, Kernels};
 
 const N: usize = 4096;
@@ -255,7 +257,16 @@ gpu_test!(begin_capture_on_the_legacy_default_stream_is_refused, {
     let e = Stream::null()
         .begin_capture(CaptureMode::Relaxed)
         .unwrap_err();
-    assert!(matches!(e, Error::Capture(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::LegacyStream,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("legacy default stream"), "{e}");
 });
 
@@ -266,11 +277,29 @@ gpu_test!(
         let s = Stream::non_blocking().unwrap();
         s.begin_capture(CaptureMode::Global).unwrap();
         let e = s.synchronize().unwrap_err();
-        assert!(matches!(e, Error::Capture(_)), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::Capture {
+                    kind: CaptureKind::Invalidated,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("capture is now invalid"), "{e}");
         assert_eq!(s.capture_status().unwrap(), CaptureStatus::Invalidated);
         let e = s.end_capture().unwrap_err();
-        assert!(matches!(e, Error::Capture(_)), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::Capture {
+                    kind: CaptureKind::Invalidated,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("invalidated"), "{e}");
         assert!(!s.is_capturing().unwrap());
         assert!(!cuda_rt::graph::any_capture_active());
@@ -285,7 +314,16 @@ gpu_test!(synchronous_copy_during_capture_is_a_capture_error, {
     {
         let _on = s.enter().unwrap();
         let e = p.copy_from_host(&[1u8; 64]).unwrap_err();
-        assert!(matches!(e, Error::Capture(_)), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::Capture {
+                    kind: CaptureKind::Refused,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("capturing a graph"), "{e}");
     }
     // refused before reaching the driver: the capture is still good
@@ -307,7 +345,7 @@ gpu_test!(
         match r {
             Ok(()) => eprintln!("note: the driver allowed a legacy copy during a global capture"),
             Err(e) => {
-                assert!(matches!(e, Error::Capture(_)), "{e}");
+                assert!(matches!(e, Error::Capture { .. }), "{e}");
                 assert!(e.to_string().contains("capturing a graph"), "{e}");
             }
         }
@@ -318,7 +356,16 @@ gpu_test!(end_capture_on_a_stream_not_capturing_is_an_error, {
     let _serial = serial();
     let s = Stream::non_blocking().unwrap();
     let e = s.end_capture().unwrap_err();
-    assert!(matches!(e, Error::Capture(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::NotCapturing,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("not capturing"), "{e}");
 });
 
@@ -332,7 +379,16 @@ gpu_test!(unjoined_fork_is_a_capture_error, {
     s2.wait_event(&fork).unwrap();
     kernels::empty(&k, &s2); // never joined back into s1
     let e = s1.end_capture().unwrap_err();
-    assert!(matches!(e, Error::Capture(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::Unjoined,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("never joined back"), "{e}");
 });
 
@@ -390,7 +446,16 @@ gpu_test!(
         assert!(read(&b, N).iter().all(|&v| v == 1.0), "b updated");
         let two = capture_add_one(&k, &s, &a, 2);
         let e = g.update(&two).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    kind: ArgumentKind::Incompatible,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("topology"), "{e}");
         // unchanged after the refusal
         g.launch(&s).unwrap();
@@ -586,7 +651,16 @@ gpu_test!(
         // missing is refused before it reaches the driver.
         let r = unsafe { g.add_kernel_node(&[], &f, LaunchConfig::new(1, 1), &args) };
         let e = r.unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    kind: ArgumentKind::KernelArguments,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("2 parameter(s)"), "{e}");
         assert_eq!(g.node_count().unwrap(), 0);
     }
@@ -610,7 +684,16 @@ gpu_test!(
         // a node of graph a as a dependency in graph b: an error, b unchanged
         let na = a.add_empty_node(&[]).unwrap();
         let e = b.add_empty_node(&[join, na]).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    kind: ArgumentKind::Incompatible,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("belongs to graph"), "{e}");
         assert_eq!(b.node_count().unwrap(), 3);
         // and a node of a graph's clone is not a node of the graph
@@ -656,7 +739,7 @@ gpu_test!(
             s.begin_capture(CaptureMode::ThreadLocal).unwrap();
             let v: Vec<_> = (0..4).map(|_| cuda_rt::alloc(N * 4).unwrap()).collect();
             let e = s.synchronize().unwrap_err();
-            assert!(matches!(e, Error::Capture(_)), "{e}");
+            assert!(matches!(e, Error::Capture { .. }), "{e}");
             v
         };
         let e = s.end_capture().unwrap_err();

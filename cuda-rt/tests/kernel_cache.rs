@@ -16,7 +16,7 @@ use cuda_rt::compiler::cache::{
     cache_key, encode, CacheKey, CacheSecret, Fnv128, KernelCache, FORMAT_VERSION, SECRET_FILE,
     SECRET_LEN, TAG_LEN,
 };
-use cuda_rt::compiler::facts::nvrtc_facts;
+use cuda_rt::compiler::nvrtc_facts::nvrtc_facts;
 use cuda_rt::compiler::Compiled;
 use cuda_rt::compiler::{
     nvrtc_call_count, nvrtc_call_count_on_this_thread, nvrtc_version, Output, Program, RawKernel,
@@ -68,13 +68,13 @@ nvrtc_test!(warm_disk_cache_answers_a_new_cache_without_compiling, {
     let p = Program::new(&src).name_expressions(&exprs);
     let first = KernelCache::new(Some(dir.path()));
     let a = first.compile(&p, TARGET).unwrap();
-    assert_eq!((first.compile_count(), first.disk_hit_count()), (1, 0));
+    assert_eq!((first.stats().compiles, first.stats().disk_hits), (1, 0));
     assert!(cache_file(&dir.0, &p).exists());
 
     // A new cache over the same folder: what a new process sees.
     let second = KernelCache::new(Some(dir.path()));
     let b = second.compile(&p, TARGET).unwrap();
-    assert_eq!((second.compile_count(), second.disk_hit_count()), (0, 1));
+    assert_eq!((second.stats().compiles, second.stats().disk_hits), (0, 1));
     assert_eq!(a, b);
 });
 
@@ -90,7 +90,7 @@ nvrtc_test!(lowered_names_and_log_survive_the_disk_round_trip, {
         .unwrap();
     let fresh = KernelCache::new(Some(dir.path()));
     let b = fresh.compile(&p, TARGET).unwrap();
-    assert_eq!(fresh.compile_count(), 0);
+    assert_eq!(fresh.stats().compiles, 0);
     assert_eq!(b.lowered_names, a.lowered_names);
     assert!(b
         .lowered_name("f<double>")
@@ -110,7 +110,7 @@ nvrtc_test!(a_different_option_or_arch_is_a_different_entry, {
         .compile(&Program::new(&src), Target::cubin(80))
         .unwrap();
     cache.compile(&Program::new(&src), Target::ptx(90)).unwrap();
-    assert_eq!(cache.compile_count(), 4);
+    assert_eq!(cache.stats().compiles, 4);
     assert_eq!(files_in(&dir.0).len(), 4);
 });
 
@@ -129,13 +129,16 @@ fn damaged_file_is_a_miss_that_gets_rewritten(damage: impl Fn(&mut Vec<u8>)) {
     let cache = KernelCache::new(Some(dir.path()));
     let again = cache.compile(&p, TARGET).unwrap();
     assert_eq!(again, good);
-    assert_eq!((cache.compile_count(), cache.corrupt_file_count()), (1, 1));
+    assert_eq!(
+        (cache.stats().compiles, cache.stats().corrupt_files),
+        (1, 1)
+    );
     // Rewritten: a third cache reads it back.
     let key = cache_key(&p, TARGET, nvrtc_version().unwrap());
     assert_eq!(KernelCache::new(Some(dir.path())).load(&key), Some(good));
     let third = KernelCache::new(Some(dir.path()));
     third.compile(&p, TARGET).unwrap();
-    assert_eq!(third.compile_count(), 0);
+    assert_eq!(third.stats().compiles, 0);
 }
 
 nvrtc_test!(truncated_cache_file_is_a_miss_that_gets_rewritten, {
@@ -178,10 +181,10 @@ nvrtc_test!(unwritable_cache_folder_still_compiles, {
     cache
         .compile(&Program::new(&unique(SAXPY)), TARGET)
         .unwrap();
-    assert_eq!(cache.compile_count(), 1);
+    assert_eq!(cache.stats().compiles, 1);
     // The folder cannot be made: the cache is in memory only, and says so.
     assert!(cache.memory_only_reason().is_some());
-    assert_eq!(cache.disk_write_failure_count(), 0);
+    assert_eq!(cache.stats().disk_write_failures, 0);
 });
 
 nvrtc_test!(concurrent_writers_on_one_key_leave_one_valid_file, {
@@ -255,7 +258,7 @@ nvrtc_test!(two_processes_racing_on_one_key_agree, {
     }
     let after = KernelCache::new(Some(dir.path()));
     assert_eq!(after.compile(&Program::new(&src), TARGET).unwrap(), mine);
-    assert_eq!(after.compile_count(), 0);
+    assert_eq!(after.stats().compiles, 0);
     let leftovers: Vec<_> = all_files_in(&dir.0)
         .into_iter()
         .filter(|f| f.ends_with(".tmp"))
@@ -283,8 +286,8 @@ fn warm_child_process() {
     println!(
         "nvrtc-calls={} hits={} compiles={} micros={micros}",
         nvrtc_call_count() - before,
-        cache.disk_hit_count(),
-        cache.compile_count()
+        cache.stats().disk_hits,
+        cache.stats().compiles
     );
 }
 
@@ -320,7 +323,7 @@ nvrtc_test!(warm_disk_cache_in_a_new_process_makes_no_nvrtc_call, {
     // Cold: this process compiles, and records NVRTC's facts beside the kernel.
     let cold = KernelCache::new(Some(dir.path()));
     cold.compile(&Program::new(&src), TARGET).unwrap();
-    assert_eq!(cold.compile_count(), 1);
+    assert_eq!(cold.stats().compiles, 1);
     let facts: Vec<_> = all_files_in(&dir.0)
         .into_iter()
         .filter(|f| f.ends_with(".facts"))
@@ -371,7 +374,7 @@ nvrtc_test!(facts_match_what_nvrtc_says, {
     let before = nvrtc_call_count_on_this_thread();
     let warm = KernelCache::new(Some(dir.path()));
     warm.compile(&Program::new(&src), TARGET).unwrap();
-    assert_eq!(warm.disk_hit_count(), 1);
+    assert_eq!(warm.stats().disk_hits, 1);
     assert_eq!(nvrtc_call_count_on_this_thread(), before);
 });
 
@@ -385,13 +388,13 @@ cuda_rt::gpu_test!(
         let p = Program::new(&src);
         let a = RawModule::from_program(&p, Output::Cubin, &cache).unwrap();
         let b = RawModule::from_program(&p, Output::Cubin, &cache).unwrap();
-        assert_eq!(cache.compile_count(), 1);
-        assert_eq!(cache.memory_hit_count(), 1);
+        assert_eq!(cache.stats().compiles, 1);
+        assert_eq!(cache.stats().memory_hits, 1);
         assert!(a.same_module(&b), "one module load");
         // A new cache (a new process) reads the disk, compiles nothing, loads once.
         let other = KernelCache::new(Some(dir.path()));
         let c = RawModule::from_program(&p, Output::Cubin, &other).unwrap();
-        assert_eq!((other.compile_count(), other.disk_hit_count()), (0, 1));
+        assert_eq!((other.stats().compiles, other.stats().disk_hits), (0, 1));
         assert!(!c.same_module(&a));
     }
 );
@@ -403,9 +406,9 @@ cuda_rt::gpu_test!(
         let src = unique(SAXPY);
         let global = KernelCache::global();
         let a = RawKernel::new(&src, "saxpy", &[]).unwrap();
-        let compiles = global.compile_count();
+        let compiles = global.stats().compiles;
         let b = RawKernel::new(&src, "saxpy", &[]).unwrap();
-        assert_eq!(global.compile_count(), compiles);
+        assert_eq!(global.stats().compiles, compiles);
         assert!(a.raw_module().same_module(b.raw_module()));
         assert_eq!(a.as_raw(), b.as_raw());
     }
@@ -445,7 +448,7 @@ fn stored_entry_is_read_back_by_a_new_cache() {
     first.store(&key, &c).unwrap();
     let second = KernelCache::new(Some(dir.path()));
     assert_eq!(second.load(&key), Some(c));
-    assert_eq!(second.disk_hit_count(), 1);
+    assert_eq!(second.stats().disk_hits, 1);
     assert_eq!(second.load(&CacheKey([2; 16])), None);
     // Entries and the secret are private to the user.
     for f in [key.file_name().as_str(), SECRET_FILE] {
@@ -478,7 +481,7 @@ fn link_planted_at_an_entry_name_is_not_followed_on_read_or_write() {
     std::fs::rename(&entry, &aside).unwrap();
     std::os::unix::fs::symlink(&aside, &entry).unwrap();
     assert_eq!(cache.load(&key), None);
-    assert_eq!(cache.corrupt_file_count(), 1);
+    assert_eq!(cache.stats().corrupt_files, 1);
     // A link to a file of the user's elsewhere: a write replaces the link, and the
     // file it pointed to is untouched.
     let victim = TempDir::new("victim");
@@ -591,7 +594,7 @@ fn forged_entries_are_not_returned_and_get_overwritten() {
     std::fs::write(&entry, encode(&wrong, &key, &forged)).unwrap();
     assert_eq!(FORMAT_VERSION, 2);
     assert_eq!(cache.load(&key), None);
-    assert_eq!(cache.corrupt_file_count(), 2);
+    assert_eq!(cache.stats().corrupt_files, 2);
     // What the victim compiles overwrites it, and is what is read back.
     let real = fake_compiled("victim's cubin");
     cache.store(&key, &real).unwrap();

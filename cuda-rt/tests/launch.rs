@@ -10,7 +10,7 @@ use common::{cc, DevBuf, SAXPY};
 use cuda_rt::compiler::RawKernel;
 use cuda_rt::launch::{Dim3, LaunchAttribute, PlainData};
 use cuda_rt::module::driver_reports_param_sizes;
-use cuda_rt::{Error, LaunchConfig, Stream};
+use cuda_rt::{ArgumentKind, Error, LaunchConfig, Stream, UnsupportedKind};
 
 fn saxpy() -> RawKernel {
     cuda_rt::device::set_device_id(0).unwrap();
@@ -62,7 +62,22 @@ cuda_rt::gpu_test!(wrong_argument_count_is_an_error_before_launching, {
         // The count cannot be checked: `param_sizes` says so, not silently nothing.
         let err = k.param_sizes().unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, Error::NotSupported(_)), "{msg}");
+        assert!(
+            matches!(
+                err,
+                Error::NotSupported {
+                    kind: UnsupportedKind::DriverTooOld {
+                        needed: cuda_rt::cuda_sys::CudaVersion {
+                            major: 12,
+                            minor: 4
+                        },
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{msg}"
+        );
         assert!(
             msg.contains("needs CUDA 12.4") && msg.contains("saxpy") && msg.contains("not checked"),
             "{msg}"
@@ -74,7 +89,16 @@ cuda_rt::gpu_test!(wrong_argument_count_is_an_error_before_launching, {
     // SAFETY: refused before launching (3 arguments for saxpy's 4 parameters).
     let err = unsafe { k.launch(&LaunchConfig::new(1, 4), &[&1.0f32, &y.ptr, &4i32]) }.unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, Error::InvalidArgument(_)), "{msg}");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument {
+                kind: ArgumentKind::KernelArguments,
+                ..
+            }
+        ),
+        "{msg}"
+    );
     assert!(
         msg.contains("saxpy") && msg.contains("4 parameter(s)") && msg.contains("passed 3"),
         "{msg}"

@@ -7,7 +7,7 @@ use cuda_rt::memory::{
     malloc_managed, Advice, BaseMemory, Location, ManagedMemory, Memory, MemoryPointer,
     UnownedMemory,
 };
-use cuda_rt::{Device, Error};
+use cuda_rt::{ArgumentKind, Device, Error};
 
 /// After a bad call, ordinary work still succeeds.
 fn still_works() {
@@ -29,7 +29,13 @@ fn null_memory_has_size_zero_and_owns_nothing() {
 fn unowned_null_pointer_without_device_is_an_error() {
     // SAFETY: the constructor fails before the pointer could be used.
     let e = unsafe { UnownedMemory::new(0, 16, (), None) }.unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)));
+    assert!(matches!(
+        e,
+        Error::InvalidArgument {
+            kind: ArgumentKind::Null,
+            ..
+        }
+    ));
     assert!(e.to_string().contains("null pointer"), "{e}");
 }
 
@@ -164,7 +170,13 @@ cuda_rt::gpu_test!(unowned_host_pointer_without_device_is_an_error, {
     let host = [0u8; 64];
     // SAFETY: the constructor fails before the pointer could be used.
     let e = unsafe { UnownedMemory::new(host.as_ptr() as u64, 64, (), None) }.unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)));
+    assert!(matches!(
+        e,
+        Error::InvalidArgument {
+            kind: ArgumentKind::NotFound,
+            ..
+        }
+    ));
     assert!(e.to_string().contains("does not know the pointer"), "{e}");
     still_works();
 });

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use cuda_rt::memory::{alloc, Bf16, MemoryPointer, F16};
 use cuda_rt::stream::AsStream;
-use cuda_rt::{Error, Stream};
+use cuda_rt::{ArgumentKind, Error, Stream};
 
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 + 3) as u8).collect()
@@ -59,6 +59,14 @@ fn exact(n: usize) -> MemoryPointer {
     cuda_rt::memory::using_allocator(None, || alloc(n).unwrap())
 }
 
+/// The kind of an invalid-argument error, `None` for any other outcome.
+fn kind(r: cuda_rt::Result<()>) -> Option<ArgumentKind> {
+    match r {
+        Err(Error::InvalidArgument { kind, .. }) => Some(kind),
+        _ => None,
+    }
+}
+
 cuda_rt::gpu_test!(pooled_memory_is_rounded_to_512_bytes, {
     assert_eq!(alloc(64).unwrap().size(), 512);
     assert_eq!(exact(64).size(), 64);
@@ -67,7 +75,19 @@ cuda_rt::gpu_test!(pooled_memory_is_rounded_to_512_bytes, {
 cuda_rt::gpu_test!(copies_with_mismatched_lengths_are_errors, {
     let p = exact(64);
     let e = p.copy_from_host(&[0u8; 65]).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                kind: ArgumentKind::OutOfBounds {
+                    requested: 65,
+                    available: 64
+                },
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(p.copy_to_host(&mut [0u32; 17]).is_err());
     let end = (&p + 60).unwrap();
     assert!(end.copy_from_host(&[0u32; 2]).is_err());
@@ -172,15 +192,21 @@ cuda_rt::gpu_test!(memset_widths_sync_and_async, {
 cuda_rt::gpu_test!(misaligned_wide_memset_is_an_error, {
     let p = alloc(64).unwrap();
     let odd = (&p + 1).unwrap();
-    assert!(matches!(
-        odd.memset_u16(0, 4),
-        Err(Error::InvalidArgument(_))
-    ));
+    assert_eq!(
+        kind(odd.memset_u16(0, 4)),
+        Some(ArgumentKind::Misaligned {
+            address: odd.ptr(),
+            alignment: 2
+        })
+    );
     let two = (&p + 2).unwrap();
-    assert!(matches!(
-        two.memset_u32(0, 4),
-        Err(Error::InvalidArgument(_))
-    ));
+    assert_eq!(
+        kind(two.memset_u32(0, 4)),
+        Some(ArgumentKind::Misaligned {
+            address: two.ptr(),
+            alignment: 4
+        })
+    );
     two.memset_u16(1, 4).unwrap();
 });
 

@@ -6,7 +6,7 @@ mod common;
 use common::{nvrtc_or_skip, read_raw, write_raw, TempDir, SAXPY};
 use cuda_rt::compiler::{Program, Target};
 use cuda_rt::module::{ImageKind, Module};
-use cuda_rt::{Error, LaunchConfig};
+use cuda_rt::{Error, LaunchConfig, UnsupportedKind};
 
 const GLOBALS: &str = r#"
 __device__ int counters[4];
@@ -128,7 +128,13 @@ cuda_rt::gpu_test!(get_texref_says_texture_references_are_gone, {
     cuda_rt::device::set_device_id(0).unwrap();
     let m = Module::load_data(&compile_for_device(GLOBALS)).unwrap();
     let err = m.get_texref("tex").unwrap_err();
-    assert!(matches!(err, Error::NotSupported(_)));
+    assert!(matches!(
+        err,
+        Error::NotSupported {
+            kind: UnsupportedKind::Removed,
+            ..
+        }
+    ));
     assert!(err.to_string().contains("CUDA 12"), "{err}");
 });
 

@@ -6,9 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use common::{pattern, DevBuf, Gate};
+use cuda_rt::cuda_sys::driver::CUresult;
 use cuda_rt::memory::{MemoryPointer, UnownedMemory};
 use cuda_rt::pinned::{self, PinnedMemoryPool, ALLOCATION_UNIT_BYTES};
-use cuda_rt::{gpu_test, AsStream, Stream};
+use cuda_rt::{gpu_test, AsStream, Error, Stream};
 
 /// `dev` as a [`MemoryPointer`] that keeps it alive (its owner); the checks read `dev`
 /// with raw driver copies.
@@ -29,6 +30,23 @@ gpu_test!(free_then_malloc_same_size_reuses_pointer, {
     assert_eq!(q.ptr(), addr);
     assert_eq!(pool.stats().backend_allocs, 1);
     assert_eq!(pool.used_bytes(), 1 << 20);
+});
+
+gpu_test!(out_of_pinned_memory_carries_the_drivers_error, {
+    let pool = PinnedMemoryPool::new();
+    let e = pool.malloc(1 << 50).unwrap_err(); // 1 PiB: more than any host can pin
+    let Error::OutOfMemory(o) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((o.requested, o.device), (1 << 50, None));
+    let driver = o.driver().map(|d| (d.call, d.code));
+    assert_eq!(
+        driver,
+        Some(("cuMemHostAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY)),
+        "{e}"
+    );
+    assert!(e.to_string().contains("of host memory"), "{e}");
+    drop(pool.malloc(1 << 20).unwrap()); // the pool still works
 });
 
 gpu_test!(pool_wastes_at_most_511_bytes_per_request, {

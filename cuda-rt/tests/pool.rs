@@ -8,10 +8,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use cuda_rt::cuda_sys::driver::CUresult;
 use cuda_rt::memory::hook::{register_hook, MemoryHook};
 use cuda_rt::memory::{self, get_default_memory_pool, MemoryPool, LIMIT_ENV};
 use cuda_rt::stream::{AsStream, Stream};
-use cuda_rt::Error;
+use cuda_rt::{ArgumentKind, Error, OutOfMemoryCause};
 
 const MIB: usize = 1 << 20;
 
@@ -198,7 +199,11 @@ cuda_rt::gpu_test!(set_limit_releases_the_cache_then_fails_with_the_numbers, {
     assert_eq!(o.in_use, 3 * MIB as u64);
     assert_eq!(o.cached, 0, "the cached block was released before failing");
     assert_eq!(o.limit, Some(4 * MIB as u64));
-    assert!(o.driver.is_none(), "the limit refused, not the driver");
+    assert_eq!(
+        o.cause,
+        OutOfMemoryCause::Limit,
+        "the limit refused, not the driver"
+    );
     let msg = e.to_string();
     assert!(
         msg.contains("3.00 MiB in use") && msg.contains("limit 4.00 MiB"),
@@ -212,7 +217,10 @@ cuda_rt::gpu_test!(set_limit_releases_the_cache_then_fails_with_the_numbers, {
     // Fractions.
     assert!(matches!(
         pool.set_limit_fraction(1.5),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument {
+            kind: ArgumentKind::InvalidValue,
+            ..
+        })
     ));
     pool.set_limit_fraction(0.0).unwrap();
     assert_eq!(pool.get_limit().unwrap(), 0);
@@ -234,7 +242,8 @@ cuda_rt::gpu_test!(driver_out_of_memory_carries_the_driver_error, {
         (o.requested, o.in_use, o.limit),
         (1 << 50, MIB as u64, None)
     );
-    assert!(o.driver.is_some(), "{e}");
+    let driver = o.driver().map(|d| d.code);
+    assert_eq!(driver, Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{e}");
     assert_eq!(pool.stats().oom_retries, 1);
     assert!(pool.malloc(MIB).is_ok(), "the pool still works");
 });

@@ -12,7 +12,7 @@ use cuda_rt::profiler::{
     self, mark, mark_color, open_scopes, profile, range, range_color, range_pop, range_push,
     range_push_color, Color, ProfileGuard,
 };
-use cuda_rt::Error;
+use cuda_rt::{ArgumentKind, Error, StateKind};
 
 // ---------------------------------------------------------------- NVTX, no tool
 
@@ -81,7 +81,10 @@ fn nul_in_message_is_an_invalid_argument() {
     ];
     for r in results {
         match r {
-            Err(Error::InvalidArgument(msg)) => assert!(msg.contains("NUL"), "{msg}"),
+            Err(Error::InvalidArgument {
+                kind: ArgumentKind::InteriorNul,
+                message,
+            }) => assert!(message.contains("NUL"), "{message}"),
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
     }
@@ -293,10 +296,10 @@ cuda_rt::gpu_test!(profile_stops_the_profiler_when_the_body_returns_err, {
     let _serial = serial();
     let r = profile(|| -> cuda_rt::Result<()> {
         assert_eq!(open_scopes(), 1);
-        Err(Error::InvalidState("body failed".into()))
+        Err(Error::invalid_state(StateKind::Other, "body failed"))
     });
     assert!(
-        matches!(r, Err(Error::InvalidState(ref m)) if m == "body failed"),
+        matches!(r, Err(Error::InvalidState { ref message, .. }) if message == "body failed"),
         "{r:?}"
     );
     assert_eq!(open_scopes(), 0);

@@ -11,7 +11,7 @@ use cuda_rt::pinned::{
     copy_device_to_host, copy_device_to_host_raw, copy_host_to_device, copy_host_to_device_raw,
     parallel_memcpy, set_staging_threads, staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD,
 };
-use cuda_rt::{get_current_stream, gpu_test, AsStream, CaptureMode, Error, Stream};
+use cuda_rt::{get_current_stream, gpu_test, ArgumentKind, AsStream, CaptureMode, Error, Stream};
 
 /// The first `len` bytes of `dev` as a [`MemoryPointer`] that keeps `dev` alive (its
 /// owner); the checks read `dev` with raw driver copies. Bytes past `len` are a guard.
@@ -115,16 +115,26 @@ gpu_test!(
             dev.write(0, &fill);
             let whole = pointer(&dev, room);
             let tail = whole.offset_by(room as isize - 10).unwrap();
+            let out_of_bounds = ArgumentKind::OutOfBounds {
+                requested: room as u64 + 1,
+                available: room as u64,
+            };
 
             let host = pattern(room + 1, 95);
             let e = copy_host_to_device(&whole, &host, &stream).unwrap_err();
-            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            assert!(
+                matches!(e, Error::InvalidArgument { kind, .. } if kind == out_of_bounds),
+                "{e}"
+            );
             assert!(e.to_string().contains("do not fit"), "{e}");
             assert!(copy_host_to_device(&tail, &host[..11], &stream).is_err());
 
             let mut back = vec![0x5Au8; room + 1];
             let e = copy_device_to_host(&mut back, &whole, &stream).unwrap_err();
-            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            assert!(
+                matches!(e, Error::InvalidArgument { kind, .. } if kind == out_of_bounds),
+                "{e}"
+            );
             assert!(copy_device_to_host(&mut back[..11], &tail, &stream).is_err());
             assert!(
                 back.iter().all(|&b| b == 0x5A),
@@ -215,7 +225,19 @@ fn copies_past_the_end_of_a_memory_pointer_fail_before_any_cuda_call() {
     let null = MemoryPointer::null(0);
     let s = get_current_stream();
     let e = copy_host_to_device(&null, &[1u8; 3], &s).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                kind: ArgumentKind::OutOfBounds {
+                    requested: 3,
+                    available: 0
+                },
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("3 bytes do not fit"), "{e}");
     let mut back = [7u8; 3];
     let e = copy_device_to_host(&mut back, &null, &s).unwrap_err();

@@ -22,17 +22,19 @@
 //! ```
 
 pub mod cache;
-pub mod facts;
+mod cache_dir;
+mod hash;
 mod nvrtc;
+pub mod nvrtc_facts;
 mod raw;
 
 use std::sync::OnceLock;
 
-pub use cache::KernelCache;
+pub use cache::{KernelCache, KernelCacheStats};
 pub use raw::{RawKernel, RawModule};
 
 use crate::device::context::MAX_DEVICES;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind, UnsupportedKind};
 
 /// The source name used when none is given (it appears in compile logs).
 pub const DEFAULT_SOURCE_NAME: &str = "cuda_rt_kernel.cu";
@@ -204,14 +206,17 @@ impl<'a> Program<'a> {
 }
 
 /// How many NVRTC entry points this process has called (the first one opens
-/// `libnvrtc`). A warm disk-cache hit adds none.
+/// `libnvrtc`). A warm disk-cache hit adds none. Test instrumentation (feature
+/// `test-util`).
+#[cfg(feature = "test-util")]
 pub fn nvrtc_call_count() -> u64 {
     nvrtc::call_count()
 }
 
 /// How many NVRTC entry points the calling thread has called: the same count as
 /// [`nvrtc_call_count`], blind to other threads compiling at the same time (what a
-/// test that runs beside others should assert on).
+/// test that runs beside others should assert on). Feature `test-util`.
+#[cfg(feature = "test-util")]
 pub fn nvrtc_call_count_on_this_thread() -> u64 {
     nvrtc::thread_call_count()
 }
@@ -248,17 +253,30 @@ pub fn arch_for_device(device: i32) -> Result<u32> {
     let slot = usize::try_from(device)
         .ok()
         .and_then(|i| ARCH.get(i))
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {device} is out of range")))?;
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {device} is out of range"),
+            )
+        })?;
     slot.get_or_init(|| {
         let (major, minor) = crate::Device::new(device)?.compute_capability()?;
-        let cc = u32::try_from(major * 10 + minor)
-            .map_err(|_| Error::InvalidState(format!("compute capability {major}.{minor}")))?;
+        let cc = u32::try_from(major * 10 + minor).map_err(|_| {
+            Error::invalid_state(
+                StateKind::Unexpected,
+                format!("compute capability {major}.{minor}"),
+            )
+        })?;
         let dir = KernelCache::global().disk_dir();
-        let supported = facts::nvrtc_facts(dir.as_deref())?.archs.clone();
+        let supported = nvrtc_facts::nvrtc_facts(dir.as_deref())?.archs.clone();
         cap_arch(cc, &supported).ok_or_else(|| {
-            Error::NotSupported(format!(
-                "device {device} is sm_{cc} but the loaded NVRTC compiles only for {supported:?}"
-            ))
+            Error::not_supported(
+                UnsupportedKind::Architecture,
+                format!(
+                    "device {device} is sm_{cc} but the loaded NVRTC compiles only for \
+                     {supported:?}"
+                ),
+            )
         })
     })
     .clone()

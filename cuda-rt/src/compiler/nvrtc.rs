@@ -7,9 +7,11 @@ use std::ffi::CString;
 use cuda_sys::nvrtc::nvrtcProgram;
 use cuda_sys::result::nvrtc as raw;
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 
-pub(crate) use raw::{call_count, loaded_path, thread_call_count};
+pub(crate) use raw::loaded_path;
+#[cfg(feature = "test-util")]
+pub(crate) use raw::{call_count, thread_call_count};
 
 /// NVRTC's version `(major, minor)` (`nvrtcVersion`).
 pub(crate) fn version() -> Result<(i32, i32)> {
@@ -32,10 +34,16 @@ impl Program {
     /// `nvrtcCreateProgram` for `source` under the name `name` (no headers).
     pub(crate) fn new(source: &str, name: &str) -> Result<Program> {
         let src = CString::new(source).map_err(|_| {
-            Error::InvalidArgument(format!("the source of {name} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("the source of {name} contains a NUL byte"),
+            )
         })?;
         let cname = CString::new(name).map_err(|_| {
-            Error::InvalidArgument(format!("source name {name:?} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("source name {name:?} contains a NUL byte"),
+            )
         })?;
         let prog = raw::create_program(&src, &cname)?;
         Ok(Program {
@@ -47,7 +55,10 @@ impl Program {
     /// `nvrtcAddNameExpression` (before compiling).
     pub(crate) fn add_name_expression(&mut self, expr: &str) -> Result<()> {
         let c = CString::new(expr).map_err(|_| {
-            Error::InvalidArgument(format!("name expression {expr:?} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("name expression {expr:?} contains a NUL byte"),
+            )
         })?;
         // SAFETY: the program is owned by `self`, live until its drop, and used by one
         // thread (`&mut self`; `Program` is not `Sync`).
@@ -61,15 +72,18 @@ impl Program {
             .iter()
             .map(|o| {
                 CString::new(o.as_str()).map_err(|_| {
-                    Error::InvalidArgument(format!("compile option {o:?} contains a NUL byte"))
+                    Error::invalid_argument(
+                        ArgumentKind::InteriorNul,
+                        format!("compile option {o:?} contains a NUL byte"),
+                    )
                 })
             })
             .collect::<Result<_>>()?;
         if i32::try_from(owned.len()).is_err() {
-            return Err(Error::InvalidArgument(format!(
-                "{} compile options",
-                owned.len()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("{} compile options", owned.len()),
+            ));
         }
         let opts: Vec<&std::ffi::CStr> = owned.iter().map(|c| c.as_c_str()).collect();
         // SAFETY: the program is owned by `self`, live, and used by one thread.
@@ -110,14 +124,18 @@ impl Program {
     /// (`nvrtcGetLoweredName`).
     pub(crate) fn lowered_name(&self, expr: &str) -> Result<String> {
         let c = CString::new(expr).map_err(|_| {
-            Error::InvalidArgument(format!("name expression {expr:?} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("name expression {expr:?} contains a NUL byte"),
+            )
         })?;
         // SAFETY: as in `log` (the program was compiled by the caller).
         match unsafe { raw::get_lowered_name(self.prog, &c) }? {
             Some(name) => Ok(name),
-            None => Err(Error::InvalidState(format!(
-                "NVRTC gave no lowered name for {expr:?}"
-            ))),
+            None => Err(Error::invalid_state(
+                StateKind::Unexpected,
+                format!("NVRTC gave no lowered name for {expr:?}"),
+            )),
         }
     }
 }

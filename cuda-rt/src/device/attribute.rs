@@ -54,7 +54,10 @@ impl std::str::FromStr for DeviceAttribute {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         DeviceAttribute::from_name(s).ok_or_else(|| {
-            crate::Error::InvalidArgument(format!("{s:?} is not a device attribute"))
+            crate::Error::invalid_argument(
+                crate::error::ArgumentKind::NotFound,
+                format!("{s:?} is not a device attribute"),
+            )
         })
     }
 }

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use cuda_sys::driver::CUcontext;
 use cuda_sys::result;
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 pub(crate) use crate::thread_state::MAX_DEVICES;
 use crate::thread_state::{
     context_device, context_made_current, forget_context, set_context_device,
@@ -34,7 +34,12 @@ pub(crate) fn primary(id: i32) -> Result<CUcontext> {
     let slot = usize::try_from(id)
         .ok()
         .and_then(|i| PRIMARY.get(i))
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {id} is out of range")))?;
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {id} is out of range"),
+            )
+        })?;
     let addr = slot
         .get_or_init(|| {
             init()?;

@@ -28,7 +28,7 @@ pub fn forget_current_context() {
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, Unavailable};
 
 /// Number of CUDA devices (asked once, then cached: the driver fixes it at `cuInit`).
 /// An error when the driver cannot be loaded or initialised; use [`is_available`] for
@@ -49,13 +49,23 @@ pub fn is_available() -> bool {
     availability().is_ok()
 }
 
-/// `Ok(device count)` when CUDA is usable, else the reason in words (driver library
-/// missing and where it was looked for, `cuInit` failing, no device).
-pub fn availability() -> std::result::Result<i32, String> {
+/// `Ok(device count)` when CUDA is usable, else why not: the driver library missing
+/// (with every path tried), the driver too old (with its version), `cuInit` failing
+/// (with the driver's error), or no device. [`Unavailable`] says it in words too, and
+/// converts into [`Error::NotAvailable`] with `?`.
+///
+/// ```
+/// match cuda_rt::availability() {
+///     Ok(n) => println!("{n} CUDA device(s)"),
+///     Err(cuda_rt::Unavailable::NoDevice) => println!("a driver, but no GPU"),
+///     Err(why) => println!("CUDA is not available: {why}"),
+/// }
+/// ```
+pub fn availability() -> std::result::Result<i32, Unavailable> {
     match device_count() {
-        Ok(0) => Err("the CUDA driver reports no device".into()),
+        Ok(0) => Err(Unavailable::NoDevice),
         Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(Unavailable::from_error(e)),
     }
 }
 
@@ -89,7 +99,10 @@ impl Device {
     pub fn from_pci_bus_id(bus_id: &str) -> Result<Device> {
         context::init()?;
         let c = std::ffi::CString::new(bus_id).map_err(|_| {
-            Error::InvalidArgument(format!("PCI bus id {bus_id:?} contains a NUL byte"))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("PCI bus id {bus_id:?} contains a NUL byte"),
+            )
         })?;
         let handle = result::device::get_by_pci_bus_id(&c)?;
         for id in 0..device_count()? {
@@ -98,9 +111,10 @@ impl Device {
                 return Ok(d);
             }
         }
-        Err(Error::InvalidArgument(format!(
-            "PCI bus id {bus_id:?} names no device visible to this process"
-        )))
+        Err(Error::invalid_argument(
+            ArgumentKind::NotFound,
+            format!("PCI bus id {bus_id:?} names no device visible to this process"),
+        ))
     }
 
     /// The device that owns the memory at `ptr` (device memory, managed memory, or
@@ -110,9 +124,10 @@ impl Device {
         context::init()?;
         let id =
             result::memory::pointer_get_device_ordinal(ptr).map_err(|e| match Error::from(e) {
-                Error::Driver(d) => Error::InvalidArgument(format!(
-                    "pointer {ptr:#x} is not memory CUDA knows ({d})"
-                )),
+                Error::Driver(d) => Error::invalid_argument(
+                    ArgumentKind::NotFound,
+                    format!("pointer {ptr:#x} is not memory CUDA knows ({d})"),
+                ),
                 other => other,
             })?;
         Device::new(id)
@@ -211,10 +226,13 @@ impl Device {
     /// (`CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`) or its suffix, any case.
     pub fn attribute_by_name(&self, name: &str) -> Result<i32> {
         let attr = DeviceAttribute::from_name(name).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{name:?} is not a device attribute (e.g. MaxThreadsPerBlock, \
-                 CU_DEVICE_ATTRIBUTE_WARP_SIZE)"
-            ))
+            Error::invalid_argument(
+                ArgumentKind::NotFound,
+                format!(
+                    "{name:?} is not a device attribute (e.g. MaxThreadsPerBlock, \
+                     CU_DEVICE_ATTRIBUTE_WARP_SIZE)"
+                ),
+            )
         })?;
         self.attribute(attr)
     }

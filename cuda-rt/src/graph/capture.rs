@@ -34,7 +34,7 @@ use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::make_current;
-use crate::error::{Error, Result};
+use crate::error::{CaptureKind, Error, Result};
 use crate::graph::memory::AllocState;
 use crate::graph::{Graph, InstantiateFlags};
 use crate::memory::BaseMemory;
@@ -179,50 +179,59 @@ pub(crate) fn explain(e: Error, what: &str) -> Error {
     let Some(code) = e.driver_code() else {
         return e;
     };
-    let why = match code {
-        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => {
+    let (kind, why) = match code {
+        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => (
+            CaptureKind::Invalidated,
             "this operation is not allowed while a stream captures a graph (a synchronize, \
              a synchronous copy or memset, a stream or event query, ...); the capture is \
-             now invalid: end it (which fails) and capture again without the operation"
-        }
-        R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
+             now invalid: end it (which fails) and capture again without the operation",
+        ),
+        R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => (
+            CaptureKind::Invalidated,
             "the capture was invalidated by an earlier operation not allowed during a \
              capture (a synchronize, a synchronous copy, ...); no graph can come of it: end \
-             it and capture again"
-        }
-        R::CUDA_ERROR_STREAM_CAPTURE_MERGE => {
+             it and capture again",
+        ),
+        R::CUDA_ERROR_STREAM_CAPTURE_MERGE => (
+            CaptureKind::Other,
             "two independent captures would be merged (a capturing stream waited on an \
-             event recorded in another capture)"
-        }
-        R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => {
+             event recorded in another capture)",
+        ),
+        R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => (
+            CaptureKind::NotCapturing,
             "the capture was not begun on this stream: end a capture on the stream that \
-             began it"
-        }
-        R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED => {
+             began it",
+        ),
+        R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED => (
+            CaptureKind::Unjoined,
             "a stream forked from the capture (it waited on an event recorded during the \
              capture) has work that was never joined back: record an event on the forked \
-             stream and make the origin stream wait on it before ending the capture"
-        }
-        R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION => {
+             stream and make the origin stream wait on it before ending the capture",
+        ),
+        R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION => (
+            CaptureKind::Other,
             "a dependency would cross the capture's boundary (work outside the capture \
-             cannot depend on captured work)"
-        }
-        R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => {
+             cannot depend on captured work)",
+        ),
+        R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => (
+            CaptureKind::LegacyStream,
             "the operation would wait on the legacy default stream, which is not allowed \
              while a stream captures: use non-blocking streams, or a stream other than \
-             the legacy default one"
-        }
-        R::CUDA_ERROR_CAPTURED_EVENT => {
+             the legacy default one",
+        ),
+        R::CUDA_ERROR_CAPTURED_EVENT => (
+            CaptureKind::Other,
             "the event was recorded during a capture: it cannot be queried or waited for \
-             from the host before the capture ends"
-        }
-        R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => {
+             from the host before the capture ends",
+        ),
+        R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => (
+            CaptureKind::Other,
             "the capture was begun in global or thread-local mode on another thread: end \
-             it on that thread"
-        }
+             it on that thread",
+        ),
         _ => return e,
     };
-    Error::Capture(format!("{what}: {why} ({e})"))
+    Error::capture(kind, format!("{what}: {why} ({e})"))
 }
 
 /// The status of `s`'s capture, with the graph being captured (null unless active).
@@ -260,12 +269,15 @@ fn discard(g: sys::CUgraph) {
 pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()> {
     let handle = s.as_raw() as usize;
     if handle == LEGACY_DEFAULT_HANDLE {
-        return Err(Error::Capture(format!(
-            "begin_capture on the legacy default stream of device {}: CUDA cannot capture \
-             it (every other stream synchronizes with it); capture on a Stream you created \
-             (or the per-thread default stream)",
-            s.device_id()
-        )));
+        return Err(Error::capture(
+            CaptureKind::LegacyStream,
+            format!(
+                "begin_capture on the legacy default stream of device {}: CUDA cannot capture \
+                 it (every other stream synchronizes with it); capture on a Stream you created \
+                 (or the per-thread default stream)",
+                s.device_id()
+            ),
+        ));
     }
     make_current(s.device_id())?;
     // SAFETY (the three calls below): the stream is live while `s` is borrowed
@@ -338,12 +350,15 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Resul
     if status == CaptureStatus::None {
         // A record left by a capture that ended some other way is stale: drop it.
         finish(take_entry(handle, s.device_id()));
-        return Err(Error::Capture(format!(
-            "end_capture on stream {handle:#x} of device {}: the stream is not capturing \
-             (begin_capture it first; a stream forked into a capture is ended through \
-             the stream that began it)",
-            s.device_id()
-        )));
+        return Err(Error::capture(
+            CaptureKind::NotCapturing,
+            format!(
+                "end_capture on stream {handle:#x} of device {}: the stream is not capturing \
+                 (begin_capture it first; a stream forked into a capture is ended through \
+                 the stream that began it)",
+                s.device_id()
+            ),
+        ));
     }
     // The end and the removal of the record happen under the lock, so a thread that
     // frees a capture's allocation or notes a use of memory under it (see
@@ -387,11 +402,14 @@ pub(crate) fn with_entry_of<R>(
     let id = match status {
         CaptureStatus::Active { id } => id,
         CaptureStatus::Invalidated => {
-            return Err(Error::Capture(format!(
-                "stream {:#x} is in an invalidated capture (an operation not allowed \
-                 during a capture ran on it); end the capture and capture again",
-                s.handle()
-            )))
+            return Err(Error::capture(
+                CaptureKind::Invalidated,
+                format!(
+                    "stream {:#x} is in an invalidated capture (an operation not allowed \
+                     during a capture ran on it); end the capture and capture again",
+                    s.handle()
+                ),
+            ))
         }
         CaptureStatus::None => return Ok(None),
     };
@@ -548,7 +566,13 @@ mod tests {
             driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
             "synchronize",
         );
-        assert!(matches!(e, Error::Capture(_)));
+        assert!(matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::Invalidated,
+                ..
+            }
+        ));
         let s = e.to_string();
         assert!(s.starts_with("synchronize: "), "{s}");
         assert!(s.contains("capture is now invalid"), "{s}");
@@ -557,19 +581,47 @@ mod tests {
             "end_capture",
         );
         assert!(e.to_string().contains("never joined back"), "{e}");
+        assert!(matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::Unjoined,
+                ..
+            }
+        ));
         let e = explain(
             driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
             "end_capture",
         );
         assert!(e.to_string().contains("invalidated"), "{e}");
+        assert!(matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::Invalidated,
+                ..
+            }
+        ));
+        let e = explain(
+            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT),
+            "memcpy",
+        );
+        assert!(matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::LegacyStream,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn other_errors_pass_unchanged() {
         let e = explain(driver(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY), "x");
         assert!(matches!(e, Error::Driver(_)));
-        let e = explain(Error::InvalidArgument("y".into()), "x");
-        assert!(matches!(e, Error::InvalidArgument(_)));
+        let e = explain(
+            Error::invalid_argument(crate::error::ArgumentKind::Other, "y"),
+            "x",
+        );
+        assert!(matches!(e, Error::InvalidArgument { .. }));
     }
 
     #[test]

@@ -36,6 +36,7 @@
 //! graph (see [`crate::graph`]), so no pool reuses it while the graph can run.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_sys::result;
@@ -97,6 +98,9 @@ pub(crate) struct AllocState {
     size: usize,
     device: i32,
     phase: Mutex<Phase>,
+    /// Set with the phase's move to `Abandoned`, so that `size` (asked on every
+    /// bounds check, possibly under other locks) reads it without taking `phase`.
+    abandoned: AtomicBool,
 }
 
 impl AllocState {
@@ -114,6 +118,7 @@ impl AllocState {
         let mut p = self.phase();
         if matches!(*p, Phase::Capturing { .. }) {
             *p = Phase::Abandoned;
+            self.abandoned.store(true, Ordering::Release);
         }
     }
 
@@ -185,7 +190,7 @@ unsafe impl BaseMemory for GraphMemory {
     /// 0 once its capture failed: the address may belong to another graph's memory
     /// by then, so every bounds-checked operation on it is refused.
     fn size(&self) -> usize {
-        if matches!(*self.state.phase(), Phase::Abandoned) {
+        if self.state.abandoned.load(Ordering::Acquire) {
             return 0;
         }
         self.state.size
@@ -265,6 +270,7 @@ fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
                 stream: current_stream_of(device),
                 id,
             }),
+            abandoned: AtomicBool::new(false),
         });
         entry.allocs.push(Arc::clone(&state));
         Ok(MemoryPointer::from_memory(Arc::new(GraphMemory { state })))

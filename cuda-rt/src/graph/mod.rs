@@ -26,9 +26,11 @@
 //! event recorded on a capturing stream (fork) and must be joined back (the origin
 //! stream waits on an event recorded on them) before `end_capture`.
 //!
-//! Errors of a capture are [`Error::Capture`] with words: synchronizing or a
-//! synchronous copy during a capture (which invalidates it), ending a capture on a
-//! stream that is not capturing, an unjoined fork.
+//! Errors of a capture are [`Error::Capture`] with words and a [`CaptureKind`]: a call
+//! cuda-rt refuses before it reaches the driver (`Refused`: the capture goes on),
+//! synchronizing or another call the driver refuses during a capture (`Invalidated`),
+//! ending a capture on a stream that is not capturing (`NotCapturing`), an unjoined
+//! fork (`Unjoined`).
 //!
 //! # Memory
 //! Allocations during a capture become memory nodes of exactly that capture's graph
@@ -76,7 +78,7 @@ use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, CaptureKind, Error, Result, StateKind};
 use crate::stream::AsStream;
 use memory::{AllocState, LaunchRecord};
 
@@ -329,11 +331,14 @@ impl Graph {
                 self.keep.get_mut().extend(kept);
                 Ok(())
             }
-            Err(reason) => Err(Error::InvalidArgument(format!(
-                "Graph::update: the executable graph cannot take the other graph's \
-                 parameters: {}; instantiate the other graph instead",
-                update_reason(reason)
-            ))),
+            Err(reason) => Err(Error::invalid_argument(
+                ArgumentKind::Incompatible,
+                format!(
+                    "Graph::update: the executable graph cannot take the other graph's \
+                     parameters: {}; instantiate the other graph instead",
+                    update_reason(reason)
+                ),
+            )),
         }
     }
 
@@ -343,13 +348,16 @@ impl Graph {
     /// graph's executable).
     pub fn try_clone(&self) -> Result<Graph> {
         if !self.allocs.is_empty() {
-            return Err(Error::InvalidState(format!(
-                "Graph::try_clone: the graph owns {} allocation(s) made during its capture \
-                 and still referred to outside it; their addresses belong to this graph, \
-                 so it cannot be cloned (drop those pointers during the capture to make \
-                 them free inside the graph)",
-                self.allocs.len()
-            )));
+            return Err(Error::invalid_state(
+                StateKind::GraphOwnsAllocations,
+                format!(
+                    "Graph::try_clone: the graph owns {} allocation(s) made during its capture \
+                     and still referred to outside it; their addresses belong to this graph, \
+                     so it cannot be cloned (drop those pointers during the capture to make \
+                     them free inside the graph)",
+                    self.allocs.len()
+                ),
+            ));
         }
         make_current(self.device)?;
         // SAFETY: the graph is owned by `self` and live until its drop.
@@ -398,10 +406,10 @@ impl Graph {
     pub fn debug_dot_print(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "the DOT path {} contains a NUL byte",
-                path.display()
-            ))
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("the DOT path {} contains a NUL byte", path.display()),
+            )
         })?;
         make_current(self.device)?;
         // SAFETY: the graph is owned by `self` and live until its drop.
@@ -424,7 +432,10 @@ impl Graph {
         ));
         let r = self.debug_dot_print(&path).and_then(|()| {
             std::fs::read_to_string(&path).map_err(|e| {
-                Error::InvalidState(format!("reading the DOT dump at {}: {e}", path.display()))
+                Error::invalid_state(
+                    StateKind::Other,
+                    format!("reading the DOT dump at {}: {e}", path.display()),
+                )
             })
         });
         let _ = std::fs::remove_file(&path);
@@ -491,11 +502,14 @@ pub(crate) fn launch_repeatable_host_func<S: AsStream + ?Sized>(
         // SAFETY: the stream is live while `s` is borrowed (`AsStream`), its context
         // made current by the caller (`context_for`).
         CaptureStatus::None => Ok(unsafe { result::stream::launch_host_func(s.as_raw(), f) }?),
-        CaptureStatus::Invalidated => Err(Error::Capture(format!(
-            "launch_host_func_repeatable on stream {:#x}: its capture was invalidated by an \
-             operation not allowed during a capture; end it and capture again",
-            s.as_raw() as usize
-        ))),
+        CaptureStatus::Invalidated => Err(Error::capture(
+            CaptureKind::Invalidated,
+            format!(
+                "launch_host_func_repeatable on stream {:#x}: its capture was invalidated by an \
+                 operation not allowed during a capture; end it and capture again",
+                s.as_raw() as usize
+            ),
+        )),
         CaptureStatus::Active { .. } => {
             let f = Arc::new(result::graph::SharedHostFn(f));
             // The graph owns a reference through a user object; the Graph that comes

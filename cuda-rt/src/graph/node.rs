@@ -21,7 +21,7 @@ use cuda_sys::result;
 
 use crate::compiler::RawKernel;
 use crate::device::context::{make_current, primary};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::event::Event;
 use crate::graph::Graph;
 use crate::memory::{MemoryPointer, Pod};
@@ -70,11 +70,14 @@ impl<'g> Node<'g> {
 /// integer); a node of another graph is an error naming `what`.
 fn dep_handles(graph: usize, what: &str, deps: &[Node<'_>]) -> Result<Vec<sys::CUgraphNode>> {
     if let Some(n) = deps.iter().find(|n| n.graph != graph) {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: dependency node {:#x} belongs to graph {:#x}, not to this graph \
-             ({graph:#x}); dependencies must be nodes of the graph the node is added to",
-            n.raw, n.graph
-        )));
+        return Err(Error::invalid_argument(
+            ArgumentKind::Incompatible,
+            format!(
+                "{what}: dependency node {:#x} belongs to graph {:#x}, not to this graph \
+                 ({graph:#x}); dependencies must be nodes of the graph the node is added to",
+                n.raw, n.graph
+            ),
+        ));
     }
     Ok(deps.iter().map(Node::as_raw).collect())
 }
@@ -227,13 +230,16 @@ impl KernelArgs {
     /// Checks the arguments against the kernel's parameter sizes, where known.
     fn check(&self, expected: Option<&[usize]>) -> Result<()> {
         match expected {
-            Some(e) if e != self.sizes.as_slice() => Err(Error::InvalidArgument(format!(
-                "add_kernel_node: the kernel takes {} parameter(s) of sizes {e:?} bytes; the \
-                 arguments are {} of sizes {:?} bytes",
-                e.len(),
-                self.sizes.len(),
-                self.sizes
-            ))),
+            Some(e) if e != self.sizes.as_slice() => Err(Error::invalid_argument(
+                ArgumentKind::KernelArguments,
+                format!(
+                    "add_kernel_node: the kernel takes {} parameter(s) of sizes {e:?} bytes; the \
+                     arguments are {} of sizes {:?} bytes",
+                    e.len(),
+                    self.sizes.len(),
+                    self.sizes
+                ),
+            )),
             _ => Ok(()),
         }
     }
@@ -348,12 +354,18 @@ impl Graph {
     ) -> Result<Node<'_>> {
         let deps = self.deps("add_kernel_node", deps)?;
         if func.device_id() != self.device {
-            return Err(Error::InvalidArgument(format!(
-                "add_kernel_node: the kernel is loaded on device {} but the graph belongs \
-                 to device {}",
-                func.device_id(),
-                self.device
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::WrongDevice {
+                    expected: self.device,
+                    found: func.device_id(),
+                },
+                format!(
+                    "add_kernel_node: the kernel is loaded on device {} but the graph belongs \
+                     to device {}",
+                    func.device_id(),
+                    self.device
+                ),
+            ));
         }
         args.check(func.param_sizes())?;
         let keep = func.keep_alive();
@@ -383,11 +395,17 @@ impl Graph {
         bytes: usize,
     ) -> Result<Node<'_>> {
         if bytes > dst.size() || bytes > src.size() {
-            return Err(Error::InvalidArgument(format!(
-                "add_memcpy_node: {bytes} bytes do not fit (destination has {}, source {})",
-                dst.size(),
-                src.size()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: bytes as u64,
+                    available: dst.size().min(src.size()) as u64,
+                },
+                format!(
+                    "add_memcpy_node: {bytes} bytes do not fit (destination has {}, source {})",
+                    dst.size(),
+                    src.size()
+                ),
+            ));
         }
         let deps = self.deps("add_memcpy_node", deps)?;
         make_current(self.device)?;
@@ -425,17 +443,24 @@ impl Graph {
         count: usize,
     ) -> Result<Node<'_>> {
         if !matches!(element_size, 1 | 2 | 4) {
-            return Err(Error::InvalidArgument(format!(
-                "add_memset_node: element size {element_size} is not 1, 2 or 4"
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("add_memset_node: element size {element_size} is not 1, 2 or 4"),
+            ));
         }
         let bytes = count.checked_mul(element_size as usize);
         if bytes.is_none_or(|b| b > dst.size()) {
-            return Err(Error::InvalidArgument(format!(
-                "add_memset_node: {count} elements of {element_size} bytes do not fit in {} \
-                 bytes",
-                dst.size()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: bytes.map_or(u64::MAX, |b| b as u64),
+                    available: dst.size() as u64,
+                },
+                format!(
+                    "add_memset_node: {count} elements of {element_size} bytes do not fit in {} \
+                     bytes",
+                    dst.size()
+                ),
+            ));
         }
         let deps = self.deps("add_memset_node", deps)?;
         make_current(self.device)?;
@@ -507,11 +532,17 @@ impl Graph {
 
     fn check_event(&self, event: &Event) -> Result<()> {
         if event.device_id() != self.device {
-            return Err(Error::InvalidArgument(format!(
-                "an event of device {} cannot be a node of a graph of device {}",
-                event.device_id(),
-                self.device
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::WrongDevice {
+                    expected: self.device,
+                    found: event.device_id(),
+                },
+                format!(
+                    "an event of device {} cannot be a node of a graph of device {}",
+                    event.device_id(),
+                    self.device
+                ),
+            ));
         }
         Ok(())
     }
@@ -521,10 +552,10 @@ impl Graph {
     /// An error for a child that owns allocations of its capture.
     pub fn add_child_graph_node(&self, deps: &[Node<'_>], child: &Graph) -> Result<Node<'_>> {
         if !child.allocs.is_empty() {
-            return Err(Error::InvalidState(
+            return Err(Error::invalid_state(
+                StateKind::GraphOwnsAllocations,
                 "add_child_graph_node: the child graph owns allocations of its capture, whose \
-                 addresses belong to it; it cannot be copied into another graph"
-                    .into(),
+                 addresses belong to it; it cannot be copied into another graph",
             ));
         }
         let deps = self.deps("add_child_graph_node", deps)?;
@@ -578,7 +609,16 @@ mod tests {
         assert!(a.check(None).is_ok(), "unknown sizes: nothing to check");
         assert!(a.check(Some(&[8, 4])).is_ok());
         let e = a.check(Some(&[8])).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    kind: ArgumentKind::KernelArguments,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("1 parameter(s)"), "{e}");
         let e = a.check(Some(&[8, 8])).unwrap_err();
         assert!(e.to_string().contains("[8, 8]"), "{e}");
@@ -593,7 +633,16 @@ mod tests {
         );
         let mixed = [node(0x10, 0xa), node(0x30, 0xb)];
         let e = dep_handles(0xa, "add_empty_node", &mixed).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    kind: ArgumentKind::Incompatible,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let s = e.to_string();
         assert!(s.contains("add_empty_node"), "{s}");
         assert!(s.contains("belongs to graph 0xb"), "{s}");

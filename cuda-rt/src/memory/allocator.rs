@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::device::get_device_id;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::memory::async_pool::MemoryAsyncPool;
 use crate::memory::device_memory::{Memory, Release};
 use crate::memory::pool::{get_default_memory_pool, MemoryPool};
@@ -60,9 +60,13 @@ impl ClosureAllocator {
     fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
         let ptr = (self.malloc)(size, device)?;
         if ptr == 0 {
-            return Err(Error::InvalidState(format!(
-                "the closure allocator returned a null pointer for {size} bytes on device {device}"
-            )));
+            return Err(Error::invalid_state(
+                StateKind::AllocatorFailed,
+                format!(
+                    "the closure allocator returned a null pointer for {size} bytes on device \
+                     {device}"
+                ),
+            ));
         }
         let mem = Memory::from_parts(ptr, size, device, Release::Closure(self.clone()));
         Ok(MemoryPointer::from_memory(Arc::new(mem)))
@@ -102,9 +106,13 @@ impl CAllocator {
     fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
         let ptr = (self.malloc)(self.ctx as *mut c_void, size, device);
         if ptr == 0 {
-            return Err(Error::InvalidState(format!(
-                "the C allocator failed to allocate {size} bytes on device {device} (it returned 0)"
-            )));
+            return Err(Error::invalid_state(
+                StateKind::AllocatorFailed,
+                format!(
+                    "the C allocator failed to allocate {size} bytes on device {device} (it \
+                     returned 0)"
+                ),
+            ));
         }
         let mem = Memory::from_parts(ptr, size, device, Release::C(*self));
         Ok(MemoryPointer::from_memory(Arc::new(mem)))
@@ -177,10 +185,16 @@ impl Allocator {
             Allocator::Pool(pool) => pool.malloc_on(device, size),
             Allocator::Async(pool) => {
                 if pool.device_id() != device {
-                    return Err(Error::InvalidArgument(format!(
-                        "the async pool belongs to device {}, not to device {device}",
-                        pool.device_id()
-                    )));
+                    return Err(Error::invalid_argument(
+                        ArgumentKind::WrongDevice {
+                            expected: device,
+                            found: pool.device_id(),
+                        },
+                        format!(
+                            "the async pool belongs to device {}, not to device {device}",
+                            pool.device_id()
+                        ),
+                    ));
                 }
                 pool.malloc(size)
             }
@@ -233,10 +247,10 @@ thread_local! {
 /// error inside a [`using_allocator`] scope on this thread, as in CuPy.
 pub fn set_allocator(allocator: Option<Allocator>) -> Result<()> {
     if DEPTH.with(Cell::get) > 0 {
-        return Err(Error::InvalidState(
+        return Err(Error::invalid_state(
+            StateKind::Reentrant,
             "set_allocator cannot be called inside a using_allocator scope; \
-             leave the scope first"
-                .into(),
+             leave the scope first",
         ));
     }
     let mut g = GLOBAL.write().unwrap_or_else(|e| e.into_inner());

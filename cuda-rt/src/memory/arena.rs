@@ -1,7 +1,7 @@
 //! The caching device memory pool's algorithm (CuPy's `MemoryPool`), with no CUDA in
 //! it: a [`Pool`] asks a [`Backend`] for memory, so the same code runs over
 //! `cuMemAlloc` (the `memory::pool` front), over page-locked host memory, and over
-//! [`HostBackend`] / [`FakeBackend`] in tests, benches and Miri.
+//! `HostBackend` / `FakeBackend` in tests, benches and Miri (feature `test-util`).
 //!
 //! # Semantics (CuPy's)
 //! - Sizes round up to a multiple of [`ALLOCATION_UNIT`] (512) bytes; `malloc(0)`
@@ -19,8 +19,10 @@
 //!   backend allocation; with a key, only that arena's.
 //! - Limit ([`Pool::set_limit`], 0 = none): a miss that would take the reserved bytes
 //!   past the limit, or that the backend refuses as out of memory, releases all
-//!   cached whole chunks (every arena) and retries once; then it fails with
-//!   [`OutOfMemory`], which carries requested, in-use, cached and limit bytes.
+//!   cached whole chunks (every arena) and retries once; then it fails with the
+//!   crate's [`OutOfMemory`](crate::OutOfMemory), which carries requested, in-use,
+//!   cached and limit bytes and what refused (the limit, or the backend with the
+//!   driver's error it gave).
 //!
 //! # Data structure, and why
 //! Each arena is a lock (a spin lock, see `ArenaLock`) around a slab of chunk records (`Vec` + free list of
@@ -131,10 +133,12 @@ mod stats;
 mod stream_arena;
 mod table;
 
-pub use backend::{Backend, BackendCounters, BackendError, FakeBackend, HostBackend};
+pub use backend::{Backend, BackendError};
+#[cfg(any(test, feature = "test-util"))]
+pub use backend::{BackendCounters, FakeBackend, HostBackend};
 pub use block::Block;
 pub(crate) use block::{AtomicBlock, RawBlock};
-pub use error::{FreeError, MallocError, OutOfMemory};
+pub use error::{FreeError, MallocError};
 pub use limit::{limit_from_fraction, parse_limit};
 pub use pool::Pool;
 pub use stats::PoolStats;

@@ -18,7 +18,7 @@ use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::device::{get_device_id, Device};
-use crate::error::{Error, OutOfMemory, Result};
+use crate::error::{ArgumentKind, Error, OutOfMemory, OutOfMemoryCause, Result};
 use crate::memory::device_memory::{make_current_checked, BaseMemory};
 use crate::memory::MemoryPointer;
 use crate::stream::{current_stream_of, get_current_stream, AsStream, StreamRef};
@@ -29,7 +29,12 @@ pub const ROUND_SIZE: usize = 512;
 fn round_up(size: usize) -> Result<usize> {
     size.checked_add(ROUND_SIZE - 1)
         .map(|s| s / ROUND_SIZE * ROUND_SIZE)
-        .ok_or_else(|| Error::InvalidArgument(format!("size {size} is too large")))
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("size {size} is too large"),
+            )
+        })
 }
 
 /// Memory from a driver memory pool, freed on the stream it was allocated on.
@@ -174,11 +179,12 @@ fn async_oom(e: Error, size: usize, device: i32, pool: Option<&MemoryAsyncPool>)
         stat(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
     Error::OutOfMemory(Box::new(OutOfMemory {
         requested: size as u64,
+        rounded: Some(size as u64),
         device: Some(device),
         in_use: used,
         cached: reserved.saturating_sub(used),
         limit: None,
-        driver: Some(d),
+        cause: OutOfMemoryCause::Driver(d),
     }))
 }
 
@@ -391,11 +397,17 @@ impl MemoryAsyncPool {
     /// keeps the stream alive until it is freed on it.
     pub fn malloc_on(&self, size: usize, stream: &dyn AsStream) -> Result<MemoryPointer> {
         if stream.device_id() != self.inner.device {
-            return Err(Error::InvalidArgument(format!(
-                "stream of device {} used with the async pool of device {}",
-                stream.device_id(),
-                self.inner.device
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::WrongDevice {
+                    expected: self.inner.device,
+                    found: stream.device_id(),
+                },
+                format!(
+                    "stream of device {} used with the async pool of device {}",
+                    stream.device_id(),
+                    self.inner.device
+                ),
+            ));
         }
         let m = MemoryAsync::alloc(size, stream.as_stream_ref(), Some(self))?;
         Ok(MemoryPointer::from_memory(Arc::new(m)))
@@ -445,9 +457,10 @@ impl MemoryAsyncPool {
     /// Sets the release threshold to a fraction (0 to 1) of the device's memory.
     pub fn set_limit_fraction(&self, fraction: f64) -> Result<()> {
         if !(0.0..=1.0).contains(&fraction) {
-            return Err(Error::InvalidArgument(format!(
-                "limit fraction {fraction} is not between 0 and 1"
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("limit fraction {fraction} is not between 0 and 1"),
+            ));
         }
         let total = Device::new(self.inner.device)?.total_memory()?;
         self.set_limit((total as f64 * fraction) as u64)

@@ -10,7 +10,7 @@ use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::device::device_count;
-use crate::error::{Error, OutOfMemory, Result};
+use crate::error::{Error, OutOfMemory, OutOfMemoryCause, Result};
 use crate::memory::allocator::{CAllocator, ClosureAllocator};
 
 /// A range of device-accessible memory that lives as long as the object:
@@ -194,11 +194,12 @@ pub(crate) fn out_of_memory(
             let (in_use, cached, limit) = stats.unwrap_or((0, 0, None));
             Error::OutOfMemory(Box::new(OutOfMemory {
                 requested,
+                rounded: Some(requested),
                 device: Some(device),
                 in_use,
                 cached,
                 limit,
-                driver: Some(d),
+                cause: OutOfMemoryCause::Driver(d),
             }))
         }
         other => other,

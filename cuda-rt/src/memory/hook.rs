@@ -47,7 +47,7 @@ use std::marker::PhantomData;
 use std::panic::Location;
 use std::rc::Rc;
 
-use crate::error::{human_bytes, Error, Result};
+use crate::error::{human_bytes, ArgumentKind, Error, Result};
 
 /// Callbacks around pool mallocs and frees; every method has an empty default body,
 /// so a hook implements only what it needs. See the [module doc](self) for the order.
@@ -123,10 +123,13 @@ pub fn register_hook(name: impl Into<String>, hook: Rc<dyn MemoryHook>) -> Resul
     HOOKS.with(|h| {
         let mut h = h.borrow_mut();
         if h.iter().any(|(n, _)| *n == name) {
-            return Err(Error::InvalidArgument(format!(
-                "a memory hook named {name:?} is already registered on this thread; \
-                 hook names must be unique"
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::AlreadyExists,
+                format!(
+                    "a memory hook named {name:?} is already registered on this thread; \
+                     hook names must be unique"
+                ),
+            ));
         }
         Rc::make_mut(&mut h).push((name.clone(), hook));
         ACTIVE.with(|a| a.set(true));
@@ -413,7 +416,13 @@ mod tests {
         let g = register_hook("a", Rc::new(Nop)).unwrap();
         assert!(has_hooks());
         let e = register_hook("a", Rc::new(Nop)).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)));
+        assert!(matches!(
+            e,
+            Error::InvalidArgument {
+                kind: crate::error::ArgumentKind::AlreadyExists,
+                ..
+            }
+        ));
         assert!(e.to_string().contains("\"a\" is already registered"), "{e}");
         let g2 = register_hook("b", Rc::new(Nop)).unwrap();
         assert_eq!(hook_names(), ["a", "b"]);

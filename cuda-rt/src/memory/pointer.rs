@@ -27,7 +27,7 @@ use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::{make_current, primary};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, CaptureKind, Error, Result};
 use crate::memory::device_memory::{BaseMemory, Memory};
 use crate::memory::pod::{as_bytes, as_bytes_mut};
 use crate::memory::Pod;
@@ -158,10 +158,16 @@ impl MemoryPointer {
     /// A pointer `offset` bytes into `mem` (`offset <= mem.size()`).
     pub fn new(mem: Arc<dyn BaseMemory>, offset: usize) -> Result<MemoryPointer> {
         if offset > mem.size() {
-            return Err(Error::InvalidArgument(format!(
-                "offset {offset} is past the end of a memory of {} bytes",
-                mem.size()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: offset as u64,
+                    available: mem.size() as u64,
+                },
+                format!(
+                    "offset {offset} is past the end of a memory of {} bytes",
+                    mem.size()
+                ),
+            ));
         }
         let addr = mem.ptr() + offset as u64;
         Ok(MemoryPointer {
@@ -244,14 +250,20 @@ impl MemoryPointer {
             .checked_add_signed(delta)
             .filter(|&o| o <= self.m().size())
             .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "pointer arithmetic out of bounds: offset {} {} {} is outside the \
-                     memory's 0..={} bytes",
-                    self.offset,
-                    if delta < 0 { '-' } else { '+' },
-                    delta.unsigned_abs(),
-                    self.m().size()
-                ))
+                Error::invalid_argument(
+                    ArgumentKind::OutOfBounds {
+                        requested: delta.unsigned_abs() as u64,
+                        available: if delta < 0 { self.offset } else { self.size() } as u64,
+                    },
+                    format!(
+                        "pointer arithmetic out of bounds: offset {} {} {} is outside the \
+                         memory's 0..={} bytes",
+                        self.offset,
+                        if delta < 0 { '-' } else { '+' },
+                        delta.unsigned_abs(),
+                        self.m().size()
+                    ),
+                )
             })?;
         Ok(MemoryPointer {
             mem: Some(Arc::clone(self.m())),
@@ -262,15 +274,29 @@ impl MemoryPointer {
 
     /// The pointer `n` bytes further; an error past the end.
     pub fn checked_add(&self, n: usize) -> Result<MemoryPointer> {
-        let d = isize::try_from(n)
-            .map_err(|_| Error::InvalidArgument(format!("pointer offset {n} is too large")))?;
+        let d = isize::try_from(n).map_err(|_| {
+            Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: n as u64,
+                    available: self.size() as u64,
+                },
+                format!("pointer offset {n} is too large"),
+            )
+        })?;
         self.offset_by(d)
     }
 
     /// The pointer `n` bytes back; an error before the start.
     pub fn checked_sub(&self, n: usize) -> Result<MemoryPointer> {
-        let d = isize::try_from(n)
-            .map_err(|_| Error::InvalidArgument(format!("pointer offset {n} is too large")))?;
+        let d = isize::try_from(n).map_err(|_| {
+            Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: n as u64,
+                    available: self.offset as u64,
+                },
+                format!("pointer offset {n} is too large"),
+            )
+        })?;
         self.offset_by(-d)
     }
 
@@ -279,35 +305,53 @@ impl MemoryPointer {
 
     fn check_room(&self, what: &str, bytes: usize) -> Result<()> {
         if bytes > self.size() {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: {bytes} bytes do not fit: only {} bytes are left behind the pointer \
-                 {:#x} (offset {} of a memory of {} bytes)",
-                self.size(),
-                self.ptr(),
-                self.offset,
-                self.m().size()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: bytes as u64,
+                    available: self.size() as u64,
+                },
+                format!(
+                    "{what}: {bytes} bytes do not fit: only {} bytes are left behind the pointer \
+                     {:#x} (offset {} of a memory of {} bytes)",
+                    self.size(),
+                    self.ptr(),
+                    self.offset,
+                    self.m().size()
+                ),
+            ));
         }
         Ok(())
     }
 
     fn check_src_room(what: &str, src: &MemoryPointer, bytes: usize) -> Result<()> {
         if bytes > src.size() {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: the source has only {} bytes left behind {:#x}, {bytes} asked for",
-                src.size(),
-                src.ptr()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: bytes as u64,
+                    available: src.size() as u64,
+                },
+                format!(
+                    "{what}: the source has only {} bytes left behind {:#x}, {bytes} asked for",
+                    src.size(),
+                    src.ptr()
+                ),
+            ));
         }
         Ok(())
     }
 
     fn check_align(&self, what: &str, align: u64) -> Result<()> {
         if self.ptr() & (align - 1) != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: the pointer {:#x} is not {align}-byte aligned",
-                self.ptr()
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::Misaligned {
+                    address: self.ptr(),
+                    alignment: align,
+                },
+                format!(
+                    "{what}: the pointer {:#x} is not {align}-byte aligned",
+                    self.ptr()
+                ),
+            ));
         }
         Ok(())
     }
@@ -607,9 +651,13 @@ impl MemoryPointer {
     ) -> Result<()> {
         let width = fill.width();
         let bytes = count.checked_mul(width).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{what}: {count} elements of {width} bytes overflow"
-            ))
+            Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: (count as u64).saturating_mul(width as u64),
+                    available: self.size() as u64,
+                },
+                format!("{what}: {count} elements of {width} bytes overflow"),
+            )
         })?;
         self.check_room(what, bytes)?;
         if count == 0 {
@@ -728,11 +776,14 @@ fn sync_via(what: &str) -> Result<SyncVia> {
     }
     make_current(s.device_id())?;
     if is_capturing(&s)? {
-        return Err(Error::Capture(format!(
-            "{what} is synchronous and the current stream ({:#x}) is capturing a graph; \
-             use the _async form (or end the capture first)",
-            s.handle()
-        )));
+        return Err(Error::capture(
+            CaptureKind::Refused,
+            format!(
+                "{what} is synchronous and the current stream ({:#x}) is capturing a graph; \
+                 use the _async form (or end the capture first)",
+                s.handle()
+            ),
+        ));
     }
     Ok(SyncVia::Stream(s))
 }
@@ -743,11 +794,14 @@ fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<Stream
     let s = stream_or_current(stream);
     make_current(s.device_id())?;
     if s.handle() != LEGACY_DEFAULT_HANDLE && is_capturing(&s)? {
-        return Err(Error::Capture(format!(
-            "{what}: stream {:#x} is capturing a graph, and a graph cannot hold on to a \
-             borrowed host slice; copy from memory the graph owns instead",
-            s.handle()
-        )));
+        return Err(Error::capture(
+            CaptureKind::Refused,
+            format!(
+                "{what}: stream {:#x} is capturing a graph, and a graph cannot hold on to a \
+                 borrowed host slice; copy from memory the graph owns instead",
+                s.handle()
+            ),
+        ));
     }
     Ok(s)
 }
@@ -821,8 +875,22 @@ mod tests {
     #[test]
     fn arithmetic_past_either_end_is_an_error() {
         let p = fake(100);
-        assert!(matches!(&p + 101, Err(Error::InvalidArgument(_))));
-        assert!(matches!(&p - 1, Err(Error::InvalidArgument(_))));
+        let kind = |r: Result<MemoryPointer>| match r {
+            Err(Error::InvalidArgument { kind, .. }) => Some(kind),
+            _ => None,
+        };
+        let out = |requested, available| {
+            Some(ArgumentKind::OutOfBounds {
+                requested,
+                available,
+            })
+        };
+        assert_eq!(kind(&p + 101), out(101, 100));
+        assert_eq!(kind(&p - 1), out(1, 0));
+        assert_eq!(
+            kind(p.offset_by(60).and_then(|q| q.offset_by(41))),
+            out(41, 40)
+        );
         assert!(p.offset_by(isize::MIN).is_err());
         assert!(p.checked_add(usize::MAX).is_err());
         let q = p.offset_by(60).unwrap();
@@ -888,7 +956,16 @@ mod tests {
         ended.unwrap();
         crate::stream::set_current_stream(prev).unwrap();
         for e in errors {
-            assert!(matches!(e, Error::Capture(_)), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    Error::Capture {
+                        kind: CaptureKind::Refused,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
             assert!(e.to_string().contains("capturing a graph"), "{e}");
         }
         // after the capture, the same copies work

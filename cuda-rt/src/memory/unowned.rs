@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::fmt;
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::device_memory::{check_device, BaseMemory};
 
 /// Memory that another library owns (a framework's tensor, a foreign allocation):
@@ -46,20 +46,23 @@ impl UnownedMemory {
                 d
             }
             None if ptr == 0 => {
-                return Err(Error::InvalidArgument(
+                return Err(Error::invalid_argument(
+                    ArgumentKind::Null,
                     "UnownedMemory: a null pointer with no device given: the device cannot \
-                     be found from the pointer; pass the device"
-                        .into(),
+                     be found from the pointer; pass the device",
                 ))
             }
             None => {
                 crate::device::context::init()?;
                 cuda_sys::result::memory::pointer_get_device_ordinal(ptr).map_err(|e| {
-                    Error::InvalidArgument(format!(
-                        "UnownedMemory: CUDA does not know the pointer {ptr:#x} (plain host \
-                         memory, or freed?), so its device cannot be found; pass the device \
-                         ({e})"
-                    ))
+                    Error::invalid_argument(
+                        ArgumentKind::NotFound,
+                        format!(
+                            "UnownedMemory: CUDA does not know the pointer {ptr:#x} (plain host \
+                             memory, or freed?), so its device cannot be found; pass the device \
+                             ({e})"
+                        ),
+                    )
                 })?
             }
         };

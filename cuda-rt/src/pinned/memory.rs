@@ -14,7 +14,7 @@ use super::bytes;
 use super::fence::{Fence, Pending};
 use super::pool::PinnedCore;
 use crate::device::context;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, CaptureKind, Error, Result, StateKind};
 use crate::memory::arena::{AtomicBlock, Block, RawBlock};
 use crate::memory::{MemoryPointer, Pod};
 use crate::stream::{AsStream, LEGACY_DEFAULT_HANDLE};
@@ -90,9 +90,9 @@ impl PinnedMemory {
     /// otherwise.
     pub fn device_ptr(&self) -> Result<u64> {
         if !self.flags.contains(PinnedFlags::DEVICEMAP) {
-            return Err(Error::InvalidArgument(
-                "device_ptr: the pinned memory was not allocated with PinnedFlags::DEVICEMAP"
-                    .into(),
+            return Err(Error::invalid_argument(
+                ArgumentKind::Incompatible,
+                "device_ptr: the pinned memory was not allocated with PinnedFlags::DEVICEMAP",
             ));
         }
         context::make_current(crate::device::get_device_id())?;
@@ -400,10 +400,16 @@ impl PinnedMemoryPointer {
     /// it keeps the allocation alive. `n` past the end is an error.
     pub fn offset(&self, n: usize) -> Result<PinnedMemoryPointer> {
         if n > self.len {
-            return Err(Error::InvalidArgument(format!(
-                "pinned pointer offset {n} is past the end of its {}-byte range",
-                self.len
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: n as u64,
+                    available: self.len as u64,
+                },
+                format!(
+                    "pinned pointer offset {n} is past the end of its {}-byte range",
+                    self.len
+                ),
+            ));
         }
         self.slice(n, self.len - n)
     }
@@ -416,10 +422,16 @@ impl PinnedMemoryPointer {
                 offset: self.offset + start,
                 len,
             }),
-            _ => Err(Error::InvalidArgument(format!(
-                "pinned range {start}..{start}+{len} is outside its {}-byte range",
-                self.len
-            ))),
+            _ => Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: (start as u64).saturating_add(len as u64),
+                    available: self.len as u64,
+                },
+                format!(
+                    "pinned range {start}..{start}+{len} is outside its {}-byte range",
+                    self.len
+                ),
+            )),
         }
     }
 
@@ -433,11 +445,16 @@ impl PinnedMemoryPointer {
 
     fn unique_owner(&mut self, what: &str) -> Result<Option<&Owner>> {
         match &self.owner {
-            Some(o) if Arc::strong_count(o) != 1 => Err(Error::InvalidState(format!(
-                "{what} needs the only handle to this pinned memory, but {} other handles \
-                 (clones or offsets) share it",
-                Arc::strong_count(o) - 1
-            ))),
+            Some(o) if Arc::strong_count(o) != 1 => Err(Error::invalid_state(
+                StateKind::Shared {
+                    others: Arc::strong_count(o) - 1,
+                },
+                format!(
+                    "{what} needs the only handle to this pinned memory, but {} other handles \
+                     (clones or offsets) share it",
+                    Arc::strong_count(o) - 1
+                ),
+            )),
             o => Ok(o.as_deref()),
         }
     }
@@ -724,24 +741,40 @@ unsafe fn refuse_capture(what: &str, s: sys::CUstream, device: i32) -> Result<()
 
 #[cold]
 fn capturing(what: &str, s: sys::CUstream, device: i32) -> Error {
-    Error::Capture(format!(
-        "{what}: stream {:#x} of device {device} is capturing a graph, and an \
-         asynchronous pinned copy cannot be captured: every launch of the graph would \
-         copy to or from this pinned memory after it has gone back to its pool; copy on \
-         a stream that is not capturing, or end the capture first",
-        s as usize
-    ))
+    Error::capture(
+        CaptureKind::Refused,
+        format!(
+            "{what}: stream {:#x} of device {device} is capturing a graph, and an \
+             asynchronous pinned copy cannot be captured: every launch of the graph would \
+             copy to or from this pinned memory after it has gone back to its pool; copy on \
+             a stream that is not capturing, or end the capture first",
+            s as usize
+        ),
+    )
 }
 
 #[cold]
 fn misaligned<T>(addr: u64, len: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "pinned range at {addr:#x} of {len} bytes cannot be viewed as {} (size {}, \
-         alignment {})",
-        std::any::type_name::<T>(),
-        std::mem::size_of::<T>(),
-        std::mem::align_of::<T>()
-    ))
+    let alignment = std::mem::align_of::<T>() as u64;
+    let kind = if !addr.is_multiple_of(alignment) {
+        ArgumentKind::Misaligned {
+            address: addr,
+            alignment,
+        }
+    } else {
+        // Aligned, but the length is not a whole number of `T`s.
+        ArgumentKind::Incompatible
+    };
+    Error::invalid_argument(
+        kind,
+        format!(
+            "pinned range at {addr:#x} of {len} bytes cannot be viewed as {} (size {}, \
+             alignment {})",
+            std::any::type_name::<T>(),
+            std::mem::size_of::<T>(),
+            std::mem::align_of::<T>()
+        ),
+    )
 }
 
 /// Allocates `size` bytes of pinned memory from the current pinned allocator: the

@@ -64,7 +64,7 @@ pub use staging::{
     STAGING_BUFFERS,
 };
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::memory::MemoryPointer;
 
 /// The process-wide default pinned memory pool (created on first use).
@@ -133,9 +133,10 @@ pub(crate) fn with_current_allocator<R>(f: impl Fn(Option<&PinnedMemoryPool>) ->
 pub(crate) fn host_alloc(size: usize, flags: u32) -> Result<u64> {
     let p = cuda_sys::result::memory::host_alloc(size, flags)?;
     if p.is_null() {
-        return Err(Error::InvalidState(format!(
-            "cuMemHostAlloc({size}) succeeded but returned a null pointer"
-        )));
+        return Err(Error::invalid_state(
+            StateKind::Unexpected,
+            format!("cuMemHostAlloc({size}) succeeded but returned a null pointer"),
+        ));
     }
     Ok(p as u64)
 }
@@ -149,12 +150,18 @@ pub(crate) fn check_room(what: &str, side: &str, p: &MemoryPointer, bytes: usize
 
 #[cold]
 fn no_room(what: &str, side: &str, p: &MemoryPointer, bytes: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "{what}: {bytes} bytes do not fit: the device {side} has only {} bytes left behind \
-         the pointer {:#x} (offset {} of a memory of {} bytes)",
-        p.size(),
-        p.ptr(),
-        p.offset(),
-        p.mem().size()
-    ))
+    Error::invalid_argument(
+        ArgumentKind::OutOfBounds {
+            requested: bytes as u64,
+            available: p.size() as u64,
+        },
+        format!(
+            "{what}: {bytes} bytes do not fit: the device {side} has only {} bytes left behind \
+             the pointer {:#x} (offset {} of a memory of {} bytes)",
+            p.size(),
+            p.ptr(),
+            p.offset(),
+            p.mem().size()
+        ),
+    )
 }

@@ -62,8 +62,8 @@ impl Backend for PinnedBackend {
             .and_then(|()| super::host_alloc(size, self.flags.bits()));
         match r {
             Ok(a) => Ok(a),
-            Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
-                Err(BackendError::OutOfMemory)
+            Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(BackendError::OutOfMemory(Some(d)))
             }
             Err(e) => Err(BackendError::Other(Box::new(e))),
         }
@@ -324,13 +324,13 @@ impl PinnedMemoryPool {
     pub fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer> {
         match self.core().malloc(size) {
             Ok(block) => Ok(PinnedMemoryPointer::pooled(self.core(), block)),
-            Err(e) => Err(self.malloc_error(size, e)),
+            Err(e) => Err(self.malloc_error(e)),
         }
     }
 
     #[cold]
-    fn malloc_error(&self, size: usize, e: MallocError) -> Error {
-        pool_malloc_error(e, size, None, "pinned memory pool", || None)
+    fn malloc_error(&self, e: MallocError) -> Error {
+        pool_malloc_error(e, None, "pinned memory pool")
     }
 
     /// Gives `ptr` back (CuPy's `free`): the same as dropping it. The block returns

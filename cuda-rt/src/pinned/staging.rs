@@ -33,7 +33,7 @@ use super::bytes;
 use super::fence::{give_event, take_event};
 use super::PinnedMemoryPointer;
 use crate::device::context;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::MemoryPointer;
 use crate::stream::AsStream;
 
@@ -289,9 +289,10 @@ impl Workers {
 /// (fewer than `n` if spawning failed).
 pub fn set_staging_threads(n: usize) -> Result<usize> {
     if n == 0 || n > MAX_STAGING_THREADS {
-        return Err(Error::InvalidArgument(format!(
-            "staging threads must be between 1 and {MAX_STAGING_THREADS}, got {n}"
-        )));
+        return Err(Error::invalid_argument(
+            ArgumentKind::InvalidValue,
+            format!("staging threads must be between 1 and {MAX_STAGING_THREADS}, got {n}"),
+        ));
     }
     Ok(workers().resize(Some(n)))
 }
@@ -329,11 +330,17 @@ impl Drop for Drain<'_> {
 /// Copies `src` into `dst` (the same length) with the staging worker threads.
 pub fn parallel_memcpy(dst: &mut [u8], src: &[u8]) -> Result<()> {
     if dst.len() != src.len() {
-        return Err(Error::InvalidArgument(format!(
-            "parallel_memcpy: destination has {} bytes, source {}",
-            dst.len(),
-            src.len()
-        )));
+        return Err(Error::invalid_argument(
+            ArgumentKind::LengthMismatch {
+                expected: dst.len() as u64,
+                found: src.len() as u64,
+            },
+            format!(
+                "parallel_memcpy: destination has {} bytes, source {}",
+                dst.len(),
+                src.len()
+            ),
+        ));
     }
     if src.is_empty() {
         return Ok(());

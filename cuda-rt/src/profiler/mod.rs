@@ -36,7 +36,7 @@ use cuda_sys::result::profiler as raw;
 
 use crate::device::context::{make_current, MAX_DEVICES};
 use crate::device::get_device_id;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 
 /// Open [`ProfileGuard`]s per device, process-wide. The profiler is started when a
 /// device's count leaves 0 and stopped when it returns to 0, so scopes nest.
@@ -161,7 +161,12 @@ fn device_slot(device: i32) -> Result<usize> {
     usize::try_from(device)
         .ok()
         .filter(|&i| i < MAX_DEVICES)
-        .ok_or_else(|| Error::InvalidArgument(format!("device id {device} is out of range")))
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {device} is out of range"),
+            )
+        })
 }
 
 /// Runs `body` with the CUDA profiler on (CuPy's `with cupy.cuda.profile():`) and

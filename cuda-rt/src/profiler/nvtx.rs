@@ -8,7 +8,7 @@
 use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 
 /// An NVTX color, `0xAARRGGBB`. Any `u32` converts into one, so
 /// `range_push_color("x", 0xFF00FF00)` and `range_push_color("x", Color::GREEN)` agree.
@@ -154,9 +154,13 @@ fn interior_nul(text: &str) -> Error {
     let at = text.bytes().position(|b| b == 0).unwrap_or(0);
     let shown: String = text.chars().take(64).collect();
     let more = if shown.len() < text.len() { "..." } else { "" };
-    Error::InvalidArgument(format!(
-        "NVTX message has a NUL byte at offset {at}, which C strings cannot hold: {shown:?}{more}"
-    ))
+    Error::invalid_argument(
+        ArgumentKind::InteriorNul,
+        format!(
+            "NVTX message has a NUL byte at offset {at}, which C strings cannot hold: \
+             {shown:?}{more}"
+        ),
+    )
 }
 
 /// Opens an NVTX range on this thread (`nvtxRangePushEx`); [`range_pop`] closes the

@@ -1,21 +1,29 @@
-//! Where a [`Pool`](super::Pool) gets its memory: the [`Backend`] trait and two
-//! host backends, [`HostBackend`] (real host memory) and [`FakeBackend`] (address
-//! ranges only, for benches and large traces).
+//! Where a [`Pool`](super::Pool) gets its memory: the [`Backend`] trait and, with the
+//! feature `test-util` (tests, benches, Miri), two host backends: `HostBackend` (real
+//! host memory) and `FakeBackend` (address ranges only, for benches and large traces).
 
+#[cfg(any(test, feature = "test-util"))]
 use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::fmt;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+#[cfg(any(test, feature = "test-util"))]
+use std::sync::{Mutex, PoisonError};
 
+#[cfg(any(test, feature = "test-util"))]
 use super::ALLOCATION_UNIT;
+use crate::error::DriverError;
 
 /// Why a [`Backend`] could not allocate.
 #[derive(Debug)]
 pub enum BackendError {
-    /// The backend has no memory for the request. The pool releases its cached
-    /// blocks and retries once before reporting out of memory.
-    OutOfMemory,
+    /// The backend has no memory for the request: a backend over the CUDA driver
+    /// gives the driver's error, a host backend `None`. The pool releases its cached
+    /// blocks and retries once before reporting [`OutOfMemory`](crate::OutOfMemory),
+    /// which carries that error.
+    OutOfMemory(Option<DriverError>),
     /// Any other failure (a driver error, a bad context...). The pool gives it to
     /// the caller unchanged and does not retry.
     Other(Box<dyn StdError + Send + Sync + 'static>),
@@ -24,7 +32,8 @@ pub enum BackendError {
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BackendError::OutOfMemory => f.write_str("the backend is out of memory"),
+            BackendError::OutOfMemory(None) => f.write_str("the backend is out of memory"),
+            BackendError::OutOfMemory(Some(d)) => write!(f, "the backend is out of memory: {d}"),
             BackendError::Other(e) => write!(f, "the backend failed: {e}"),
         }
     }
@@ -33,22 +42,24 @@ impl fmt::Display for BackendError {
 impl StdError for BackendError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            BackendError::OutOfMemory => None,
+            BackendError::OutOfMemory(_) => None,
             BackendError::Other(e) => Some(&**e),
         }
     }
 }
 
 /// The source of memory of a [`Pool`](super::Pool): the CUDA front implements it over
-/// `cuMemAlloc`/`cuMemFree`, tests and benches use [`HostBackend`] or [`FakeBackend`].
+/// `cuMemAlloc`/`cuMemFree`, tests and benches use `HostBackend` or `FakeBackend`
+/// (feature `test-util`).
 ///
 /// The pool calls the backend on the thread that called `malloc` (or
 /// `free_all_blocks`, or drop), never while holding one of its own locks, so a
 /// backend may call back into the pool (for example a memory hook reading stats).
 pub trait Backend: Send + Sync {
     /// Allocates `size` bytes and returns the start address. `size` is always a
-    /// positive multiple of [`ALLOCATION_UNIT`]. The address must be non-zero and the
-    /// range `addr..addr + size` must not overlap any live allocation of this backend.
+    /// positive multiple of [`ALLOCATION_UNIT`](super::ALLOCATION_UNIT). The address
+    /// must be non-zero and the range `addr..addr + size` must not overlap any live
+    /// allocation of this backend.
     fn alloc(&self, size: usize) -> Result<u64, BackendError>;
 
     /// Gives back an allocation made by [`alloc`](Backend::alloc); `size` is the size
@@ -75,6 +86,7 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 }
 
 /// A snapshot of what a host backend has handed out.
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackendCounters {
     /// Bytes currently allocated and not yet freed.
@@ -97,6 +109,7 @@ pub struct BackendCounters {
 
 /// Shared accounting of the two host backends: live bytes against an optional
 /// capacity, plus failure injection.
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct Accounting {
     live_bytes: AtomicU64,
@@ -111,6 +124,7 @@ struct Accounting {
     fail_other: AtomicBool,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Accounting {
     fn reserve(&self, size: u64) -> Result<(), BackendError> {
         if self.fail_other.load(Ordering::Relaxed) {
@@ -133,7 +147,7 @@ impl Accounting {
             }
             Err(_) => {
                 self.oom_refusals.fetch_add(1, Ordering::Relaxed);
-                Err(BackendError::OutOfMemory)
+                Err(BackendError::OutOfMemory(None))
             }
         }
     }
@@ -161,6 +175,7 @@ impl Accounting {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -175,6 +190,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// in [`BackendCounters::bad_frees`]; whatever is still live when the backend is
 /// dropped is deallocated then. Optional capacity (out of memory past it) and failure
 /// injection let tests drive the pool's retry paths.
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 pub struct HostBackend {
     acct: Accounting,
@@ -182,6 +198,7 @@ pub struct HostBackend {
     live: Mutex<BTreeMap<u64, (usize, Vec<u8>)>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl HostBackend {
     /// A backend with no capacity limit.
     pub fn new() -> Self {
@@ -211,6 +228,7 @@ impl HostBackend {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Backend for HostBackend {
     fn alloc(&self, size: usize) -> Result<u64, BackendError> {
         const ALIGN: usize = ALLOCATION_UNIT;
@@ -223,7 +241,7 @@ impl Backend for HostBackend {
         let mut buf = Vec::<u8>::new();
         if buf.try_reserve_exact(room).is_err() {
             self.acct.unreserve(size as u64);
-            return Err(BackendError::OutOfMemory);
+            return Err(BackendError::OutOfMemory(None));
         }
         // The cast exposes the buffer's address, so callers may turn the `u64` back
         // into a pointer; moving `buf` into the map does not move its heap buffer.
@@ -253,6 +271,7 @@ impl Backend for HostBackend {
 /// mode only counts; [`FakeBackend::checked`] also records every live range, and a
 /// free that does not match one changes nothing and is counted in
 /// [`BackendCounters::bad_frees`].
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug)]
 pub struct FakeBackend {
     acct: Accounting,
@@ -260,12 +279,14 @@ pub struct FakeBackend {
     live: Option<Mutex<BTreeMap<u64, usize>>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Default for FakeBackend {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeBackend {
     /// First address handed out; any non-zero multiple of 512 would do.
     const BASE: u64 = 1 << 40;
@@ -304,6 +325,7 @@ impl FakeBackend {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Backend for FakeBackend {
     fn alloc(&self, size: usize) -> Result<u64, BackendError> {
         if size == 0 {

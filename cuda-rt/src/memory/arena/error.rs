@@ -1,6 +1,6 @@
-//! What can go wrong in a [`Pool`]: [`OutOfMemory`] (with the figures of the pool at
-//! the time), [`MallocError`], [`FreeError`] (which hands the refused block back), and
-//! the texts for the bookkeeping limits.
+//! What can go wrong in a [`Pool`]: [`MallocError`] (out of memory is the crate's
+//! [`OutOfMemory`], with the figures of the pool at the time), [`FreeError`] (which
+//! hands the refused block back), and the texts for the bookkeeping limits.
 //!
 //! [`Pool`]: super::Pool
 
@@ -8,60 +8,17 @@ use std::error::Error as StdError;
 use std::fmt;
 
 use super::Block;
-use crate::error::human_bytes;
-
-/// Out of memory: what was asked for and where the pool stood. The front turns it
-/// into the crate's `Error` (adding the device); [`Display`](fmt::Display) already
-/// says it in words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutOfMemory {
-    /// Bytes requested by the caller.
-    pub requested: u64,
-    /// The request rounded up to [`ALLOCATION_UNIT`] (`u64::MAX` if it overflowed).
-    ///
-    /// [`ALLOCATION_UNIT`]: super::ALLOCATION_UNIT
-    pub rounded: u64,
-    /// Bytes handed out by the pool (all arenas) when it gave up.
-    pub in_use: u64,
-    /// Bytes reserved from the backend but not handed out (split pieces that could
-    /// not be released) when it gave up.
-    pub cached: u64,
-    /// The limit in force, if any.
-    pub limit: Option<u64>,
-    /// `true` when the backend refused; `false` when the limit did.
-    pub backend_refused: bool,
-}
-
-impl fmt::Display for OutOfMemory {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "out of memory allocating {} ({} bytes): {} in use, {} cached (released and retried)",
-            human_bytes(self.rounded),
-            self.requested,
-            human_bytes(self.in_use),
-            human_bytes(self.cached),
-        )?;
-        match self.limit {
-            Some(l) => write!(f, ", limit {}", human_bytes(l))?,
-            None => write!(f, ", no limit")?,
-        }
-        if self.backend_refused {
-            write!(f, "; the backend has no more memory")?;
-        } else {
-            write!(f, "; the request would pass the limit")?;
-        }
-        Ok(())
-    }
-}
-
-impl StdError for OutOfMemory {}
+use crate::error::OutOfMemory;
 
 /// Why [`Pool::malloc`](super::Pool::malloc) failed.
 #[derive(Debug)]
 pub enum MallocError {
-    /// Out of memory after releasing the cache and retrying.
-    OutOfMemory(OutOfMemory),
+    /// Out of memory after releasing the cache and retrying: the crate's one
+    /// out-of-memory type, with the pool's figures, what refused (the limit, or the
+    /// backend and the driver's error it gave), and `device` left `None` (the pool
+    /// does not know where its memory lives; the device pool's front fills it in).
+    /// Boxed, so that a malloc's `Result` stays small.
+    OutOfMemory(Box<OutOfMemory>),
     /// The backend failed for another reason (not retried).
     Backend(Box<dyn StdError + Send + Sync + 'static>),
     /// The pool's bookkeeping is full: `u32` indices name arenas and the chunks of
@@ -84,7 +41,7 @@ impl fmt::Display for MallocError {
 impl StdError for MallocError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            MallocError::OutOfMemory(e) => Some(e),
+            MallocError::OutOfMemory(e) => Some(&**e),
             MallocError::Backend(e) => Some(&**e),
             MallocError::TooMany(_) => None,
         }

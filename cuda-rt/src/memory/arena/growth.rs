@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use super::bins::SlabFull;
 use super::error::TOO_MANY_CHUNKS;
 use super::stream_arena::Arena;
-use super::{Backend, BackendError, Block, MallocError, OutOfMemory, Pool};
+use super::{Backend, BackendError, Block, MallocError, Pool};
+use crate::error::{OutOfMemory, OutOfMemoryCause};
 
 impl<B: Backend> Pool<B> {
     /// A miss: new backend memory for `rounded` bytes, with the growth policy and the
@@ -28,7 +29,7 @@ impl<B: Backend> Pool<B> {
         }
         let mut retried = false;
         loop {
-            let (backend_refused, limit) = match self.try_grow(rounded) {
+            let (cause, limit) = match self.try_grow(rounded) {
                 Ok(addr) => {
                     let added = arena.lock().add_allocation(addr, rounded);
                     return match added {
@@ -39,8 +40,14 @@ impl<B: Backend> Pool<B> {
                         }
                     };
                 }
-                Err(Growth::Limit(limit)) => (false, limit),
-                Err(Growth::Backend(BackendError::OutOfMemory)) => (true, self.limit()),
+                Err(Growth::Limit(limit)) => (OutOfMemoryCause::Limit, limit),
+                Err(Growth::Backend(BackendError::OutOfMemory(driver))) => {
+                    let cause = match driver {
+                        Some(d) => OutOfMemoryCause::Driver(d),
+                        None => OutOfMemoryCause::Backend,
+                    };
+                    (cause, self.limit())
+                }
                 Err(Growth::Backend(BackendError::Other(e))) => {
                     return Err(MallocError::Backend(e));
                 }
@@ -48,8 +55,8 @@ impl<B: Backend> Pool<B> {
             if retried {
                 return Err(MallocError::OutOfMemory(self.oom(
                     requested,
-                    rounded,
-                    backend_refused,
+                    Some(rounded),
+                    cause,
                     limit,
                 )));
             }
@@ -71,7 +78,7 @@ impl<B: Backend> Pool<B> {
             .map_err(|_| Growth::Limit(limit))?;
         let Ok(len) = usize::try_from(size) else {
             self.reserved.fetch_sub(size, Ordering::AcqRel);
-            return Err(Growth::Backend(BackendError::OutOfMemory));
+            return Err(Growth::Backend(BackendError::OutOfMemory(None)));
         };
         match self.backend.alloc(len) {
             Ok(addr) => {
@@ -86,23 +93,27 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// The error for a request that failed under `limit` (0: none).
+    /// The error for a request of `requested` bytes (`rounded` up, `None` when
+    /// rounding overflowed) that `cause` refused under `limit` (0: none). The pool
+    /// does not know its device: `device` is `None` until a front fills it in.
+    #[cold]
     pub(super) fn oom(
         &self,
         requested: usize,
-        rounded: u64,
-        backend_refused: bool,
+        rounded: Option<u64>,
+        cause: OutOfMemoryCause,
         limit: u64,
-    ) -> OutOfMemory {
+    ) -> Box<OutOfMemory> {
         let s = self.stats();
-        OutOfMemory {
+        Box::new(OutOfMemory {
             requested: requested as u64,
             rounded,
+            device: None,
             in_use: s.used_bytes,
             cached: s.free_bytes,
             limit: (limit != 0).then_some(limit),
-            backend_refused,
-        }
+            cause,
+        })
     }
 }
 

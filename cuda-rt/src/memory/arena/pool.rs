@@ -12,6 +12,7 @@ use super::parked::Parked;
 use super::stream_arena::Arena;
 use super::table::Table;
 use super::{round_size, Backend, Block, FreeError, MallocError, RawBlock};
+use crate::error::OutOfMemoryCause;
 
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -116,8 +117,8 @@ impl<B: Backend> Pool<B> {
         let Some(rounded) = round_size(size) else {
             return Err(MallocError::OutOfMemory(self.oom(
                 size,
-                u64::MAX,
-                false,
+                None,
+                OutOfMemoryCause::Backend,
                 self.limit(),
             )));
         };

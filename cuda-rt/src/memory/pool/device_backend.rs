@@ -9,8 +9,6 @@ use crate::error::Error;
 use crate::memory::arena::{Backend, BackendError};
 use crate::memory::hook;
 
-use super::out_of_memory::LAST_DRIVER_OOM;
-
 /// `cuMemAlloc` / `cuMemFree` on one device (its primary context made current).
 #[derive(Debug)]
 pub(crate) struct DeviceBackend {
@@ -23,8 +21,7 @@ impl Backend for DeviceBackend {
         match r {
             Ok(p) => Ok(p),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                LAST_DRIVER_OOM.with(|c| c.set(Some(d)));
-                Err(BackendError::OutOfMemory)
+                Err(BackendError::OutOfMemory(Some(d)))
             }
             Err(e) => Err(BackendError::Other(Box::new(e))),
         }

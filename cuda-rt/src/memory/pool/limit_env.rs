@@ -1,6 +1,6 @@
 //! The default limit of a device's pool, from the environment ([`LIMIT_ENV`]).
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::arena::parse_limit;
 
 /// The environment variable with the default limit of each device's pool, read when
@@ -23,7 +23,9 @@ pub(crate) fn limit_from_env(
     } else {
         0
     };
-    parse_limit(v, total).map_err(|e| Error::InvalidArgument(format!("{LIMIT_ENV}: {e}")))
+    parse_limit(v, total).map_err(|e| {
+        Error::invalid_argument(ArgumentKind::InvalidValue, format!("{LIMIT_ENV}: {e}"))
+    })
 }
 
 pub(super) fn device_total_memory(device: i32) -> Result<u64> {
@@ -53,14 +55,20 @@ mod tests {
         assert_eq!(limit_from_env(Some("4096"), no_device).unwrap(), 4096);
         for bad in ["-1", "150%", "lots", "1.5"] {
             let e = limit_from_env(Some(bad), total).unwrap_err();
-            assert!(matches!(e, Error::InvalidArgument(_)));
+            assert!(matches!(
+                e,
+                Error::InvalidArgument {
+                    kind: ArgumentKind::InvalidValue,
+                    ..
+                }
+            ));
             assert!(e.to_string().contains(LIMIT_ENV), "{e}");
         }
         // A failing device query for a percentage is the caller's error.
-        let fail = || Err(Error::NotAvailable("no driver".into()));
+        let fail = || Err(Error::NotAvailable(crate::error::Unavailable::NoDevice));
         assert!(matches!(
             limit_from_env(Some("10%"), fail),
-            Err(Error::NotAvailable(_))
+            Err(Error::NotAvailable(crate::error::Unavailable::NoDevice))
         ));
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::device::context::MAX_DEVICES;
 use crate::device::get_device_id;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::allocator::Allocate;
 use crate::memory::arena::parked;
 use crate::memory::arena::{limit_from_fraction, PoolStats};
@@ -76,9 +76,10 @@ impl DevicePools {
             .ok()
             .and_then(|d| self.per_device.get(d))
         else {
-            return Err(Error::InvalidArgument(format!(
-                "device id {device}: cuda-rt addresses at most {MAX_DEVICES} devices"
-            )));
+            return Err(Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("device id {device}: cuda-rt addresses at most {MAX_DEVICES} devices"),
+            ));
         };
         let env = std::env::var(LIMIT_ENV).ok();
         let limit = limit_from_env(env.as_deref(), || device_total_memory(device))?;
@@ -253,7 +254,7 @@ impl MemoryPool {
         );
         match r {
             Ok((mem, ptr)) => Ok(MemoryPointer::from_memory_at(mem, ptr)),
-            Err(e) => Err(malloc_error(e, size, device)),
+            Err(e) => Err(malloc_error(e, device)),
         }
     }
 
@@ -349,8 +350,12 @@ impl MemoryPool {
     pub fn set_limit_fraction(&self, fraction: f64) -> Result<()> {
         let dev = get_device_id();
         let core = self.pools().get_or_create(dev)?;
-        let bytes = limit_from_fraction(fraction, device_total_memory(dev)?)
-            .map_err(|e| Error::InvalidArgument(format!("set_limit_fraction: {e}")))?;
+        let bytes = limit_from_fraction(fraction, device_total_memory(dev)?).map_err(|e| {
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!("set_limit_fraction: {e}"),
+            )
+        })?;
         core.pool.set_limit(bytes);
         Ok(())
     }

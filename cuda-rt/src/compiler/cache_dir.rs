@@ -301,6 +301,15 @@ pub fn write_atomically_in(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<(
     write_via(dir, &temporary_name(name)?, name, bytes)
 }
 
+/// Writes `bytes` to `dir/name` through a temporary file with an unpredictable name in
+/// the same folder (created exclusively, mode 0600, not following links) and a rename,
+/// so the file appears whole or not at all and no link planted in the folder is written
+/// through. `dir` is created (mode 0700) if missing, and refused, with an error saying
+/// why, unless it is the user's and writable by nobody else ([`check_dir`]).
+pub fn write_file_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomically_in(dir, name, bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,8 @@ use std::sync::{Mutex, OnceLock};
 use cuda_sys::loader::search::{candidates, SearchEnv, Source};
 use cuda_sys::loader::specs::NVRTC;
 
-use super::cache::{write_file_atomically, Fnv128};
+use super::cache_dir::write_file_atomically;
+use super::hash::Fnv128;
 use super::nvrtc;
 use crate::error::Result;
 

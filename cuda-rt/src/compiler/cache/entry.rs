@@ -1,0 +1,312 @@
+//! One kernel-cache entry: its key ([`cache_key`], a 128-bit FNV-1a hash of everything
+//! that changes the compile) and its file format ([`encode`] / [`decode`]): a header
+//! (magic, format version, key, architecture, output kind, payload length), the
+//! payload (image, log, lowered names) and a tag, BLAKE3 in keyed mode over everything
+//! before it. Pure functions: no file, no NVRTC.
+
+use std::fmt;
+
+use super::super::cache_dir::{CacheSecret, TAG_LEN};
+use super::super::hash::Fnv128;
+use super::super::{Compiled, Output, Program, Target};
+
+/// The disk cache key of a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheKey(pub [u8; 16]);
+
+impl CacheKey {
+    /// 32 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The cache file's name: `<hex>.kcache`.
+    pub fn file_name(&self) -> String {
+        format!("{}.kcache", self.to_hex())
+    }
+}
+
+/// The key of `program` compiled for `target` by NVRTC `nvrtc_version`. Pure.
+pub fn cache_key(program: &Program<'_>, target: Target, nvrtc_version: (i32, i32)) -> CacheKey {
+    let mut h = Fnv128::new();
+    h.field(b"cuda-rt kernel cache key v1");
+    h.field(program.source.as_bytes());
+    h.field(program.source_name.as_bytes());
+    h.write(&(program.options.len() as u64).to_le_bytes());
+    for o in program.options {
+        h.field(o.as_bytes());
+    }
+    h.write(&(program.name_expressions.len() as u64).to_le_bytes());
+    for e in program.name_expressions {
+        h.field(e.as_bytes());
+    }
+    h.write(&target.arch.to_le_bytes());
+    h.write(&[output_byte(target.output)]);
+    h.write(&nvrtc_version.0.to_le_bytes());
+    h.write(&nvrtc_version.1.to_le_bytes());
+    CacheKey(h.finish())
+}
+
+/// First bytes of every cache file.
+pub const MAGIC: [u8; 8] = *b"CURTKC\r\n";
+/// Version of the file layout: 2 ends with a keyed tag (1, before it, with an unkeyed
+/// FNV-1a checksum, is read as a miss).
+pub const FORMAT_VERSION: u32 = 2;
+/// magic 8, version 4, key 16, arch 4, output 1, pad 3, payload length 8.
+const HEADER_LEN: usize = 44;
+
+fn output_byte(o: Output) -> u8 {
+    match o {
+        Output::Cubin => 0,
+        Output::Ptx => 1,
+    }
+}
+
+/// Why a cache file was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeError(pub &'static str);
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unusable kernel cache file: {}", self.0)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// The bytes of a cache file for `compiled` under `key`, tagged with `secret`. Pure.
+pub fn encode(secret: &CacheSecret, key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(compiled.image.len() + compiled.log.len() + 64);
+    put_bytes(&mut payload, &compiled.image);
+    put_bytes(&mut payload, compiled.log.as_bytes());
+    payload.extend_from_slice(&(compiled.lowered_names.len() as u64).to_le_bytes());
+    for (e, l) in &compiled.lowered_names {
+        put_bytes(&mut payload, e.as_bytes());
+        put_bytes(&mut payload, l.as_bytes());
+    }
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TAG_LEN);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&key.0);
+    out.extend_from_slice(&compiled.arch.to_le_bytes());
+    out.extend_from_slice(&[output_byte(compiled.output), 0, 0, 0]);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    let tag = secret.tag(&out);
+    out.extend_from_slice(&tag);
+    out
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Reads a cache file's bytes back, checking magic, version, key, length and the tag
+/// (keyed with `secret`) before anything of the payload is used. Never panics,
+/// whatever the bytes. Pure.
+pub fn decode(secret: &CacheSecret, bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
+    if bytes.len() < HEADER_LEN + TAG_LEN {
+        return Err(DecodeError("shorter than its header (truncated)"));
+    }
+    if bytes[..8] != MAGIC {
+        return Err(DecodeError("bad magic"));
+    }
+    let mut r = Reader {
+        b: &bytes[8..HEADER_LEN],
+    };
+    if r.u32()? != FORMAT_VERSION {
+        return Err(DecodeError("another format version"));
+    }
+    if r.take(16)? != key.0 {
+        return Err(DecodeError("written for another key"));
+    }
+    let arch = r.u32()?;
+    let output = match r.take(4)?[0] {
+        0 => Output::Cubin,
+        1 => Output::Ptx,
+        _ => return Err(DecodeError("unknown output kind")),
+    };
+    let payload_len = r.u64()?;
+    let body_end = bytes.len() - TAG_LEN;
+    if payload_len != (body_end - HEADER_LEN) as u64 {
+        return Err(DecodeError("length does not match (truncated or extended)"));
+    }
+    if !secret.verify(&bytes[..body_end], &bytes[body_end..]) {
+        return Err(DecodeError(
+            "the tag does not verify (corrupt, or not written by this user's cache)",
+        ));
+    }
+    let mut r = Reader {
+        b: &bytes[HEADER_LEN..body_end],
+    };
+    let image = r.bytes()?.to_vec();
+    let log = r.string()?;
+    let n = r.u64()?;
+    let mut lowered_names = Vec::new();
+    for _ in 0..n {
+        lowered_names.push((r.string()?, r.string()?));
+    }
+    if !r.b.is_empty() {
+        return Err(DecodeError("trailing bytes in the payload"));
+    }
+    Ok(Compiled {
+        image,
+        output,
+        arch,
+        log,
+        lowered_names,
+    })
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.b.len() < n {
+            return Err(DecodeError("a field runs past the end"));
+        }
+        let (head, tail) = self.b.split_at(n);
+        self.b = tail;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = usize::try_from(self.u64()?).map_err(|_| DecodeError("field too long"))?;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError("text is not UTF-8"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compiler::cache_dir::SECRET_LEN;
+
+    const SECRET: CacheSecret = CacheSecret::from_bytes([0x5a; SECRET_LEN]);
+
+    fn sample() -> Compiled {
+        Compiled {
+            image: vec![0x7f, b'E', b'L', b'F', 1, 2, 3],
+            output: Output::Cubin,
+            arch: 90,
+            log: "warning: something".into(),
+            lowered_names: vec![("k<float>".into(), "_Z1kIfEvv".into())],
+        }
+    }
+
+    #[test]
+    fn cache_key_is_stable_across_builds() {
+        let p = Program::new("extern \"C\" __global__ void k() {}").options(&["-O3"]);
+        let k = cache_key(&p, Target::cubin(90), (13, 0));
+        // A fixed value, computed independently (Python) from the documented layout:
+        // changing it invalidates every user's disk cache.
+        assert_eq!(k.to_hex(), "9beb27f2cc1d8f7a4a72e0170780c523");
+        assert_eq!(k.to_hex().len(), 32);
+        assert_eq!(k.file_name(), format!("{}.kcache", k.to_hex()));
+    }
+
+    #[test]
+    fn cache_key_changes_with_every_input() {
+        let base = Program::new("src")
+            .options(&["-a"])
+            .name_expressions(&["f<int>"]);
+        let k = |p: &Program<'_>, t: Target, v: (i32, i32)| cache_key(p, t, v);
+        let k0 = k(&base, Target::cubin(90), (13, 0));
+        assert_ne!(k0, k(&base.options(&["-b"]), Target::cubin(90), (13, 0)));
+        assert_ne!(
+            k0,
+            k(&base.options(&["-a", ""]), Target::cubin(90), (13, 0))
+        );
+        assert_ne!(
+            k0,
+            k(
+                &Program {
+                    source: "src2",
+                    ..base
+                },
+                Target::cubin(90),
+                (13, 0)
+            )
+        );
+        assert_ne!(
+            k0,
+            k(&base.name_expressions(&[]), Target::cubin(90), (13, 0))
+        );
+        assert_ne!(k0, k(&base.source_name("x.cu"), Target::cubin(90), (13, 0)));
+        assert_ne!(k0, k(&base, Target::cubin(80), (13, 0)));
+        assert_ne!(k0, k(&base, Target::ptx(90), (13, 0)));
+        assert_ne!(k0, k(&base, Target::cubin(90), (12, 9)));
+        // Field boundaries matter: ["ab"] is not ["a", "b"].
+        assert_ne!(
+            k(&base.options(&["ab"]), Target::cubin(90), (13, 0)),
+            k(&base.options(&["a", "b"]), Target::cubin(90), (13, 0))
+        );
+    }
+
+    #[test]
+    fn encode_decode_round_trips() {
+        let key = CacheKey([7; 16]);
+        let c = sample();
+        assert_eq!(decode(&SECRET, &encode(&SECRET, &key, &c), &key), Ok(c));
+    }
+
+    #[test]
+    fn every_truncation_is_a_decode_error() {
+        let key = CacheKey([1; 16]);
+        let bytes = encode(&SECRET, &key, &sample());
+        for n in 0..bytes.len() {
+            assert!(
+                decode(&SECRET, &bytes[..n], &key).is_err(),
+                "truncated at {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_flipped_byte_is_a_decode_error() {
+        let key = CacheKey([1; 16]);
+        let bytes = encode(&SECRET, &key, &sample());
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x20;
+            assert!(decode(&SECRET, &b, &key).is_err(), "flip at {i}");
+        }
+    }
+
+    #[test]
+    fn a_file_for_another_key_is_a_miss() {
+        let bytes = encode(&SECRET, &CacheKey([1; 16]), &sample());
+        assert_eq!(
+            decode(&SECRET, &bytes, &CacheKey([2; 16])),
+            Err(DecodeError("written for another key"))
+        );
+    }
+
+    #[test]
+    fn an_entry_tagged_with_another_secret_is_a_miss() {
+        let key = CacheKey([3; 16]);
+        let mut forged = sample();
+        forged.image = b"\x7fELF attacker's cubin".to_vec();
+        let bytes = encode(&CacheSecret::from_bytes([0xa5; SECRET_LEN]), &key, &forged);
+        assert_eq!(
+            decode(&SECRET, &bytes, &key),
+            Err(DecodeError(
+                "the tag does not verify (corrupt, or not written by this user's cache)"
+            ))
+        );
+    }
+}
