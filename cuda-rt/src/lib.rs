@@ -19,7 +19,6 @@
 
 pub mod compiler;
 pub mod device;
-pub(crate) mod driver;
 pub mod env;
 pub mod error;
 pub mod event;
