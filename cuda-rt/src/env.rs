@@ -3,14 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use cuda_sys::CudaVersion;
+use cuda_sys::{result, CudaVersion};
 
-use crate::driver;
 use crate::error::{Error, Result, StateKind};
 
 /// The CUDA version the driver supports (`cuDriverGetVersion`), e.g. 13.0.
 pub fn driver_version() -> Result<CudaVersion> {
-    let v = driver::version()?;
+    let v = result::version()?;
     CudaVersion::from_int(v).ok_or_else(|| {
         Error::invalid_state(
             StateKind::Unexpected,
@@ -49,7 +48,7 @@ pub fn runtime_library_path() -> Result<String> {
 
 /// Where the driver library was loaded from.
 pub fn driver_library_path() -> Result<String> {
-    Ok(driver::api()?.library().path().to_string())
+    Ok(result::api()?.library().path().to_string())
 }
 
 /// The CUDA toolkit folder, as CuPy finds it: `CUDA_PATH` if that folder exists, else

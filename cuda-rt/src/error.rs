@@ -55,28 +55,9 @@ use cuda_sys::{CudaVersion, LoadError, LoadErrorKind};
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A CUDA driver error: the call that failed and the driver's name and description of
-/// the code, e.g. `cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY: out of memory`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DriverError {
-    /// The driver call that failed.
-    pub call: &'static str,
-    /// The raw result code.
-    pub code: CUresult,
-    /// `CUDA_ERROR_...`.
-    pub name: &'static str,
-    /// The driver's description, e.g. `out of memory`.
-    pub description: &'static str,
-}
-
-impl fmt::Display for DriverError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} failed: {}: {}",
-            self.call, self.name, self.description
-        )
-    }
-}
+/// the code, e.g. `cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY: out of memory`. It is
+/// the checked layer's own error, [`cuda_sys::result::DriverError`].
+pub use cuda_sys::result::DriverError;
 
 /// Out of memory, with the numbers that explain it: the one out-of-memory type of
 /// cuda-rt, for device and pinned pools (and the [`arena`](crate::memory::arena)
@@ -529,6 +510,54 @@ impl Error {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Error::OutOfMemory(_))
             || self.driver_code() == Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    }
+}
+
+impl From<DriverError> for Error {
+    #[inline]
+    fn from(e: DriverError) -> Self {
+        Error::Driver(e)
+    }
+}
+
+impl From<cuda_sys::result::NvrtcError> for Error {
+    fn from(e: cuda_sys::result::NvrtcError) -> Self {
+        Error::Compile(CompileError {
+            call: e.call,
+            code: e.code.0 as i32,
+            name: match e.name {
+                Some(name) => name.to_owned(),
+                None => format!("NVRTC error {}", e.code.0),
+            },
+            source_name: None,
+            log: String::new(),
+        })
+    }
+}
+
+impl From<cuda_sys::result::LibraryError> for Error {
+    fn from(e: cuda_sys::result::LibraryError) -> Self {
+        Error::Library {
+            call: e.call,
+            status: e.status,
+            name: e.name,
+        }
+    }
+}
+
+/// The checked layer's errors (`cuda_sys::result`) as cuda-rt's, so that `?` works on
+/// its calls.
+impl From<cuda_sys::result::Error> for Error {
+    #[inline]
+    fn from(e: cuda_sys::result::Error) -> Self {
+        match e {
+            cuda_sys::result::Error::Driver(d) => Error::Driver(d),
+            cuda_sys::result::Error::Load(l) => Error::Load(l),
+            cuda_sys::result::Error::Nvrtc(n) => n.into(),
+            cuda_sys::result::Error::Library(l) => l.into(),
+            // `non_exhaustive`: an error of a later cuda-sys, in its own words.
+            other => Error::invalid_state(StateKind::Unexpected, other.to_string()),
+        }
     }
 }
 

@@ -10,9 +10,11 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::context::make_current;
-use crate::driver::{self, sys};
 use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::stream::{get_current_stream, AsStream};
 
@@ -188,7 +190,9 @@ impl Drop for CacheGuard {
             c.state.set(EXITING);
             // At thread exit an error leaves nothing to do.
             c.drain(|h| {
-                let _ = driver::event::destroy(h as sys::CUevent);
+                // SAFETY: a cached handle belongs to the cache alone (its event was
+                // dropped or its fence gave it back), and draining empties the cache.
+                let _ = unsafe { result::event::destroy(h as sys::CUevent) };
             });
         });
     }
@@ -293,7 +297,7 @@ impl Event {
     pub fn from_ipc_handle(handle: &IpcEventHandle) -> Result<Event> {
         let device = get_device_id();
         make_current(device)?;
-        let h = driver::event::ipc_open_handle(handle.as_bytes())?;
+        let h = result::event::ipc_open_event_handle(handle.as_bytes())?;
         Ok(Event {
             handle: h as usize,
             device,
@@ -384,7 +388,10 @@ impl Event {
         {
             make_current(dev)?;
         }
-        driver::event::record(self.as_raw(), s)?;
+        // SAFETY: the event is live while `self` is; the stream is live while `stream`
+        // is borrowed (`AsStream`), of the event's device (checked above), and a
+        // default stream's context was made current above.
+        unsafe { result::event::record(self.as_raw(), s) }?;
         self.recorded.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -394,8 +401,9 @@ impl Event {
         if !self.is_recorded() {
             return Ok(());
         }
-        driver::event::synchronize(self.as_raw())
-            .map_err(|e| crate::graph::explain(e, "Event::synchronize"))
+        // SAFETY: the event is live while `self` is.
+        unsafe { result::event::synchronize(self.as_raw()) }
+            .map_err(|e| crate::graph::explain(e.into(), "Event::synchronize"))
     }
 
     /// `true` when the event's last record has completed (or it was never recorded),
@@ -405,7 +413,8 @@ impl Event {
         if !self.is_recorded() {
             return Ok(true);
         }
-        driver::event::query(self.as_raw())
+        // SAFETY: the event is live while `self` is.
+        Ok(unsafe { result::event::query(self.as_raw()) }?)
     }
 
     /// CuPy's `Event.done`: the same as [`query`](Event::query).
@@ -429,9 +438,10 @@ impl Event {
                  Event::new(_, true, true)",
             ));
         }
-        Ok(IpcEventHandle(driver::event::ipc_get_handle(
-            self.as_raw(),
-        )?))
+        // SAFETY: the event is live while `self` is.
+        Ok(IpcEventHandle(unsafe {
+            result::event::ipc_get_event_handle(self.as_raw())
+        }?))
     }
 }
 
@@ -484,7 +494,7 @@ pub(crate) fn give_raw(device: i32, flags: EventFlags, handle: usize) {
 #[inline(never)]
 fn create_uncached(device: i32, flags: EventFlags) -> Result<usize> {
     make_current(device)?;
-    Ok(driver::event::create(flags.bits())? as usize)
+    Ok(result::event::create(flags.bits())? as usize)
 }
 
 /// Destroys a handle the cache did not keep.
@@ -492,7 +502,10 @@ fn create_uncached(device: i32, flags: EventFlags) -> Result<usize> {
 #[inline(never)]
 fn destroy_uncached(handle: usize) {
     // An error here (a context torn down at exit) leaves nothing to clean up.
-    let _ = driver::event::destroy(handle as sys::CUevent);
+    // SAFETY: the callers hand over a handle nothing holds any more (its `Event`
+    // dropped, or its fence gave it back) and that the cache did not keep: destroyed
+    // once, here.
+    let _ = unsafe { result::event::destroy(handle as sys::CUevent) };
 }
 
 #[inline]
@@ -540,7 +553,10 @@ pub fn get_elapsed_time(start: &Event, end: &Event) -> Result<f32> {
             ),
         ));
     }
-    match driver::event::elapsed_ms(start.as_raw(), end.as_raw()) {
+    // SAFETY: both events are live while borrowed, and of the same device (checked
+    // above).
+    match unsafe { result::event::elapsed_time(start.as_raw(), end.as_raw()) }.map_err(Error::from)
+    {
         Err(e) if e.driver_code() == Some(sys::CUresult::CUDA_ERROR_NOT_READY) => {
             Err(Error::invalid_state(
                 StateKind::NotReady,

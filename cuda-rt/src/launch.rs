@@ -59,7 +59,10 @@
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
-use crate::driver::{context::make_current, launch as dl, sys};
+use cuda_sys::driver as sys;
+use cuda_sys::result::launch as dl;
+
+use crate::device::context::make_current;
 use crate::error::{ArgumentKind, Error, Result};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};
@@ -237,9 +240,33 @@ pub unsafe trait KernelArg {
 /// the kernel would dereference.
 pub unsafe trait PlainData: Copy {}
 
-// The impls for primitives, pointers and arrays, and the blanket `KernelArg` impl for
-// plain data, live in the driver layer (crate::driver::launch) with the crate's other
-// `unsafe`.
+// Primitives, pointers and arrays are plain data, and plain data is a kernel argument.
+
+// SAFETY: `&self` points to `size_of::<T>()` bytes of plain data.
+unsafe impl<T: PlainData> KernelArg for T {
+    #[inline(always)]
+    fn param_ptr(&self) -> *mut c_void {
+        self as *const T as *mut c_void
+    }
+    #[inline(always)]
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
+}
+
+macro_rules! plain {
+    ($($t:ty),*) => { $(
+        // SAFETY: a primitive: its bytes are its C layout.
+        unsafe impl PlainData for $t {}
+    )* };
+}
+plain!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64, bool);
+// SAFETY: a pointer is passed by value as its address (a device or managed pointer).
+unsafe impl<T> PlainData for *const T {}
+// SAFETY: as above.
+unsafe impl<T> PlainData for *mut T {}
+// SAFETY: an array of plain data is plain data (for use inside structs).
+unsafe impl<T: PlainData, const N: usize> PlainData for [T; N] {}
 
 /// A launch attribute for [`Function::launch_ex`] (`cuLaunchKernelEx`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,12 +426,13 @@ impl Function {
         make_current(self.device_id())?;
         let cfg = config.to_raw(stream.as_raw(), &mut raw[..attributes.len()]);
         // SAFETY: the function's module is alive (self holds it) and its context
-        // current; the stream belongs to the device (checked); `ptrs` holds one pointer
-        // per argument, each alive for the call, count and sizes checked where the
-        // driver can tell; `cfg.attrs` covers `numAttrs` initialised entries. That the
-        // arguments match the kernel and the memory they name is valid and race-free
-        // until the kernel completes is the caller's guarantee (see `# Safety`).
-        unsafe { dl::launch_ex(&cfg, self.as_raw(), ptrs) }
+        // current; the stream is live while borrowed (`AsStream`) and belongs to the
+        // device (checked); `ptrs` holds one pointer per argument, each alive for the
+        // call, count and sizes checked where the driver can tell; `cfg.attrs` covers
+        // `numAttrs` initialised entries. That the arguments match the kernel and the
+        // memory they name is valid and race-free until the kernel completes is the
+        // caller's guarantee (see `# Safety`).
+        Ok(unsafe { dl::launch_kernel_ex(&cfg, self.as_raw(), ptrs) }?)
     }
 
     /// Launches with raw parameter pointers on `stream` (which must belong to the
@@ -433,10 +461,11 @@ impl Function {
         self.check_stream(stream)?;
         make_current(self.device_id())?;
         // SAFETY: the module is alive (self holds it) and its context current; the
-        // stream belongs to the device (checked); the parameter pointers, and the memory
-        // the kernel reaches through them, are the caller's guarantee (see `# Safety`).
-        unsafe {
-            dl::launch(
+        // stream is live while borrowed (`AsStream`) and belongs to the device
+        // (checked); the parameter pointers, and the memory the kernel reaches through
+        // them, are the caller's guarantee (see `# Safety`).
+        Ok(unsafe {
+            dl::launch_kernel(
                 self.as_raw(),
                 config.grid.to_array(),
                 config.block.to_array(),
@@ -444,7 +473,7 @@ impl Function {
                 stream.as_raw(),
                 params.as_mut_ptr(),
             )
-        }
+        }?)
     }
 
     /// # Safety
@@ -463,13 +492,14 @@ impl Function {
         make_current(self.device_id())?;
         let (grid, block) = (config.grid.to_array(), config.block.to_array());
         // SAFETY: the function's module is alive (self holds it) and its context
-        // current; the stream belongs to the device (checked); `ptrs` holds one pointer
-        // per argument, each alive for the call, with count and sizes checked where the
-        // driver can tell. That the arguments match the kernel and the memory they name
-        // is valid and race-free until the kernel completes is the caller's guarantee.
-        unsafe {
+        // current; the stream is live while borrowed (`AsStream`) and belongs to the
+        // device (checked); `ptrs` holds one pointer per argument, each alive for the
+        // call, with count and sizes checked where the driver can tell. That the
+        // arguments match the kernel and the memory they name is valid and race-free
+        // until the kernel completes is the caller's guarantee.
+        Ok(unsafe {
             match kind {
-                Kind::Plain => dl::launch(
+                Kind::Plain => dl::launch_kernel(
                     self.as_raw(),
                     grid,
                     block,
@@ -477,7 +507,7 @@ impl Function {
                     stream.as_raw(),
                     ptrs,
                 ),
-                Kind::Cooperative => dl::launch_cooperative(
+                Kind::Cooperative => dl::launch_cooperative_kernel(
                     self.as_raw(),
                     grid,
                     block,
@@ -486,7 +516,7 @@ impl Function {
                     ptrs,
                 ),
             }
-        }
+        }?)
     }
 
     #[inline]
@@ -629,6 +659,18 @@ mod tests {
         assert_eq!((c.grid.x, c.block.x), (4, 256));
         let c = LaunchConfig::for_num_elems_with_block(0, 128);
         assert_eq!(c.grid.x, 1);
+    }
+
+    #[test]
+    fn cluster_attribute_sets_id_and_dims() {
+        let a = LaunchAttribute::ClusterDim(Dim3::new(2, 1, 1)).to_raw();
+        assert_eq!(
+            a.id,
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        );
+        // SAFETY: the cluster variant was written.
+        let d = unsafe { a.value.clusterDim };
+        assert_eq!((d.x, d.y, d.z), (2, 1, 1));
     }
 
     #[test]

@@ -20,7 +20,6 @@
 pub mod buffer;
 pub mod compiler;
 pub mod device;
-pub(crate) mod driver;
 pub mod env;
 pub mod error;
 pub mod event;

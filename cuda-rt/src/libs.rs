@@ -12,10 +12,12 @@
 
 use std::cell::RefCell;
 
+use cuda_sys::result::{
+    cublas as rblas, curand as rrand, cusolver as rsolver, cusparse as rsparse,
+};
 use cuda_sys::{cublas, curand, cusolver, cusparse};
 
-use crate::driver::context::{make_current, MAX_DEVICES};
-use crate::driver::libs as raw;
+use crate::device::context::{make_current, MAX_DEVICES};
 use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::stream::{get_current_stream, AsStream, StreamRef};
 
@@ -30,31 +32,51 @@ enum Lib {
 const LIBS: usize = 4;
 
 impl Lib {
+    /// A new handle of this library in the current context.
     fn create(self) -> Result<usize> {
         Ok(match self {
-            Lib::Cublas => raw::cublas_create()? as usize,
-            Lib::Cusolver => raw::cusolver_dn_create()? as usize,
-            Lib::Cusparse => raw::cusparse_create()? as usize,
-            Lib::Curand => raw::curand_create_generator()? as usize,
+            Lib::Cublas => rblas::create()? as usize,
+            Lib::Cusolver => rsolver::dn_create()? as usize,
+            Lib::Cusparse => rsparse::create()? as usize,
+            Lib::Curand => {
+                rrand::create_generator(curand::curandRngType::CURAND_RNG_PSEUDO_DEFAULT)? as usize
+            }
         })
     }
 
-    fn destroy(self, h: usize) -> Result<()> {
-        match self {
-            Lib::Cublas => raw::cublas_destroy(h as cublas::cublasHandle_t),
-            Lib::Cusolver => raw::cusolver_dn_destroy(h as cusolver::cusolverDnHandle_t),
-            Lib::Cusparse => raw::cusparse_destroy(h as cusparse::cusparseHandle_t),
-            Lib::Curand => raw::curand_destroy_generator(h as curand::curandGenerator_t),
-        }
+    /// Destroys handle `h` of this library.
+    ///
+    /// # Safety
+    /// `h` came from [`Lib::create`] of this library, is destroyed once and not used
+    /// afterwards.
+    unsafe fn destroy(self, h: usize) -> Result<()> {
+        // SAFETY: see `# Safety`.
+        Ok(unsafe {
+            match self {
+                Lib::Cublas => rblas::destroy(h as cublas::cublasHandle_t),
+                Lib::Cusolver => rsolver::dn_destroy(h as cusolver::cusolverDnHandle_t),
+                Lib::Cusparse => rsparse::destroy(h as cusparse::cusparseHandle_t),
+                Lib::Curand => rrand::destroy_generator(h as curand::curandGenerator_t),
+            }
+        }?)
     }
 
-    fn set_stream(self, h: usize, s: usize) -> Result<()> {
-        match self {
-            Lib::Cublas => raw::cublas_set_stream(h as cublas::cublasHandle_t, s),
-            Lib::Cusolver => raw::cusolver_dn_set_stream(h as cusolver::cusolverDnHandle_t, s),
-            Lib::Cusparse => raw::cusparse_set_stream(h as cusparse::cusparseHandle_t, s),
-            Lib::Curand => raw::curand_set_stream(h as curand::curandGenerator_t, s),
-        }
+    /// Makes handle `h` of this library run on stream `s` (a `CUstream` as an integer,
+    /// which is the runtime's `cudaStream_t`).
+    ///
+    /// # Safety
+    /// `h` came from [`Lib::create`] of this library and is live; `s` is a live stream
+    /// (or a default-stream handle) of the handle's context.
+    unsafe fn set_stream(self, h: usize, s: usize) -> Result<()> {
+        // SAFETY: see `# Safety`.
+        Ok(unsafe {
+            match self {
+                Lib::Cublas => rblas::set_stream(h as cublas::cublasHandle_t, s as _),
+                Lib::Cusolver => rsolver::dn_set_stream(h as cusolver::cusolverDnHandle_t, s as _),
+                Lib::Cusparse => rsparse::set_stream(h as cusparse::cusparseHandle_t, s as _),
+                Lib::Curand => rrand::set_stream(h as curand::curandGenerator_t, s as _),
+            }
+        }?)
     }
 
     const ALL: [Lib; LIBS] = [Lib::Cublas, Lib::Cusolver, Lib::Cusparse, Lib::Curand];
@@ -83,7 +105,10 @@ impl Drop for Handles {
                     // Libraries free their workspace in the device's context. At thread
                     // exit an error leaves nothing to do.
                     let _ = make_current(device as i32);
-                    let _ = lib.destroy(h);
+                    // SAFETY: a handle this thread's table created, destroyed once, as
+                    // the table goes at thread exit (handles must not be used after
+                    // their thread exited, as the module docs say).
+                    let _ = unsafe { lib.destroy(h) };
                 }
             }
         }
@@ -125,7 +150,10 @@ fn handle(lib: Lib, stream: StreamRef) -> Result<usize> {
                 slot.stream = 0;
             }
             if slot.stream != s {
-                lib.set_stream(slot.handle, s)?;
+                // SAFETY: the handle is this thread's, created above or earlier and
+                // live until the thread exits; the stream is live while `stream` (a
+                // `StreamRef`) is, of the handle's device.
+                unsafe { lib.set_stream(slot.handle, s) }?;
                 slot.stream = s;
             }
             Ok(slot.handle)

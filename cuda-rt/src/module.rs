@@ -21,15 +21,16 @@
 //! # Ok(()) }
 //! ```
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CString};
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use cuda_sys::CudaVersion;
+use cuda_sys::driver as sys;
+use cuda_sys::{result, CudaVersion};
 
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::{self, context::make_current, module as drv_module, sys};
 use crate::error::{ArgumentKind, Error, Result, UnsupportedKind};
 
 /// ELF magic: a cubin.
@@ -70,7 +71,9 @@ impl Drop for ModuleInner {
     fn drop(&mut self) {
         // Unloading needs the module's context; errors at exit leave nothing to do.
         if make_current(self.device).is_ok() {
-            let _ = drv_module::unload(self.handle as sys::CUmodule);
+            // SAFETY: the module is owned by this value, unloaded once, here, when the
+            // last `Module`, `Function` and graph node keeping it are gone.
+            let _ = unsafe { result::module::unload(self.handle as sys::CUmodule) };
         }
     }
 }
@@ -114,13 +117,16 @@ impl Module {
     /// Loads an image on `device`.
     pub(crate) fn load_data_on(device: i32, image: &[u8]) -> Result<Module> {
         make_current(device)?;
+        // SAFETY (both calls): PTX ends with a NUL byte (added here when missing); a
+        // cubin or fatbin is read as far as its own headers say, which is trusted (the
+        // driver takes no length).
         let handle = if ImageKind::detect(image) == ImageKind::Ptx && image.last() != Some(&0) {
             let mut owned = Vec::with_capacity(image.len() + 1);
             owned.extend_from_slice(image);
             owned.push(0);
-            drv_module::load_data(&owned)?
+            unsafe { load_image(&owned) }?
         } else {
-            drv_module::load_data(image)?
+            unsafe { load_image(image) }?
         };
         Ok(Module {
             inner: Arc::new(ModuleInner {
@@ -148,9 +154,11 @@ impl Module {
     /// The kernel `name` (a C name, or a lowered C++ name). An unknown name is an error
     /// naming it and, on drivers that can list them (CUDA 12.4+), the module's kernels.
     pub fn get_function(&self, name: &str) -> Result<Function> {
-        let c = drv_module::c_name("kernel", name)?;
+        let c = c_name("kernel", name)?;
         make_current(self.inner.device)?;
-        match drv_module::get_function(self.as_raw(), &c) {
+        // SAFETY: the module is owned by `self`, loaded until its last holder goes; its
+        // context was made current above.
+        match unsafe { result::module::get_function(self.as_raw(), &c) }.map_err(Error::from) {
             Ok(f) => Ok(Function::new(self.inner.clone(), f, name)),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => {
                 let mut msg = format!(
@@ -174,7 +182,13 @@ impl Module {
     /// The names of the module's kernels (CUDA 12.4+ drivers).
     pub fn function_names(&self) -> Result<Vec<String>> {
         make_current(self.inner.device)?;
-        let mut names = drv_module::function_names(self.as_raw())?;
+        // SAFETY: the module is owned by `self` and loaded; its context is current.
+        let funcs = unsafe { result::module::enumerate_functions(self.as_raw()) }?;
+        let mut names = funcs
+            .into_iter()
+            // SAFETY: functions of that module, loaded while `self` is borrowed.
+            .map(|f| Ok(unsafe { result::module::func_get_name(f) }?))
+            .collect::<Result<Vec<_>>>()?;
         names.sort();
         Ok(names)
     }
@@ -182,9 +196,10 @@ impl Module {
     /// Device address and size in bytes of the `__device__` or `__constant__`
     /// variable `name`.
     pub fn get_global(&self, name: &str) -> Result<(u64, usize)> {
-        let c = drv_module::c_name("global variable", name)?;
+        let c = c_name("global variable", name)?;
         make_current(self.inner.device)?;
-        match drv_module::get_global(self.as_raw(), &c) {
+        // SAFETY: the module is owned by `self` and loaded; its context is current.
+        match unsafe { result::module::get_global(self.as_raw(), &c) }.map_err(Error::from) {
             Ok((p, n)) => Ok((p, n)),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(
                 Error::invalid_argument(ArgumentKind::NotFound, format!(
@@ -319,27 +334,55 @@ impl Function {
     #[inline]
     fn params(&self) -> &std::result::Result<Box<[usize]>, Box<Error>> {
         self.inner.params.get_or_init(|| {
-            drv_module::param_sizes(self.as_raw()).ok_or_else(|| Box::new(self.params_unknown()))
+            self.query_param_sizes()
+                .ok_or_else(|| Box::new(self.params_unknown()))
         })
+    }
+
+    /// The sizes of the kernel's parameters (`cuFuncGetParamInfo`, CUDA 12.4+, asked
+    /// index by index until the driver says there is none), or `None` when the driver
+    /// cannot tell.
+    #[cold]
+    fn query_param_sizes(&self) -> Option<Box<[usize]>> {
+        let mut sizes = Vec::new();
+        loop {
+            // SAFETY: the function belongs to a module this function keeps loaded.
+            match unsafe { result::module::func_get_param_info(self.as_raw(), sizes.len()) } {
+                Ok((_, size)) => sizes.push(size),
+                // An index past the last parameter.
+                Err(result::Error::Driver(d))
+                    if d.code == sys::CUresult::CUDA_ERROR_INVALID_VALUE =>
+                {
+                    return Some(sizes.into_boxed_slice())
+                }
+                Err(_) => return None,
+            }
+            if sizes.len() > 4096 {
+                return None;
+            }
+        }
     }
 
     /// Why the driver could not report the parameters (once per function).
     #[cold]
     fn params_unknown(&self) -> Error {
-        let entry_point = driver::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok());
-        params_unknown(self.name(), driver::version().ok(), entry_point)
+        let entry_point = result::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok());
+        params_unknown(self.name(), result::version().ok(), entry_point)
     }
 
     /// One attribute by the driver's raw enum value.
     pub fn attribute_raw(&self, attr: sys::CUfunction_attribute) -> Result<i32> {
         make_current(self.inner.device)?;
-        drv_module::attribute(self.as_raw(), attr)
+        // SAFETY: the function belongs to a module this function keeps loaded; its
+        // context is current.
+        Ok(unsafe { result::module::func_get_attribute(self.as_raw(), attr) }?)
     }
 
     /// Sets one attribute by the driver's raw enum value (CUDA allows only a few).
     pub fn set_attribute_raw(&self, attr: sys::CUfunction_attribute, value: i32) -> Result<()> {
         make_current(self.inner.device)?;
-        drv_module::set_attribute(self.as_raw(), attr, value)
+        // SAFETY: as in `attribute_raw`.
+        Ok(unsafe { result::module::func_set_attribute(self.as_raw(), attr, value) }?)
     }
 
     /// Every attribute (CuPy's `Function.attributes`).
@@ -400,7 +443,14 @@ impl Function {
             )
         })?;
         make_current(self.inner.device)?;
-        drv_module::max_active_blocks_per_sm(self.as_raw(), block, dynamic_shared_bytes)
+        // SAFETY: as in `attribute_raw`.
+        Ok(unsafe {
+            result::module::occupancy_max_active_blocks_per_multiprocessor(
+                self.as_raw(),
+                block,
+                dynamic_shared_bytes,
+            )
+        }?)
     }
 
     /// The block size that maximises occupancy, and the smallest grid that fills the
@@ -418,8 +468,14 @@ impl Function {
             )
         })?;
         make_current(self.inner.device)?;
-        let (grid, block) =
-            drv_module::max_potential_block_size(self.as_raw(), dynamic_shared_bytes, limit)?;
+        // SAFETY: as in `attribute_raw`.
+        let (grid, block) = unsafe {
+            result::module::occupancy_max_potential_block_size(
+                self.as_raw(),
+                dynamic_shared_bytes,
+                limit,
+            )
+        }?;
         Ok((grid.max(0) as u32, block.max(0) as u32))
     }
 
@@ -428,7 +484,8 @@ impl Function {
     pub fn max_potential_cluster_size(&self, config: &crate::launch::LaunchConfig) -> Result<i32> {
         make_current(self.inner.device)?;
         let cfg = config.to_raw(std::ptr::null_mut(), &mut []);
-        drv_module::max_potential_cluster_size(self.as_raw(), &cfg)
+        // SAFETY: as in `attribute_raw`; `cfg` has no attributes (null, count 0).
+        Ok(unsafe { result::module::occupancy_max_potential_cluster_size(self.as_raw(), &cfg) }?)
     }
 }
 
@@ -471,7 +528,54 @@ fn params_unknown(kernel: &str, driver_version: Option<i32>, entry_point: bool) 
 /// `test-util`).
 #[cfg(feature = "test-util")]
 pub fn driver_reports_param_sizes() -> bool {
-    driver::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok())
+    result::api().is_ok_and(|a| a.cuFuncGetParamInfo().is_ok())
+}
+
+/// A `CString` for a symbol name, or an error naming it.
+fn c_name(what: &str, name: &str) -> Result<CString> {
+    CString::new(name).map_err(|_| {
+        Error::invalid_argument(
+            ArgumentKind::InteriorNul,
+            format!("{what} name {name:?} contains a NUL byte"),
+        )
+    })
+}
+
+/// Size of the JIT error log buffer handed to `cuModuleLoadDataEx`.
+const JIT_LOG_BYTES: usize = 8192;
+
+/// Loads a PTX, cubin or fatbin image in the current context (`cuModuleLoadDataEx`).
+/// On failure the JIT error log, if any, is appended to the message.
+///
+/// # Safety
+/// `image` is a complete image: PTX ending with a NUL byte, or a whole cubin or fatbin.
+unsafe fn load_image(image: &[u8]) -> Result<sys::CUmodule> {
+    let mut log = vec![0u8; JIT_LOG_BYTES];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), JIT_LOG_BYTES as *mut c_void];
+    // SAFETY: the image is complete (caller); the log buffer holds JIT_LOG_BYTES bytes,
+    // the size passed with it (by value, as CUDA wants), and outlives the call.
+    match unsafe { result::module::load_data_ex(image.as_ptr().cast(), &mut options, &mut values) }
+    {
+        Ok(module) => Ok(module),
+        Err(result::Error::Driver(d)) => {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            let text = String::from_utf8_lossy(&log[..end]);
+            let text = text.trim();
+            if text.is_empty() {
+                Err(Error::Driver(d))
+            } else {
+                Err(Error::invalid_argument(
+                    ArgumentKind::Other,
+                    format!("loading the module image failed: {d}; JIT log:\n{text}"),
+                ))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

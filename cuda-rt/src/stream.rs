@@ -29,9 +29,11 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::context::make_current;
-use crate::driver::{self, sys};
 use crate::error::{ArgumentKind, CaptureKind, DriverError, Error, Result, StateKind};
 use crate::event::Event;
 use crate::graph::{self, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
@@ -62,7 +64,10 @@ fn context_for<S: AsStream + ?Sized>(s: &S) -> Result<()> {
 /// Refuses host closures on a capturing stream: a captured host node may run once per
 /// graph launch (or never), which a `FnOnce` closure cannot honour.
 fn refuse_capture<S: AsStream + ?Sized>(s: &S, what: &str) -> Result<()> {
-    if driver::stream::is_capturing(s.as_raw())? {
+    // SAFETY: the stream is live while `s` is borrowed ("Who keeps a stream alive"
+    // above).
+    let status = unsafe { result::stream::is_capturing(s.as_raw()) }?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
         return Err(Error::capture(
             CaptureKind::Refused,
             format!(
@@ -109,14 +114,20 @@ pub trait AsStream: sealed::Sealed {
     /// says the capture is now invalid.
     fn synchronize(&self) -> Result<()> {
         context_for(self)?;
-        driver::stream::synchronize(self.as_raw()).map_err(|e| graph::explain(e, "synchronize"))
+        // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
+        // above), and its context is current (`context_for`).
+        unsafe { result::stream::synchronize(self.as_raw()) }
+            .map_err(|e| graph::explain(e.into(), "synchronize"))
     }
 
     /// `true` when all work queued on the stream is done, `false` while some is
     /// pending (`cuStreamQuery`).
     fn query(&self) -> Result<bool> {
         context_for(self)?;
-        driver::stream::query(self.as_raw()).map_err(|e| graph::explain(e, "query"))
+        // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
+        // above), and its context is current (`context_for`).
+        unsafe { result::stream::query(self.as_raw()) }
+            .map_err(|e| graph::explain(e.into(), "query"))
     }
 
     /// CuPy's `Stream.done`: the same as [`query`](AsStream::query).
@@ -143,7 +154,10 @@ pub trait AsStream: sealed::Sealed {
             return Ok(());
         }
         context_for(self)?;
-        driver::stream::wait_event(self.as_raw(), event.as_raw())
+        // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
+        // above), and its context is current (`context_for`).
+        // The event is live while `event` is borrowed (an `Event` destroys it on drop).
+        Ok(unsafe { result::stream::wait_event(self.as_raw(), event.as_raw()) }?)
     }
 
     /// Runs `f` on a driver thread once all work queued before it on this stream is
@@ -158,7 +172,9 @@ pub trait AsStream: sealed::Sealed {
     {
         context_for(self)?;
         refuse_capture(self, "launch_host_func")?;
-        driver::stream::launch_host_func(self.as_raw(), f)
+        // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
+        // above), and its context is current (`context_for`).
+        Ok(unsafe { result::stream::launch_host_func(self.as_raw(), f) }?)
     }
 
     /// CuPy's `Stream.add_callback`: runs `f` in stream order with the stream's status
@@ -172,7 +188,9 @@ pub trait AsStream: sealed::Sealed {
     {
         context_for(self)?;
         refuse_capture(self, "add_callback")?;
-        driver::stream::add_callback(self.as_raw(), f)
+        // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
+        // above), and its context is current (`context_for`).
+        Ok(unsafe { result::stream::add_callback(self.as_raw(), f) }?)
     }
 
     /// Runs `f` on a driver thread in stream order, like
@@ -268,7 +286,7 @@ fn check_device(s: &StreamRef) -> Result<()> {
 /// How many host functions or stream callbacks have panicked in this process (each
 /// panic was caught; the default panic hook printed it).
 pub fn host_func_panic_count() -> u64 {
-    driver::stream::host_fn_panic_count()
+    result::stream::host_fn_panic_count()
 }
 
 /// A shared reference to a stream: what [`get_current_stream`] and
@@ -401,7 +419,9 @@ impl Drop for StreamInner {
     fn drop(&mut self) {
         // The driver defers destruction until queued work finishes; an error here
         // (a context torn down at exit) leaves nothing to clean up.
-        let _ = driver::stream::destroy(self.handle as sys::CUstream);
+        // SAFETY: the stream is owned (created here, or given with `from_raw`'s
+        // promise that nobody else destroys it) and destroyed once, by its last holder.
+        let _ = unsafe { result::stream::destroy(self.handle as sys::CUstream) };
     }
 }
 
@@ -428,19 +448,21 @@ impl Stream {
         } else {
             sys::CUstream_flags::CU_STREAM_DEFAULT.0
         };
-        let s = driver::stream::create(flags, priority)?;
+        let s = result::stream::create_with_priority(flags, priority)?;
         // The priority the driver asked for is clamped to the device's range; read back
         // what it kept. When the stream is at default priority, 0 is what it kept.
         let actual = if priority == 0 {
             Ok(0)
         } else {
-            driver::stream::priority(s)
+            // SAFETY: `s` was just created and is live.
+            unsafe { result::stream::get_priority(s) }
         };
         let actual = match actual {
             Ok(p) => p,
             Err(e) => {
-                let _ = driver::stream::destroy(s);
-                return Err(e);
+                // SAFETY: `s` is ours, not handed out, destroyed once here.
+                let _ = unsafe { result::stream::destroy(s) };
+                return Err(e.into());
             }
         };
         Ok(Stream::wrap(s, device, non_blocking, actual))
@@ -474,8 +496,10 @@ impl Stream {
     /// `handle` must be a live stream of `device` (not a default stream) that nobody
     /// else destroys.
     pub unsafe fn from_raw(handle: sys::CUstream, device: i32) -> Result<Stream> {
-        let flags = driver::stream::flags(handle)?;
-        let priority = driver::stream::priority(handle)?;
+        // SAFETY: `handle` is a live stream (this function's caller promises it).
+        let flags = unsafe { result::stream::get_flags(handle) }?;
+        // SAFETY: as above.
+        let priority = unsafe { result::stream::get_priority(handle) }?;
         let non_blocking = flags & sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0;
         Ok(Stream::wrap(handle, device, non_blocking, priority))
     }
@@ -517,7 +541,9 @@ impl Stream {
     /// Blocks until all work queued on the stream is done (see
     /// [`AsStream::synchronize`]).
     pub fn synchronize(&self) -> Result<()> {
-        driver::stream::synchronize(self.as_raw()).map_err(|e| graph::explain(e, "synchronize"))
+        // SAFETY: the stream is owned, live while `self` is; it carries its context.
+        unsafe { result::stream::synchronize(self.as_raw()) }
+            .map_err(|e| graph::explain(e.into(), "synchronize"))
     }
 }
 
@@ -588,13 +614,16 @@ impl ExternalStream {
     /// The stream's priority, asked of the driver.
     pub fn priority(&self) -> Result<i32> {
         context_for(self)?;
-        driver::stream::priority(self.as_raw())
+        // SAFETY: `from_raw`'s caller promised the stream lives as long as `self` is
+        // used; its context is current (`context_for`).
+        Ok(unsafe { result::stream::get_priority(self.as_raw()) }?)
     }
 
     /// Whether the stream is non-blocking, asked of the driver.
     pub fn is_non_blocking(&self) -> Result<bool> {
         context_for(self)?;
-        let f = driver::stream::flags(self.as_raw())?;
+        // SAFETY: as in `priority`.
+        let f = unsafe { result::stream::get_flags(self.as_raw()) }?;
         Ok(f & sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0)
     }
 }

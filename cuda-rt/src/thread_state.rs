@@ -5,7 +5,7 @@
 //!   per-thread device, 0 until set). `device` reads and sets it.
 //! - the context cache: the context cuda-rt last made current on this thread and the
 //!   device whose primary context that is, so the hot paths skip `cuCtxSetCurrent`
-//!   when it is current already. `driver::context` reads and sets it; code outside
+//!   when it is current already. `device::context` reads and sets it; code outside
 //!   cuda-rt that changes the context calls
 //!   [`forget_current_context`](crate::device::forget_current_context).
 //! - the current stream of each device: its raw handle (what the hot paths read) and

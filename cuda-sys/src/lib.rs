@@ -34,6 +34,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! On top of the raw declarations, [`result`] is the checked layer: one thin function
+//! per call, named after it and grouped by area (`result::stream::synchronize`,
+//! `result::memory::alloc_async`), returning `Result` with an error that names the call
+//! and says what its status means. It is what cuda-rt is built on, and what other
+//! bindings layered on cuda-sys can use.
+//!
 //! Enums are bindgen's new-type style (`CUresult(u32)` with associated constants), so a
 //! value a newer library returns that these headers do not know is still valid.
 
@@ -42,6 +48,7 @@
 #[macro_use]
 mod dylib;
 pub mod loader;
+pub mod result;
 mod version;
 
 #[path = "generated/driver_versions.rs"]
@@ -49,6 +56,11 @@ mod version;
 mod generated_versions;
 
 pub use loader::{LoadError, LoadErrorKind};
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 pub use version::{format_version, CudaVersion};
 
 macro_rules! generated_module {

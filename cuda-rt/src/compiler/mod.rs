@@ -24,6 +24,7 @@
 pub mod cache;
 mod cache_dir;
 mod hash;
+mod nvrtc;
 pub mod nvrtc_facts;
 mod raw;
 
@@ -32,8 +33,7 @@ use std::sync::OnceLock;
 pub use cache::{KernelCache, KernelCacheStats};
 pub use raw::{RawKernel, RawModule};
 
-use crate::driver::context::MAX_DEVICES;
-use crate::driver::nvrtc;
+use crate::device::context::MAX_DEVICES;
 use crate::error::{ArgumentKind, Error, Result, StateKind, UnsupportedKind};
 
 /// The source name used when none is given (it appears in compile logs).

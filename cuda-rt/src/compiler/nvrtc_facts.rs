@@ -21,7 +21,7 @@ use cuda_sys::loader::specs::NVRTC;
 
 use super::cache_dir::write_file_atomically;
 use super::hash::Fnv128;
-use crate::driver::nvrtc;
+use super::nvrtc;
 use crate::error::Result;
 
 /// NVRTC's answers to the questions the kernel cache asks.

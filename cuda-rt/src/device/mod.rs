@@ -11,6 +11,7 @@
 mod attribute;
 #[rustfmt::skip]
 mod attribute_table;
+pub(crate) mod context;
 
 use std::marker::PhantomData;
 use std::sync::OnceLock;
@@ -21,10 +22,12 @@ pub use attribute_table::DeviceAttribute;
 /// outside cuda-rt changed the thread's current context with the raw driver API; the
 /// next cuda-rt call that needs a context asks the driver again.
 pub fn forget_current_context() {
-    crate::driver::context::forget_current();
+    context::forget_current();
 }
 
-use crate::driver::{self, sys};
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
 use crate::error::{ArgumentKind, Error, Result, Unavailable};
 
 /// Number of CUDA devices (asked once, then cached: the driver fixes it at `cuInit`).
@@ -32,7 +35,12 @@ use crate::error::{ArgumentKind, Error, Result, Unavailable};
 /// a plain yes or no.
 pub fn device_count() -> Result<i32> {
     static COUNT: OnceLock<Result<i32>> = OnceLock::new();
-    COUNT.get_or_init(driver::device::count).clone()
+    COUNT
+        .get_or_init(|| {
+            context::init()?;
+            Ok(result::device::get_count()?)
+        })
+        .clone()
 }
 
 /// Whether CUDA can be used: a driver loads, initialises and reports at least one
@@ -77,7 +85,7 @@ impl Device {
         }
         Ok(Device {
             id,
-            handle: driver::device::get(id)?,
+            handle: result::device::get(id)?,
         })
     }
 
@@ -89,7 +97,14 @@ impl Device {
     /// The device whose PCI bus id is `bus_id` (e.g. `0000:3B:00.0`, as
     /// [`Device::pci_bus_id`] gives it; the driver also accepts `3b:00.0`).
     pub fn from_pci_bus_id(bus_id: &str) -> Result<Device> {
-        let handle = driver::device::by_pci_bus_id(bus_id)?;
+        context::init()?;
+        let c = std::ffi::CString::new(bus_id).map_err(|_| {
+            Error::invalid_argument(
+                ArgumentKind::InteriorNul,
+                format!("PCI bus id {bus_id:?} contains a NUL byte"),
+            )
+        })?;
+        let handle = result::device::get_by_pci_bus_id(&c)?;
         for id in 0..device_count()? {
             let d = Device::new(id)?;
             if d.handle == handle {
@@ -106,13 +121,15 @@ impl Device {
     /// pinned host memory mapped for a device), asked of the driver with
     /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)`.
     pub fn from_pointer(ptr: u64) -> Result<Device> {
-        let id = driver::device::pointer_device_ordinal(ptr).map_err(|e| match e {
-            Error::Driver(d) => Error::invalid_argument(
-                ArgumentKind::NotFound,
-                format!("pointer {ptr:#x} is not memory CUDA knows ({d})"),
-            ),
-            other => other,
-        })?;
+        context::init()?;
+        let id =
+            result::memory::pointer_get_device_ordinal(ptr).map_err(|e| match Error::from(e) {
+                Error::Driver(d) => Error::invalid_argument(
+                    ArgumentKind::NotFound,
+                    format!("pointer {ptr:#x} is not memory CUDA knows ({d})"),
+                ),
+                other => other,
+            })?;
         Device::new(id)
     }
 
@@ -128,13 +145,13 @@ impl Device {
 
     /// The device's primary context (retained once per process, never released).
     pub fn primary_context(&self) -> Result<sys::CUcontext> {
-        driver::context::primary(self.id)
+        context::primary(self.id)
     }
 
     /// Makes this the thread's current device (CuPy's `Device.use()`), without a
     /// scope: it stays current until something else is used.
     pub fn use_device(&self) -> Result<()> {
-        driver::context::make_current(self.id)?;
+        context::make_current(self.id)?;
         crate::thread_state::select_device(self.id);
         Ok(())
     }
@@ -144,7 +161,7 @@ impl Device {
     /// When the device is current already, no driver call is made.
     pub fn enter(&self) -> Result<DeviceScope> {
         let prev = get_device_id();
-        driver::context::make_current(self.id)?;
+        context::make_current(self.id)?;
         crate::thread_state::select_device(self.id);
         Ok(DeviceScope {
             prev,
@@ -155,13 +172,14 @@ impl Device {
     /// Blocks until all work queued on this device is done (`cuCtxSynchronize` in its
     /// primary context).
     pub fn synchronize(&self) -> Result<()> {
-        driver::context::make_current(self.id)?;
-        driver::context::synchronize().map_err(|e| crate::graph::explain(e, "Device::synchronize"))
+        context::make_current(self.id)?;
+        result::context::synchronize()
+            .map_err(|e| crate::graph::explain(e.into(), "Device::synchronize"))
     }
 
     /// The product name, e.g. `NVIDIA H200`.
     pub fn name(&self) -> Result<String> {
-        driver::device::name(self.handle)
+        Ok(result::device::get_name(self.handle)?)
     }
 
     /// Compute capability as `(major, minor)`, e.g. `(9, 0)`.
@@ -180,13 +198,13 @@ impl Device {
 
     /// Total memory in bytes.
     pub fn total_memory(&self) -> Result<usize> {
-        driver::device::total_mem(self.handle)
+        Ok(result::device::total_mem(self.handle)?)
     }
 
     /// `(free, total)` memory in bytes, as the driver sees it now.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        driver::context::make_current(self.id)?;
-        driver::context::mem_info()
+        context::make_current(self.id)?;
+        Ok(result::memory::get_info()?)
     }
 
     /// Number of streaming multiprocessors.
@@ -196,12 +214,12 @@ impl Device {
 
     /// The PCI bus id, e.g. `0000:3B:00.0`.
     pub fn pci_bus_id(&self) -> Result<String> {
-        driver::device::pci_bus_id(self.handle)
+        Ok(result::device::get_pci_bus_id(self.handle)?)
     }
 
     /// One attribute's value.
     pub fn attribute(&self, attr: DeviceAttribute) -> Result<i32> {
-        driver::device::attribute(self.handle, attr.raw())
+        Ok(result::device::get_attribute(self.handle, attr.raw())?)
     }
 
     /// One attribute by name: CamelCase (`MaxThreadsPerBlock`), the driver's constant
@@ -235,19 +253,19 @@ impl Device {
 
     /// One attribute by the driver's raw enum value.
     pub fn attribute_raw(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
-        driver::device::attribute(self.handle, attr)
+        Ok(result::device::get_attribute(self.handle, attr)?)
     }
 
     /// The stream priority range as `(least, greatest)`; a greater priority is a lower
     /// number, e.g. `(0, -5)`.
     pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
-        driver::context::make_current(self.id)?;
-        driver::context::stream_priority_range()
+        context::make_current(self.id)?;
+        Ok(result::context::get_stream_priority_range()?)
     }
 
     /// Whether this device can access memory of `peer` directly.
     pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
-        driver::context::can_access_peer(self.handle, peer.handle)
+        Ok(result::device::can_access_peer(self.handle, peer.handle)?)
     }
 }
 
@@ -272,7 +290,7 @@ impl Drop for DeviceScope {
         // The previous device was current (its context retained) or never used: making
         // it current again can only fail if the driver is torn down, and then nothing
         // remains to restore.
-        let _ = driver::context::make_current(self.prev);
+        let _ = context::make_current(self.prev);
         crate::thread_state::select_device(self.prev);
     }
 }
@@ -292,6 +310,6 @@ pub fn set_device_id(id: i32) -> Result<()> {
 
 /// Blocks until all work queued on the current device is done.
 pub fn synchronize() -> Result<()> {
-    driver::context::make_current(get_device_id())?;
-    driver::context::synchronize().map_err(|e| crate::graph::explain(e, "synchronize"))
+    context::make_current(get_device_id())?;
+    result::context::synchronize().map_err(|e| crate::graph::explain(e.into(), "synchronize"))
 }

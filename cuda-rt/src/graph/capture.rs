@@ -30,8 +30,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use crate::driver::context::make_current;
-use crate::driver::{self, sys};
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::error::{CaptureKind, Error, Result};
 use crate::graph::memory::AllocState;
 use crate::graph::{Graph, InstantiateFlags};
@@ -240,8 +242,10 @@ pub(crate) fn info<S: AsStream + ?Sized>(s: &S) -> Result<(CaptureStatus, sys::C
         return Ok((CaptureStatus::None, std::ptr::null_mut()));
     }
     make_current(s.device_id())?;
-    let (st, id, g) = driver::graph::capture_info(s.as_raw())
-        .map_err(|e| explain(e, "cuStreamGetCaptureInfo"))?;
+    // SAFETY: the stream is live while `s` is borrowed (`AsStream`); its context was
+    // made current above.
+    let (st, id, g) = unsafe { result::stream::get_capture_info(s.as_raw()) }
+        .map_err(|e| explain(e.into(), "cuStreamGetCaptureInfo"))?;
     let status = match st {
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active { id },
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => {
@@ -250,6 +254,15 @@ pub(crate) fn info<S: AsStream + ?Sized>(s: &S) -> Result<(CaptureStatus, sys::C
         _ => CaptureStatus::None,
     };
     Ok((status, g))
+}
+
+/// Destroys a graph that a failed `cuStreamEndCapture` handed back, if there is one.
+fn discard(g: sys::CUgraph) {
+    if !g.is_null() {
+        // SAFETY: a graph the driver handed to us with its error, owned by nobody
+        // else, destroyed once here.
+        let _ = unsafe { result::graph::destroy(g) };
+    }
 }
 
 /// `AsStream::begin_capture`.
@@ -267,13 +280,18 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
         ));
     }
     make_current(s.device_id())?;
-    driver::graph::begin_capture(s.as_raw(), mode.as_raw())
-        .map_err(|e| explain(e, "begin_capture"))?;
-    let id = match driver::graph::capture_info(s.as_raw()) {
+    // SAFETY (the three calls below): the stream is live while `s` is borrowed
+    // (`AsStream`), not the legacy default stream (refused above), and its context was
+    // made current above.
+    unsafe { result::stream::begin_capture(s.as_raw(), mode.as_raw()) }
+        .map_err(|e| explain(e.into(), "begin_capture"))?;
+    let id = match unsafe { result::stream::get_capture_info(s.as_raw()) } {
         Ok((_, id, _)) => id,
         Err(e) => {
-            let _ = driver::graph::end_capture(s.as_raw()).map(driver::graph::destroy);
-            return Err(e);
+            let mut g = std::ptr::null_mut();
+            let _ = unsafe { result::stream::end_capture(s.as_raw(), &mut g) };
+            discard(g);
+            return Err(e.into());
         }
     };
     let entry = Entry {
@@ -349,17 +367,21 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Resul
     // destructors run outside the lock.
     let (ended, entry) = {
         let mut c = captures();
-        let ended = driver::graph::end_capture_raw(s.as_raw());
-        (ended, c.take(handle, s.device_id()))
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the stream is live while `s` is borrowed (`AsStream`), and capturing
+        // (checked above); `info` made its context current. Nothing is destroyed here,
+        // so no user-object destructor runs under the lock.
+        let r = unsafe { result::stream::end_capture(s.as_raw(), &mut raw) };
+        ((r, raw), c.take(handle, s.device_id()))
     };
     let raw = match ended {
         (Ok(()), raw) => raw,
         (Err(e), failed) => {
-            driver::graph::discard(failed);
+            discard(failed);
             // No graph: the allocations made in the capture are dead (their addresses
             // may go to another graph's memory now), so their drop frees nothing.
             finish(entry);
-            return Err(explain(e, "end_capture"));
+            return Err(explain(e.into(), "end_capture"));
         }
     };
     let (keep, allocs) = match entry {

@@ -39,8 +39,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::{self, context, context::make_current};
 use crate::error::Result;
 use crate::graph::capture;
 use crate::memory::{BaseMemory, MemoryPointer};
@@ -144,13 +146,21 @@ impl Drop for AllocState {
         // capture that ended some other way took its nodes with it.
         let Phase::GraphOwned(rec) = p else { return };
         rec.with_last(|s| {
-            let _ = make_current(self.device).and_then(|()| {
-                driver::memory::free_async(self.ptr, s.as_raw()).or_else(|_| {
-                    // The launch stream is gone: finish all work, free in order with it.
-                    context::synchronize()?;
-                    driver::memory::free_async(self.ptr, std::ptr::null_mut())
-                })
-            });
+            if make_current(self.device).is_err() {
+                return;
+            }
+            // SAFETY: the block belongs to the graph's executable (its capture's memory
+            // node, freed once, here, after both its pointers and the graph are gone);
+            // `s` keeps the stream of the last launch alive, whose work is ordered
+            // before this free; the device's context was made current above.
+            if unsafe { result::memory::free_async(self.ptr, s.as_raw()) }.is_err()
+                // The launch stream is gone: finish all work, free in order with it.
+                && result::context::synchronize().is_ok()
+            {
+                // SAFETY: as above, on the legacy default stream (always valid with a
+                // current context) after all work of the context has finished.
+                let _ = unsafe { result::memory::free_async(self.ptr, std::ptr::null_mut()) };
+            }
         });
     }
 }
@@ -203,7 +213,13 @@ impl Drop for GraphMemory {
                 // the capture cannot end in between.
                 let free_on = |s: &StreamRef| {
                     capture::in_capture_locked(s, *id, |now| {
-                        now && driver::memory::free_async(self.state.ptr, s.as_raw()).is_ok()
+                        // SAFETY: the block was allocated in this capture and is freed
+                        // once (the phase becomes `FreedInGraph`), its last pointer
+                        // gone; the free is captured on `s`, a live stream (kept by the
+                        // `StreamRef`) in the same capture, which cannot end meanwhile
+                        // (the lock is held).
+                        now && unsafe { result::memory::free_async(self.state.ptr, s.as_raw()) }
+                            .is_ok()
                     })
                 };
                 let cur = current_stream_of(stream.device_id());
@@ -240,8 +256,10 @@ fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
     let r = capture::with_entry_of(&s, |entry| -> Result<MemoryPointer> {
         let device = s.device_id();
         make_current(device)?;
-        let ptr = driver::memory::alloc_async(size, s.as_raw())
-            .map_err(|e| capture::explain(e, "allocation during a capture"))?;
+        // SAFETY: `s` keeps the current stream alive; its device's context was made
+        // current above.
+        let ptr = unsafe { result::memory::alloc_async(size, s.as_raw()) }
+            .map_err(|e| capture::explain(e.into(), "allocation during a capture"))?;
         let id = entry.id;
         let state = Arc::new(AllocState {
             ptr,

@@ -73,9 +73,11 @@ pub(crate) use capture::{
     keep_for_graph, keep_in_capture, note_use,
 };
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::context::make_current;
-use crate::driver::{self, sys};
 use crate::error::{ArgumentKind, CaptureKind, Error, Result, StateKind};
 use crate::stream::AsStream;
 use memory::{AllocState, LaunchRecord};
@@ -147,7 +149,7 @@ impl Graph {
     pub fn new() -> Result<Graph> {
         let device = get_device_id();
         make_current(device)?;
-        let raw = driver::graph::create()?;
+        let raw = result::graph::create()?;
         Ok(Self::from_parts(raw, device, InstantiateFlags::empty()))
     }
 
@@ -227,8 +229,10 @@ impl Graph {
         }
         make_current(self.device)?;
         self.drop_exec();
-        let e = driver::graph::instantiate(self.as_raw(), driver_flags(flags))
-            .map_err(|e| explain(e, "Graph::instantiate"))?;
+        // SAFETY: the graph is owned by `self` and live until its drop.
+        let e =
+            unsafe { result::graph::instantiate_with_flags(self.as_raw(), driver_flags(flags)) }
+                .map_err(|e| explain(e.into(), "Graph::instantiate"))?;
         self.flags = flags;
         self.exec.set(Some(e as usize));
         Ok(())
@@ -237,7 +241,9 @@ impl Graph {
     /// Destroys the executable, if any (queued launches still finish).
     fn drop_exec(&self) {
         if let Some(e) = self.exec.take() {
-            let _ = driver::graph::exec_destroy(e as sys::CUgraphExec);
+            // SAFETY: the executable is owned by `self` and taken out of it here, so it
+            // is destroyed once and never used again.
+            let _ = unsafe { result::graph::exec_destroy(e as sys::CUgraphExec) };
         }
     }
 
@@ -253,8 +259,11 @@ impl Graph {
     #[cold]
     fn instantiate_lazily(&self) -> Result<sys::CUgraphExec> {
         make_current(self.device)?;
-        let e = driver::graph::instantiate(self.as_raw(), driver_flags(self.flags))
-            .map_err(|e| explain(e, "Graph::instantiate"))?;
+        // SAFETY: the graph is owned by `self` and live until its drop.
+        let e = unsafe {
+            result::graph::instantiate_with_flags(self.as_raw(), driver_flags(self.flags))
+        }
+        .map_err(|e| explain(e.into(), "Graph::instantiate"))?;
         // The graph is not `Sync`: no other thread can have instantiated meanwhile.
         self.exec.set(Some(e as usize));
         Ok(e)
@@ -269,7 +278,11 @@ impl Graph {
         if !self.launched.get() {
             self.first_launch(e, stream.as_raw())?;
         }
-        driver::graph::launch(e, stream.as_raw()).map_err(|e| explain(e, "Graph::launch"))?;
+        // SAFETY: the executable is owned by `self` and live until replaced or dropped;
+        // the stream is live while `stream` is borrowed (`AsStream`). What the nodes
+        // use is kept alive by the graph (its keep-alive list, waited for on drop).
+        unsafe { result::graph::launch(e, stream.as_raw()) }
+            .map_err(|e| explain(e.into(), "Graph::launch"))?;
         if !self.allocs.is_empty() {
             self.launches.launched_on(stream.as_stream_ref());
         }
@@ -281,7 +294,10 @@ impl Graph {
     #[cold]
     fn first_launch(&self, e: sys::CUgraphExec, stream: sys::CUstream) -> Result<()> {
         if self.flags.contains(InstantiateFlags::UPLOAD) {
-            driver::graph::upload(e, stream).map_err(|e| explain(e, "Graph::launch (upload)"))?;
+            // SAFETY: `e` is this graph's executable and `stream` the live stream of
+            // the launch that calls this (see `launch`).
+            unsafe { result::graph::upload(e, stream) }
+                .map_err(|e| explain(e.into(), "Graph::launch (upload)"))?;
         }
         self.launched.set(true);
         Ok(())
@@ -292,7 +308,10 @@ impl Graph {
     pub fn upload<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
         let e = self.exec()?;
         make_current(stream.device_id())?;
-        driver::graph::upload(e, stream.as_raw()).map_err(|e| explain(e, "Graph::upload"))
+        // SAFETY: the executable is owned by `self`; the stream is live while `stream`
+        // is borrowed (`AsStream`).
+        unsafe { result::graph::upload(e, stream.as_raw()) }
+            .map_err(|e| explain(e.into(), "Graph::upload"))
     }
 
     /// Gives this graph's executable the node parameters of `from` (a re-capture or
@@ -304,7 +323,9 @@ impl Graph {
     pub fn update(&mut self, from: &Graph) -> Result<()> {
         let e = self.exec()?;
         make_current(self.device)?;
-        match driver::graph::exec_update(e, from.as_raw())? {
+        // SAFETY: this graph's executable and `from`'s graph are owned by them and live
+        // while borrowed; `self` keeps alive what `from` refers to once updated (below).
+        match unsafe { result::graph::exec_update(e, from.as_raw()) }? {
             Ok(()) => {
                 let kept = from.kept();
                 self.keep.get_mut().extend(kept);
@@ -339,7 +360,8 @@ impl Graph {
             ));
         }
         make_current(self.device)?;
-        let raw = driver::graph::clone(self.as_raw())?;
+        // SAFETY: the graph is owned by `self` and live until its drop.
+        let raw = unsafe { result::graph::clone(self.as_raw()) }?;
         let mut g = Self::from_parts(raw, self.device, self.flags);
         g.keep = RefCell::new(self.kept());
         Ok(g)
@@ -367,7 +389,8 @@ impl Graph {
     /// The graph's nodes (`cuGraphGetNodes`), borrowing the graph.
     pub fn nodes(&self) -> Result<Vec<Node<'_>>> {
         make_current(self.device)?;
-        Ok(driver::graph::nodes(self.as_raw())?
+        // SAFETY: the graph is owned by `self` and live until its drop.
+        Ok(unsafe { result::graph::get_nodes(self.as_raw()) }?
             .into_iter()
             .map(|n| Node::from_raw(n, self))
             .collect())
@@ -389,11 +412,14 @@ impl Graph {
             )
         })?;
         make_current(self.device)?;
-        driver::graph::debug_dot_print(
-            self.as_raw(),
-            &c,
-            sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.0,
-        )
+        // SAFETY: the graph is owned by `self` and live until its drop.
+        Ok(unsafe {
+            result::graph::debug_dot_print(
+                self.as_raw(),
+                &c,
+                sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.0,
+            )
+        }?)
     }
 
     /// The graph in DOT format as a string (through a temporary file).
@@ -454,10 +480,12 @@ impl Drop for Graph {
         let _ = make_current(self.device);
         // What the graph keeps alive may be in use by queued launches: wait for them.
         if !self.keep.get_mut().is_empty() && self.launched.get() {
-            let _ = driver::context::synchronize();
+            let _ = result::context::synchronize();
         }
         self.drop_exec();
-        let _ = driver::graph::destroy(self.as_raw());
+        // SAFETY: the graph is owned by `self`, destroyed once, here; its nodes borrow
+        // `self`, so none outlives it.
+        let _ = unsafe { result::graph::destroy(self.as_raw()) };
         // `keep` and `allocs` drop now; owned allocations free themselves once no
         // pointer to them is left.
     }
@@ -471,7 +499,9 @@ pub(crate) fn launch_repeatable_host_func<S: AsStream + ?Sized>(
 ) -> Result<()> {
     let (status, g) = capture_info(s)?;
     match status {
-        CaptureStatus::None => driver::stream::launch_host_func(s.as_raw(), f),
+        // SAFETY: the stream is live while `s` is borrowed (`AsStream`), its context
+        // made current by the caller (`context_for`).
+        CaptureStatus::None => Ok(unsafe { result::stream::launch_host_func(s.as_raw(), f) }?),
         CaptureStatus::Invalidated => Err(Error::capture(
             CaptureKind::Invalidated,
             format!(
@@ -481,11 +511,13 @@ pub(crate) fn launch_repeatable_host_func<S: AsStream + ?Sized>(
             ),
         )),
         CaptureStatus::Active { .. } => {
-            let f = Arc::new(driver::graph::SharedHostFn(f));
+            let f = Arc::new(result::graph::SharedHostFn(f));
             // The graph owns a reference through a user object; the Graph that comes
             // of the capture keeps one too.
             keep_in_capture(s, f.clone())?;
-            driver::graph::launch_captured_host_fn(s.as_raw(), g, &f)
+            // SAFETY: the stream is live while `s` is borrowed and captures into `g`
+            // (just asked: an active capture's graph lives until the capture ends).
+            Ok(unsafe { result::graph::launch_captured_host_fn(s.as_raw(), g, &f) }?)
         }
     }
 }

@@ -16,9 +16,11 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
 use crate::compiler::RawKernel;
-use crate::driver::context::{make_current, primary};
-use crate::driver::{self, sys};
+use crate::device::context::{make_current, primary};
 use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::event::Event;
 use crate::graph::Graph;
@@ -59,7 +61,8 @@ impl<'g> Node<'g> {
 
     /// The node's type (`cuGraphNodeGetType`).
     pub fn node_type(&self) -> Result<sys::CUgraphNodeType> {
-        driver::graph::node_type(self.as_raw())
+        // SAFETY: the node borrows its graph (`'g`), which is live.
+        Ok(unsafe { result::graph::node_get_type(self.as_raw()) }?)
     }
 }
 
@@ -180,7 +183,7 @@ impl KernelArgs {
     pub fn push<T: Pod>(&mut self, value: T) -> &mut Self {
         let size = std::mem::size_of::<T>();
         let mut words = vec![0u64; size.div_ceil(8).max(1)].into_boxed_slice();
-        let bytes = driver::graph::pod_bytes(&value);
+        let bytes = crate::memory::pod::as_bytes(std::slice::from_ref(&value));
         for (i, b) in bytes.iter().enumerate() {
             let w = &mut words[i / 8];
             *w |= u64::from(*b) << ((i % 8) * 8);
@@ -285,7 +288,9 @@ impl Graph {
     pub fn add_empty_node(&self, deps: &[Node<'_>]) -> Result<Node<'_>> {
         let deps = self.deps("add_empty_node", deps)?;
         make_current(self.device)?;
-        let n = driver::graph::add_empty(self.as_raw(), &deps)?;
+        // SAFETY: the graph is owned by `self` and live; `deps` are nodes of it (`deps`
+        // checked them).
+        let n = unsafe { result::graph::add_empty_node(self.as_raw(), &deps) }?;
         Ok(self.added(n))
     }
 
@@ -314,8 +319,10 @@ impl Graph {
         let deps = self.deps("add_kernel_node_raw", deps)?;
         make_current(self.device)?;
         let p = kernel_params(func, &cfg, params);
-        // SAFETY: the caller vouches for the function and the parameter array.
-        let n = unsafe { driver::graph::add_kernel(self.as_raw(), &deps, &p) }?;
+        // SAFETY: the graph is owned by `self` and live, `deps` are nodes of it; the
+        // caller vouches for the function, the parameter array and the kernel (see
+        // `# Safety`).
+        let n = unsafe { result::graph::add_kernel_node(self.as_raw(), &deps, &p) }?;
         Ok(self.added(n))
     }
 
@@ -368,8 +375,9 @@ impl Graph {
         // SAFETY: `AsFunction` (an unsafe trait) names a live function of this graph's
         // device, kept loaded by `keep` from now on; `ptrs` has one pointer per
         // argument, each to its 8-byte-aligned value, alive for the call; their match
-        // with the kernel's parameters is the caller's part (see `# Safety`).
-        let n = unsafe { driver::graph::add_kernel(self.as_raw(), &deps, &p) }?;
+        // with the kernel's parameters, and the kernel's soundness, are the caller's part
+        // (see `# Safety`). The graph is owned by `self`, `deps` are nodes of it.
+        let n = unsafe { result::graph::add_kernel_node(self.as_raw(), &deps, &p) }?;
         self.keep_obj(keep);
         for m in &args.memory {
             self.keep_obj(Arc::new(m.clone()));
@@ -402,7 +410,22 @@ impl Graph {
         let deps = self.deps("add_memcpy_node", deps)?;
         make_current(self.device)?;
         let ctx = primary(self.device)?;
-        let n = driver::graph::add_memcpy(self.as_raw(), &deps, dst.ptr(), src.ptr(), bytes, ctx)?;
+        let p = sys::CUDA_MEMCPY3D {
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED,
+            srcDevice: src.ptr(),
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED,
+            dstDevice: dst.ptr(),
+            WidthInBytes: bytes,
+            Height: 1,
+            Depth: 1,
+            // Everything else zero: no offsets, no pitches, no arrays.
+            ..Default::default()
+        };
+        // SAFETY: the graph is owned by `self` and live; `deps` are nodes of it (`deps`
+        // checked them); the primary context is retained for the
+        // life of the process; `bytes` fit behind both pointers (checked above), and
+        // the graph keeps both memories allocated (below) as long as it can run.
+        let n = unsafe { result::graph::add_memcpy_node(self.as_raw(), &deps, &p, ctx) }?;
         self.keep_obj(Arc::new(dst.clone()));
         self.keep_obj(Arc::new(src.clone()));
         Ok(self.added(n))
@@ -442,15 +465,19 @@ impl Graph {
         let deps = self.deps("add_memset_node", deps)?;
         make_current(self.device)?;
         let ctx = primary(self.device)?;
-        let n = driver::graph::add_memset(
-            self.as_raw(),
-            &deps,
-            dst.ptr(),
+        let p = sys::CUDA_MEMSET_NODE_PARAMS {
+            dst: dst.ptr(),
+            pitch: 0,
             value,
-            element_size,
-            count,
-            ctx,
-        )?;
+            elementSize: element_size,
+            width: count,
+            height: 1,
+        };
+        // SAFETY: the graph is owned by `self` and live; `deps` are nodes of it (`deps`
+        // checked them); the primary context is retained for the
+        // life of the process; the elements fit behind `dst` (checked above), and the
+        // graph keeps its memory allocated (below) as long as it can run.
+        let n = unsafe { result::graph::add_memset_node(self.as_raw(), &deps, &p, ctx) }?;
         self.keep_obj(Arc::new(dst.clone()));
         Ok(self.added(n))
     }
@@ -466,8 +493,10 @@ impl Graph {
     {
         let deps = self.deps("add_host_node", deps)?;
         make_current(self.device)?;
-        let f = Arc::new(driver::graph::SharedHostFn(Box::new(f)));
-        let n = driver::graph::add_host(self.as_raw(), &deps, &f)?;
+        let f = Arc::new(result::graph::SharedHostFn(Box::new(f)));
+        // SAFETY: the graph is owned by `self` and live; `deps` are nodes of it (`deps`
+        // checked them).
+        let n = unsafe { result::graph::add_host_node(self.as_raw(), &deps, &f) }?;
         self.keep_obj(f);
         Ok(self.added(n))
     }
@@ -478,7 +507,10 @@ impl Graph {
         self.check_event(&event)?;
         let deps = self.deps("add_event_record_node", deps)?;
         make_current(self.device)?;
-        let n = driver::graph::add_event_record(self.as_raw(), &deps, event.as_raw())?;
+        // SAFETY: the graph is owned by `self` and live; `deps` are nodes of it (`deps`
+        // checked them); the event is kept alive by the graph (below).
+        let n =
+            unsafe { result::graph::add_event_record_node(self.as_raw(), &deps, event.as_raw()) }?;
         event.mark_recorded();
         self.keep_obj(event);
         Ok(self.added(n))
@@ -490,7 +522,10 @@ impl Graph {
         self.check_event(&event)?;
         let deps = self.deps("add_event_wait_node", deps)?;
         make_current(self.device)?;
-        let n = driver::graph::add_event_wait(self.as_raw(), &deps, event.as_raw())?;
+        // SAFETY: the graph is owned by `self` and live; `deps` are nodes of it (`deps`
+        // checked them); the event is kept alive by the graph (below).
+        let n =
+            unsafe { result::graph::add_event_wait_node(self.as_raw(), &deps, event.as_raw()) }?;
         self.keep_obj(event);
         Ok(self.added(n))
     }
@@ -525,7 +560,11 @@ impl Graph {
         }
         let deps = self.deps("add_child_graph_node", deps)?;
         make_current(self.device)?;
-        let n = driver::graph::add_child(self.as_raw(), &deps, child.as_raw())?;
+        // SAFETY: the graph is owned by `self` and live; `deps` are nodes of it (`deps`
+        // checked them); `child` is owned by its `Graph`, live while borrowed (the driver
+        // copies it).
+        let n =
+            unsafe { result::graph::add_child_graph_node(self.as_raw(), &deps, child.as_raw()) }?;
         let kept = child.kept();
         self.keep.borrow_mut().extend(kept);
         Ok(self.added(n))

@@ -111,12 +111,16 @@
 //! - `parked`: the per-thread parking slots; `parking`: the pool's side of them.
 //! - `backend`: [`Backend`] and the host and fake backends; `limit`: parsing and
 //!   printing limits.
+//! - `barrier`: the process-wide memory barrier (`membarrier`) that lets a parked free
+//!   skip the lock.
 
-// The pool algorithm is pure Rust: no `unsafe` here or in the submodules.
-#![forbid(unsafe_code)]
+// The pool algorithm is pure Rust: no `unsafe` here or in the submodules, except the
+// one system call of `barrier` (Linux `membarrier`), allowed on that function alone.
+#![deny(unsafe_code)]
 
 mod arena_lookup;
 mod backend;
+pub(crate) mod barrier;
 mod bins;
 mod block;
 mod error;

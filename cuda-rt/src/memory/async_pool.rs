@@ -13,8 +13,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::device::{get_device_id, Device};
-use crate::driver::{self, context, context::make_current, sys};
 use crate::error::{ArgumentKind, Error, OutOfMemory, OutOfMemoryCause, Result};
 use crate::memory::device_memory::{make_current_checked, BaseMemory};
 use crate::memory::MemoryPointer;
@@ -90,8 +93,7 @@ impl MemoryAsync {
             });
         }
         let size = round_up(size)?;
-        let raw_pool = pool.filter(|p| p.inner.owned).map(|p| p.as_raw());
-        let ptr = alloc_ptr(size, device, &stream, raw_pool)?;
+        let ptr = alloc_ptr(size, device, &stream, pool.filter(|p| p.inner.owned))?;
         Ok(MemoryAsync {
             ptr,
             size,
@@ -109,16 +111,34 @@ fn alloc_ptr(
     size: usize,
     device: i32,
     stream: &StreamRef,
-    pool: Option<sys::CUmemoryPool>,
+    pool: Option<&MemoryAsyncPool>,
 ) -> Result<u64> {
     make_current_checked(device)?;
-    let r = match pool {
-        None => driver::memory::alloc_async(size, stream.as_raw()),
-        Some(p) => driver::memory::alloc_from_pool_async(size, p, stream.as_raw()),
-    };
-    match r {
+    // SAFETY: `stream`'s device (`device`) has its context current (above).
+    match unsafe { alloc_on(size, stream, pool) } {
         Ok(p) => Ok(p),
-        Err(e) => alloc_retry(e, size, device, stream, pool),
+        Err(e) => alloc_retry(e.into(), size, device, stream, pool),
+    }
+}
+
+/// `cuMemAllocAsync` on `stream`, or `cuMemAllocFromPoolAsync` from `pool`.
+///
+/// # Safety
+/// The context of `stream`'s device is current.
+#[inline]
+unsafe fn alloc_on(
+    size: usize,
+    stream: &StreamRef,
+    pool: Option<&MemoryAsyncPool>,
+) -> result::Result<u64> {
+    match pool {
+        // SAFETY: `stream` keeps its stream alive while borrowed (a `StreamRef` owns or
+        // borrows it), and its context is current (caller).
+        None => unsafe { result::memory::alloc_async(size, stream.as_raw()) },
+        // SAFETY: as above; the pool is alive while its `MemoryAsyncPool` is borrowed.
+        Some(p) => unsafe {
+            result::memory::alloc_from_pool_async(size, p.as_raw(), stream.as_raw())
+        },
     }
 }
 
@@ -131,30 +151,29 @@ fn alloc_retry(
     size: usize,
     device: i32,
     stream: &StreamRef,
-    pool: Option<sys::CUmemoryPool>,
+    pool: Option<&MemoryAsyncPool>,
 ) -> Result<u64> {
     if e.driver_code() != Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) {
         return Err(e);
     }
-    context::synchronize()?;
-    let r = match pool {
-        None => driver::memory::alloc_async(size, stream.as_raw()),
-        Some(p) => driver::memory::alloc_from_pool_async(size, p, stream.as_raw()),
-    };
-    r.map_err(|e| async_oom(e, size, device, pool))
+    result::context::synchronize()?;
+    // SAFETY: the caller (`alloc_ptr`) made `stream`'s context current on this thread.
+    unsafe { alloc_on(size, stream, pool) }.map_err(|e| async_oom(e.into(), size, device, pool))
 }
 
 /// The out-of-memory error for a pool, with its used and reserved bytes.
-fn async_oom(e: Error, size: usize, device: i32, pool: Option<sys::CUmemoryPool>) -> Error {
+fn async_oom(e: Error, size: usize, device: i32, pool: Option<&MemoryAsyncPool>) -> Error {
     let Error::Driver(d) = e else { return e };
     if d.code != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         return Error::Driver(d);
     }
-    let pool = pool.or_else(|| {
+    let pool = pool.map(|p| p.as_raw()).or_else(|| {
         let dev = Device::new(device).ok()?;
-        driver::memory::device_mem_pool(dev.as_raw()).ok()
+        result::device::get_mem_pool(dev.as_raw()).ok()
     });
-    let stat = |a| pool.and_then(|p| driver::memory::pool_get_u64(p, a).ok());
+    // SAFETY: `pool` is the caller's (alive while its `MemoryAsyncPool` is borrowed) or
+    // the device's current pool, just asked for, which lives as long as its context.
+    let stat = |a| pool.and_then(|p| unsafe { result::memory::pool_get_attribute_u64(p, a) }.ok());
     let used = stat(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(0);
     let reserved =
         stat(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
@@ -223,7 +242,10 @@ impl MemoryAsync {
         if make_current(self.stream.device_id()).is_err() {
             return;
         }
-        if driver::memory::free_async(self.ptr, self.stream.as_raw()).is_err() {
+        // SAFETY: `ptr` came from the allocation on this stream and is freed once
+        // (`size` was set to 0 above), its last pointer gone; `self.stream` keeps the
+        // stream alive, and its device's context was made current above.
+        if unsafe { result::memory::free_async(self.ptr, self.stream.as_raw()) }.is_err() {
             free_on_stale_stream(self.ptr);
         }
     }
@@ -234,8 +256,12 @@ impl MemoryAsync {
 #[cold]
 #[inline(never)]
 fn free_on_stale_stream(ptr: u64) {
-    let _ =
-        context::synchronize().and_then(|()| driver::memory::free_async(ptr, std::ptr::null_mut()));
+    if result::context::synchronize().is_ok() {
+        // SAFETY: the allocation is freed once (its owner emptied itself); all work of
+        // the context has finished (synchronised above), and the legacy default stream
+        // (null) is valid whenever a context is current (the caller made it current).
+        let _ = unsafe { result::memory::free_async(ptr, std::ptr::null_mut()) };
+    }
 }
 
 /// `size` bytes (rounded up to 512) from the current device's current memory pool, on
@@ -279,7 +305,9 @@ impl Drop for PoolInner {
     fn drop(&mut self) {
         if self.owned {
             // The driver defers destruction until outstanding allocations are freed.
-            let _ = driver::memory::pool_destroy(self.pool as sys::CUmemoryPool);
+            // SAFETY: a pool this library created, destroyed once, here, when the last
+            // clone and the last memory from it (which keeps a clone) are gone.
+            let _ = unsafe { result::memory::pool_destroy(self.pool as sys::CUmemoryPool) };
         }
     }
 }
@@ -312,7 +340,7 @@ impl MemoryAsyncPool {
     pub fn current(device: i32) -> Result<MemoryAsyncPool> {
         let dev = Device::new(device)?;
         make_current(device)?;
-        let pool = driver::memory::device_mem_pool(dev.as_raw())?;
+        let pool = result::device::get_mem_pool(dev.as_raw())?;
         Ok(Self::wrap(pool, device, false))
     }
 
@@ -321,7 +349,14 @@ impl MemoryAsyncPool {
     pub fn create(device: i32) -> Result<MemoryAsyncPool> {
         Device::new(device)?;
         make_current(device)?;
-        let pool = driver::memory::pool_create(device)?;
+        let props = sys::CUmemPoolProps {
+            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            location: crate::memory::managed::mem_location(Some(device)),
+            // All other fields zero: no handle types, no size cap, reserved bytes zero
+            // (the driver's documented default).
+            ..Default::default()
+        };
+        let pool = result::memory::pool_create(&props)?;
         Ok(Self::wrap(pool, device, true))
     }
 
@@ -380,7 +415,9 @@ impl MemoryAsyncPool {
 
     fn get(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
         make_current(self.inner.device)?;
-        driver::memory::pool_get_u64(self.as_raw(), attr)
+        // SAFETY: the pool is alive while `self` is (a pool of its own is destroyed
+        // with the last clone; the device's current pool lives with its context).
+        Ok(unsafe { result::memory::pool_get_attribute_u64(self.as_raw(), attr) }?)
     }
 
     /// Bytes handed out now (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
@@ -407,11 +444,14 @@ impl MemoryAsyncPool {
     /// `set_limit(size=...)`.
     pub fn set_limit(&self, bytes: u64) -> Result<()> {
         make_current(self.inner.device)?;
-        driver::memory::pool_set_u64(
-            self.as_raw(),
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            bytes,
-        )
+        // SAFETY: the pool is alive while `self` is (see `get`).
+        Ok(unsafe {
+            result::memory::pool_set_attribute_u64(
+                self.as_raw(),
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                bytes,
+            )
+        }?)
     }
 
     /// Sets the release threshold to a fraction (0 to 1) of the device's memory.
@@ -430,8 +470,9 @@ impl MemoryAsyncPool {
     /// (`cuMemPoolTrimTo(pool, 0)`): every cached byte goes back to the device.
     pub fn free_all_blocks(&self) -> Result<()> {
         make_current(self.inner.device)?;
-        context::synchronize()?;
-        driver::memory::pool_trim_to(self.as_raw(), 0)
+        result::context::synchronize()?;
+        // SAFETY: the pool is alive while `self` is (see `get`).
+        Ok(unsafe { result::memory::pool_trim_to(self.as_raw(), 0) }?)
     }
 }
 

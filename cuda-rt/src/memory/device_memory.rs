@@ -5,8 +5,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::device::device_count;
-use crate::driver::{self, context::make_current, sys};
 use crate::error::{Error, OutOfMemory, OutOfMemoryCause, Result};
 use crate::memory::allocator::{CAllocator, ClosureAllocator};
 
@@ -88,8 +91,8 @@ impl Memory {
             return Ok(Memory::null(device));
         }
         make_current_checked(device)?;
-        let ptr =
-            driver::memory::alloc(size).map_err(|e| out_of_memory(e, size as u64, device, None))?;
+        let ptr = result::memory::alloc(size)
+            .map_err(|e| out_of_memory(e.into(), size as u64, device, None))?;
         Ok(Memory {
             ptr,
             size,
@@ -143,7 +146,12 @@ impl Drop for Memory {
             Release::Nothing => {}
             Release::Driver => {
                 // An error here (a context torn down at exit) leaves nothing to do.
-                let _ = make_current(self.device).and_then(|()| driver::memory::free(self.ptr));
+                if make_current(self.device).is_ok() {
+                    // SAFETY: `ptr` came from cuMemAlloc in this device's primary
+                    // context (made current above) and is freed once, here, when the
+                    // last owner drops it.
+                    let _ = unsafe { result::memory::free(self.ptr) };
+                }
             }
             Release::Closure(c) => c.free(self.ptr, self.size, self.device),
             Release::C(c) => c.free(self.ptr, self.device),

@@ -3,8 +3,11 @@
 
 use std::sync::Arc;
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::driver::{self, context::make_current, sys};
 use crate::error::Result;
 use crate::memory::device_memory::{check_device, make_current_checked, out_of_memory, BaseMemory};
 use crate::memory::MemoryPointer;
@@ -62,6 +65,20 @@ impl Advice {
     }
 }
 
+/// A `CUmemLocation` for device `id`, or the host when `device` is `None`.
+pub(crate) fn mem_location(device: Option<i32>) -> sys::CUmemLocation {
+    match device {
+        Some(id) => sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id,
+        },
+        None => sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        },
+    }
+}
+
 /// Managed memory (`cuMemAllocManaged`, attached globally), freed when dropped.
 #[derive(Debug)]
 pub struct ManagedMemory {
@@ -83,8 +100,9 @@ impl ManagedMemory {
             });
         }
         make_current_checked(device)?;
-        let ptr = driver::memory::alloc_managed(size)
-            .map_err(|e| out_of_memory(e, size as u64, device, None))?;
+        let ptr =
+            result::memory::alloc_managed(size, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL.0)
+                .map_err(|e| out_of_memory(e.into(), size as u64, device, None))?;
         Ok(ManagedMemory { ptr, size, device })
     }
 
@@ -101,7 +119,12 @@ impl ManagedMemory {
             None => get_current_stream(),
         };
         make_current(s.device_id())?;
-        driver::memory::prefetch_async(self.ptr, self.size, loc, s.as_raw())
+        // SAFETY: the range is this object's managed allocation, alive while `self` is,
+        // and its free (cuMemFree in drop) waits for work still using it; `s` keeps its
+        // stream alive for the call, and its device's context was made current above.
+        Ok(unsafe {
+            result::memory::prefetch_async(self.ptr, self.size, mem_location(loc), s.as_raw())
+        }?)
     }
 
     /// Gives `advice` about the whole memory for `location`. Needs a CUDA 12.2 or newer
@@ -112,7 +135,13 @@ impl ManagedMemory {
             return Ok(());
         }
         make_current(self.device)?;
-        driver::memory::advise(self.ptr, self.size, advice.raw(), loc)
+        // SAFETY: the range is this object's managed allocation, alive while `self` is
+        // borrowed.
+        Ok(
+            unsafe {
+                result::memory::advise(self.ptr, self.size, advice.raw(), mem_location(loc))
+            }?,
+        )
     }
 }
 
@@ -131,8 +160,10 @@ unsafe impl BaseMemory for ManagedMemory {
 
 impl Drop for ManagedMemory {
     fn drop(&mut self) {
-        if self.size != 0 {
-            let _ = make_current(self.device).and_then(|()| driver::memory::free(self.ptr));
+        if self.size != 0 && make_current(self.device).is_ok() {
+            // SAFETY: `ptr` came from cuMemAllocManaged with this device's context
+            // current (made current again above) and is freed once, here.
+            let _ = unsafe { result::memory::free(self.ptr) };
         }
     }
 }

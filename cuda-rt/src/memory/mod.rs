@@ -22,9 +22,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `unsafe` appears here only as promises (`unsafe trait`/`unsafe fn` for what the
-//! compiler cannot check: a raw pointer being valid device memory, a type being plain
-//! data); every unsafe operation is in the crate's driver layer.
+//! `unsafe` appears here as promises (`unsafe trait`/`unsafe fn` for what the compiler
+//! cannot check: a raw pointer being valid device memory, a type being plain data), and
+//! at each call of the checked layer ([`cuda_sys::result`]) that takes an address or a
+//! handle, with a `SAFETY` line that says which of the types' invariants makes it hold.
 
 mod allocator;
 pub mod arena;
@@ -32,7 +33,7 @@ mod async_pool;
 mod device_memory;
 pub mod hook;
 mod managed;
-mod pod;
+pub(crate) mod pod;
 mod pointer;
 pub mod pool;
 mod unowned;

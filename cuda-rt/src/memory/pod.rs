@@ -27,6 +27,22 @@ impl_pod!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f
 // bit pattern.
 unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
 
+/// The bytes of a slice of plain data.
+#[inline]
+pub(crate) fn as_bytes<T: Pod>(s: &[T]) -> &[u8] {
+    // SAFETY: `T: Pod` has no padding, so all `size_of_val(s)` bytes are initialised;
+    // the view borrows `s` and `u8` has alignment 1.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+/// The bytes of a mutable slice of plain data.
+#[inline]
+pub(crate) fn as_bytes_mut<T: Pod>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`; any bytes written are a valid `T` (`Pod`: every bit
+    // pattern is a value), and the view borrows `s` mutably.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
 /// IEEE 754 binary16 (`half`, CUDA's `__half`), stored as its bits.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

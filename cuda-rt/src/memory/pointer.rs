@@ -23,13 +23,22 @@ use std::fmt;
 use std::ops::{Add, Sub};
 use std::sync::Arc;
 
-use crate::driver::context::{make_current, primary};
-use crate::driver::memory as drv_memory;
-use crate::driver::sys;
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::{make_current, primary};
 use crate::error::{ArgumentKind, CaptureKind, Error, Result};
 use crate::memory::device_memory::{BaseMemory, Memory};
+use crate::memory::pod::{as_bytes, as_bytes_mut};
 use crate::memory::Pod;
 use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
+
+// Device ranges (what the `SAFETY` lines of the copies and memsets rely on): every
+// call first checks that its bytes fit behind the pointer (`check_room`), in memory the
+// pointer's object keeps allocated while the pointer lives (`BaseMemory`'s contract).
+// After the last pointer goes, plain memory is freed with `cuMemFree`, which waits for
+// the work already queued on it, and pool memory is handed out again in stream order;
+// during a capture the graph keeps what its nodes use (`graph::note_use`).
 
 /// A pointer into a memory object: the object (kept alive) and a byte offset in it.
 /// Clones share the memory.
@@ -118,8 +127,31 @@ impl SyncVia {
 /// copies, and page-locked memory (which the DMA engine reads directly), use the
 /// driver's copy.
 fn staged<T: Pod>(buf: &[T]) -> bool {
-    std::mem::size_of_val(buf) >= crate::pinned::PAGEABLE_THRESHOLD
-        && !drv_memory::is_page_locked(buf)
+    std::mem::size_of_val(buf) >= crate::pinned::PAGEABLE_THRESHOLD && !is_page_locked(buf)
+}
+
+/// Whether the host buffer `buf` is page-locked (allocated by `cuMemHostAlloc` or
+/// registered): then an asynchronous copy really runs after the call returns. Pageable
+/// memory is an error code of `cuPointerGetAttribute`, so `false`.
+fn is_page_locked<T: Pod>(buf: &[T]) -> bool {
+    !buf.is_empty()
+        && result::memory::pointer_get_memory_type(buf.as_ptr() as u64)
+            .is_ok_and(|t| t == sys::CUmemorytype::CU_MEMORYTYPE_HOST)
+}
+
+/// Whether `s` is capturing a graph now (an invalidated capture counts: the stream is
+/// still in capture mode).
+fn is_capturing(s: &StreamRef) -> Result<bool> {
+    // SAFETY: `s` keeps its stream alive while borrowed.
+    let status = unsafe { result::stream::is_capturing(s.as_raw()) }?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Waits for the work queued on `s`.
+fn synchronize(s: &StreamRef) -> Result<()> {
+    // SAFETY: `s` keeps its stream alive while borrowed (a `StreamRef` owns or borrows
+    // it); the driver answers an error code for a context mismatch.
+    Ok(unsafe { result::stream::synchronize(s.as_raw()) }?)
 }
 
 impl MemoryPointer {
@@ -338,17 +370,32 @@ impl MemoryPointer {
         let via = sync_via(what)?;
         if staged(src) {
             let s = via.stream(self.device_id());
-            return crate::pinned::copy_host_to_device(self, drv_memory::as_bytes(src), &s)
+            return crate::pinned::copy_host_to_device(self, as_bytes(src), &s)
                 .map_err(|e| capture_error(what, e));
         }
+        let src = as_bytes(src);
         match via {
             SyncVia::Legacy => {
                 make_current(self.device_id())?;
-                drv_memory::htod(self.ptr(), src).map_err(|e| capture_error(what, e))
+                // SAFETY: the `src.len()` bytes behind this pointer fit (`check_room`)
+                // in memory its object keeps alive (`BaseMemory`) while `self` is
+                // borrowed; `src` is borrowed for this synchronous copy.
+                unsafe { result::memory::memcpy_htod(self.ptr(), src) }
+                    .map_err(|e| capture_error(what, e.into()))
             }
             SyncVia::Stream(s) => {
-                drv_memory::htod_async(self.ptr(), src, s.as_raw())?;
-                drv_memory::stream_synchronize(s.as_raw())
+                // SAFETY: the destination as above; `src` stays borrowed until the copy
+                // is waited for below; `s` keeps the current stream alive, and
+                // `sync_via` made its context current.
+                unsafe {
+                    result::memory::memcpy_htod_async(
+                        self.ptr(),
+                        src.as_ptr().cast(),
+                        src.len(),
+                        s.as_raw(),
+                    )
+                }?;
+                synchronize(&s)
             }
         }
     }
@@ -367,10 +414,23 @@ impl MemoryPointer {
             return Ok(());
         }
         let s = host_async_stream(what, stream)?;
-        let pinned = drv_memory::is_page_locked(src);
-        drv_memory::htod_async(self.ptr(), src, s.as_raw())?;
+        let pinned = is_page_locked(src);
+        let src = as_bytes(src);
+        // SAFETY: the `src.len()` bytes behind this pointer fit (`check_room`) in memory
+        // its object keeps alive (`BaseMemory`) while `self` is borrowed. The driver
+        // stages pageable `src` before it returns; page-locked `src` is waited for below,
+        // so it stays borrowed until the copy has read it. `s` keeps its stream alive,
+        // and `host_async_stream` made its context current.
+        unsafe {
+            result::memory::memcpy_htod_async(
+                self.ptr(),
+                src.as_ptr().cast(),
+                src.len(),
+                s.as_raw(),
+            )
+        }?;
         if pinned {
-            drv_memory::stream_synchronize(s.as_raw())?;
+            synchronize(&s)?;
         }
         Ok(())
     }
@@ -389,17 +449,33 @@ impl MemoryPointer {
         let via = sync_via(what)?;
         if staged(dst) {
             let s = via.stream(self.device_id());
-            return crate::pinned::copy_device_to_host(drv_memory::as_bytes_mut(dst), self, &s)
+            return crate::pinned::copy_device_to_host(as_bytes_mut(dst), self, &s)
                 .map_err(|e| capture_error(what, e));
         }
+        let dst = as_bytes_mut(dst);
         match via {
             SyncVia::Legacy => {
                 make_current(self.device_id())?;
-                drv_memory::dtoh(dst, self.ptr()).map_err(|e| capture_error(what, e))
+                // SAFETY: the `dst.len()` bytes behind this pointer fit (`check_room`)
+                // in memory its object keeps alive (`BaseMemory`) while `self` is
+                // borrowed; `dst` is borrowed mutably for this synchronous copy, and any
+                // bytes are valid for it (`Pod`).
+                unsafe { result::memory::memcpy_dtoh(dst, self.ptr()) }
+                    .map_err(|e| capture_error(what, e.into()))
             }
             SyncVia::Stream(s) => {
-                drv_memory::dtoh_async(dst, self.ptr(), s.as_raw())?;
-                drv_memory::stream_synchronize(s.as_raw())
+                // SAFETY: as above; `dst` stays borrowed mutably until the copy is
+                // waited for below; `s` keeps the current stream alive, and `sync_via`
+                // made its context current.
+                unsafe {
+                    result::memory::memcpy_dtoh_async(
+                        dst.as_mut_ptr().cast(),
+                        self.ptr(),
+                        dst.len(),
+                        s.as_raw(),
+                    )
+                }?;
+                synchronize(&s)
             }
         }
     }
@@ -418,10 +494,24 @@ impl MemoryPointer {
             return Ok(());
         }
         let s = host_async_stream(what, stream)?;
-        let pinned = drv_memory::is_page_locked(dst);
-        drv_memory::dtoh_async(dst, self.ptr(), s.as_raw())?;
+        let pinned = is_page_locked(dst);
+        let dst = as_bytes_mut(dst);
+        // SAFETY: the `dst.len()` bytes behind this pointer fit (`check_room`) in memory
+        // its object keeps alive (`BaseMemory`) while `self` is borrowed. The driver
+        // completes a copy into pageable `dst` before it returns; page-locked `dst` is
+        // waited for below, so it stays borrowed mutably until the copy has written it;
+        // any bytes are valid for it (`Pod`). `s` keeps its stream alive, and
+        // `host_async_stream` made its context current.
+        unsafe {
+            result::memory::memcpy_dtoh_async(
+                dst.as_mut_ptr().cast(),
+                self.ptr(),
+                dst.len(),
+                s.as_raw(),
+            )
+        }?;
         if pinned {
-            drv_memory::stream_synchronize(s.as_raw())?;
+            synchronize(&s)?;
         }
         Ok(())
     }
@@ -445,8 +535,8 @@ impl MemoryPointer {
                     .map_err(|e| capture_error(what, e))
             }
             SyncVia::Stream(s) => {
-                self.d2d(src, size, Some(s.as_raw()))?;
-                drv_memory::stream_synchronize(s.as_raw())
+                self.d2d(src, size, Some(&s))?;
+                synchronize(&s)
             }
         }
     }
@@ -467,7 +557,7 @@ impl MemoryPointer {
         }
         let s = stream_or_current(stream);
         make_current(s.device_id())?;
-        self.d2d(src, size, Some(s.as_raw()))?;
+        self.d2d(src, size, Some(&s))?;
         // A graph captured on `s` copies between these on every launch: it keeps both.
         crate::graph::note_use(&s, &[self.m(), src.m()])
     }
@@ -477,19 +567,30 @@ impl MemoryPointer {
         dst.copy_from_device(self, size)
     }
 
-    fn d2d(&self, src: &MemoryPointer, size: usize, stream: Option<sys::CUstream>) -> Result<()> {
+    /// Copies `size` bytes (checked against both pointers' room by the caller) from
+    /// `src`, on `stream` or synchronously; the caller made a context current.
+    fn d2d(&self, src: &MemoryPointer, size: usize, stream: Option<&StreamRef>) -> Result<()> {
         let (dd, sd) = (self.device_id(), src.device_id());
+        // SAFETY (every call below): both ranges are `size` bytes that fit behind their
+        // pointers (the callers' `check_room`s), allocated as the "device ranges"
+        // comment at the top of this file says; `s` keeps its stream alive while
+        // borrowed, and the caller made a context current.
         if dd == sd {
-            return match stream {
-                None => drv_memory::dtod(self.ptr(), src.ptr(), size),
-                Some(s) => drv_memory::dtod_async(self.ptr(), src.ptr(), size, s),
-            };
+            return Ok(match stream {
+                None => unsafe { result::memory::memcpy_dtod(self.ptr(), src.ptr(), size) },
+                Some(s) => unsafe {
+                    result::memory::memcpy_dtod_async(self.ptr(), src.ptr(), size, s.as_raw())
+                },
+            }?);
         }
+        // Both primary contexts are retained for the life of the process.
         let (dc, sc) = (primary(dd)?, primary(sd)?);
-        match stream {
-            None => drv_memory::peer(self.ptr(), dc, src.ptr(), sc, size),
-            Some(s) => drv_memory::peer_async(self.ptr(), dc, src.ptr(), sc, size, s),
-        }
+        Ok(match stream {
+            None => unsafe { result::memory::memcpy_peer(self.ptr(), dc, src.ptr(), sc, size) },
+            Some(s) => unsafe {
+                result::memory::memcpy_peer_async(self.ptr(), dc, src.ptr(), sc, size, s.as_raw())
+            },
+        }?)
     }
 
     // -------------------------------------------------------------------------
@@ -563,40 +664,48 @@ impl MemoryPointer {
             return Ok(());
         }
         self.check_align(what, width as u64)?;
-        let mut queued_on = None;
+        // The stream it runs on (kept here while in use); `None`: the plain call.
         let stream = if is_async {
             let s = stream_or_current(stream);
             make_current(s.device_id())?;
-            let raw = s.as_raw();
-            queued_on = Some(s);
-            Some(raw)
+            Some(s)
         } else {
             match sync_via(what)? {
                 SyncVia::Legacy => {
                     make_current(self.device_id())?;
                     None
                 }
-                SyncVia::Stream(s) => Some(s.as_raw()),
+                SyncVia::Stream(s) => Some(s),
             }
         };
         let p = self.ptr();
-        let r = match (fill, stream) {
-            (Fill::U8(v), None) => drv_memory::memset_d8(p, v, count),
-            (Fill::U16(v), None) => drv_memory::memset_d16(p, v, count),
-            (Fill::U32(v), None) => drv_memory::memset_d32(p, v, count),
-            (Fill::U8(v), Some(s)) => drv_memory::memset_d8_async(p, v, count, s),
-            (Fill::U16(v), Some(s)) => drv_memory::memset_d16_async(p, v, count, s),
-            (Fill::U32(v), Some(s)) => drv_memory::memset_d32_async(p, v, count, s),
+        // SAFETY (every call below): `count` elements of `width` bytes fit behind the
+        // pointer (`check_room`), allocated as the "device ranges" comment at the top of
+        // this file says, and aligned for the width (`check_align`); `stream` keeps its
+        // stream alive, and a context was made current above.
+        let r = match (fill, stream.as_ref().map(StreamRef::as_raw)) {
+            (Fill::U8(v), None) => unsafe { result::memory::memset_d8(p, v, count) },
+            (Fill::U16(v), None) => unsafe { result::memory::memset_d16(p, v, count) },
+            (Fill::U32(v), None) => unsafe { result::memory::memset_d32(p, v, count) },
+            (Fill::U8(v), Some(s)) => unsafe { result::memory::memset_d8_async(p, v, count, s) },
+            (Fill::U16(v), Some(s)) => unsafe { result::memory::memset_d16_async(p, v, count, s) },
+            (Fill::U32(v), Some(s)) => unsafe { result::memory::memset_d32_async(p, v, count, s) },
         };
-        match (is_async, stream) {
-            (false, None) => r.map_err(|e| capture_error(what, e)),
-            (false, Some(s)) => r.and_then(|()| drv_memory::stream_synchronize(s)),
+        match (is_async, &stream) {
+            (false, None) => r.map_err(|e| capture_error(what, e.into())),
+            (false, Some(s)) => {
+                r?;
+                synchronize(s)
+            }
             // A graph captured on the stream sets this memory on every launch: it
             // keeps it.
-            (true, _) => r.and_then(|()| match &queued_on {
-                Some(s) => crate::graph::note_use(s, &[self.m()]),
-                None => Ok(()),
-            }),
+            (true, _) => {
+                r?;
+                match &stream {
+                    Some(s) => crate::graph::note_use(s, &[self.m()]),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -666,7 +775,7 @@ fn sync_via(what: &str) -> Result<SyncVia> {
         return Ok(SyncVia::Legacy);
     }
     make_current(s.device_id())?;
-    if drv_memory::stream_is_capturing(s.as_raw())? {
+    if is_capturing(&s)? {
         return Err(Error::capture(
             CaptureKind::Refused,
             format!(
@@ -684,7 +793,7 @@ fn sync_via(what: &str) -> Result<SyncVia> {
 fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<StreamRef> {
     let s = stream_or_current(stream);
     make_current(s.device_id())?;
-    if s.handle() != LEGACY_DEFAULT_HANDLE && drv_memory::stream_is_capturing(s.as_raw())? {
+    if s.handle() != LEGACY_DEFAULT_HANDLE && is_capturing(&s)? {
         return Err(Error::capture(
             CaptureKind::Refused,
             format!(
@@ -815,7 +924,14 @@ mod tests {
         let p = crate::memory::alloc(1024).unwrap();
         let stream = crate::Stream::new().unwrap();
         let prev = crate::stream::set_current_stream(stream.as_stream_ref()).unwrap();
-        drv_memory::stream_begin_capture(stream.as_raw()).unwrap();
+        // SAFETY: `stream` is alive for the whole test.
+        unsafe {
+            result::stream::begin_capture(
+                stream.as_raw(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        }
+        .unwrap();
         let host = [1u8; 16];
         let mut back = [0u8; 16];
         let errors = [
@@ -829,7 +945,15 @@ mod tests {
         ];
         // device-only async work is captured normally
         p.memset_async(0, 16, None).unwrap();
-        drv_memory::stream_end_capture_and_discard(stream.as_raw()).unwrap();
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: `stream` is alive and capturing; the graph it hands back is destroyed
+        // once, just after.
+        let ended = unsafe { result::stream::end_capture(stream.as_raw(), &mut graph) };
+        if !graph.is_null() {
+            // SAFETY: the captured graph, ours, destroyed once.
+            unsafe { result::graph::destroy(graph) }.unwrap();
+        }
+        ended.unwrap();
         crate::stream::set_current_stream(prev).unwrap();
         for e in errors {
             assert!(

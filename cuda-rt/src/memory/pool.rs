@@ -70,5 +70,5 @@ pub use pooled_memory::PooledMemory;
 /// a sandbox); without it the pair takes its arena's lock once. Either way the
 /// semantics are the same.
 pub fn lock_free_cached_pairs() -> bool {
-    crate::driver::barrier::ready()
+    super::arena::barrier::ready()
 }

@@ -3,7 +3,6 @@
 use std::any::Any;
 use std::fmt;
 
-use crate::driver;
 use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::device_memory::{check_device, BaseMemory};
 
@@ -54,8 +53,8 @@ impl UnownedMemory {
                 ))
             }
             None => {
-                driver::init()?;
-                driver::memory::pointer_device_ordinal(ptr).map_err(|e| {
+                crate::device::context::init()?;
+                cuda_sys::result::memory::pointer_get_device_ordinal(ptr).map_err(|e| {
                     Error::invalid_argument(
                         ArgumentKind::NotFound,
                         format!(

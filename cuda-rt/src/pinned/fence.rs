@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use crate::driver::{host, sys};
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
 use crate::error::Result;
 use crate::event::EventFlags;
 use crate::memory::MemoryPointer;
@@ -71,9 +73,14 @@ impl Fence {
         })
     }
 
-    /// Records the fence on `stream` (of the fence's device), after the copy.
-    pub(crate) fn record(&self, stream: sys::CUstream) -> Result<()> {
-        host::event_record(self.event, stream)
+    /// Records the fence on `stream`, after the copy.
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or a default-stream handle) of the fence's device.
+    pub(crate) unsafe fn record(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the event is the fence's own, live until its drop; `stream` is live
+        // and of the event's device (caller).
+        Ok(unsafe { result::event::record(self.event as sys::CUevent, stream) }?)
     }
 
     /// Takes over what `older` keeps alive: `older` fences copies on the same pinned
@@ -108,7 +115,8 @@ impl Fence {
 
     /// Waits, returning the driver's error if there is one.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        host::event_synchronize(self.event)
+        // SAFETY: the event is the fence's own, live until its drop.
+        unsafe { result::event::synchronize(self.event as sys::CUevent) }.map_err(Into::into)
     }
 }
 
@@ -119,10 +127,12 @@ fn same_memory(a: &MemoryPointer, b: &MemoryPointer) -> bool {
 
 impl Pending for Fence {
     fn is_done(&self) -> bool {
-        host::event_query(self.event).unwrap_or(true)
+        // SAFETY: the event is the fence's own, live until its drop.
+        unsafe { result::event::query(self.event as sys::CUevent) }.unwrap_or(true)
     }
     fn wait(&self) {
-        let _ = host::event_synchronize(self.event);
+        // SAFETY: as above.
+        let _ = unsafe { result::event::synchronize(self.event as sys::CUevent) };
     }
 }
 

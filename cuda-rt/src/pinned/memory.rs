@@ -3,12 +3,17 @@
 //! [`PinnedMemory`] or a pool) with offset arithmetic, byte and typed views, and
 //! asynchronous copies that protect the memory until they have finished.
 
+use std::ffi::c_void;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use super::bytes;
 use super::fence::{Fence, Pending};
 use super::pool::PinnedCore;
-use crate::driver::{self, context, host, sys};
+use crate::device::context;
 use crate::error::{ArgumentKind, CaptureKind, Error, Result, StateKind};
 use crate::memory::arena::{AtomicBlock, Block, RawBlock};
 use crate::memory::{MemoryPointer, Pod};
@@ -62,7 +67,7 @@ impl PinnedMemory {
             });
         }
         context::make_current(crate::device::get_device_id())?;
-        let addr = host::alloc(size, flags.bits())?;
+        let addr = super::host_alloc(size, flags.bits())?;
         Ok(PinnedMemory { addr, size, flags })
     }
 
@@ -91,14 +96,19 @@ impl PinnedMemory {
             ));
         }
         context::make_current(crate::device::get_device_id())?;
-        host::device_pointer(self.addr)
+        Ok(result::memory::host_get_device_pointer(
+            self.addr as usize as *mut c_void,
+        )?)
     }
 }
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
         if self.addr != 0 {
-            let _ = host::free(self.addr);
+            // SAFETY: `addr` came from cuMemHostAlloc (`with_flags`) and is freed once,
+            // here; an `Owner` holding this memory waited for the copy in flight on it
+            // before dropping it.
+            let _ = unsafe { result::memory::free_host(self.addr as usize as *mut c_void) };
         }
     }
 }
@@ -465,7 +475,7 @@ impl PinnedMemoryPointer {
             None => Ok(&[]),
             Some(o) => {
                 o.wait(false)?;
-                Ok(host::bytes(self, o.addr() + self.offset as u64, self.len))
+                Ok(bytes::bytes(self, o.addr() + self.offset as u64, self.len))
             }
         }
     }
@@ -480,21 +490,21 @@ impl PinnedMemoryPointer {
                 (o.addr() + self.offset as u64, self.len)
             }
         };
-        Ok(host::bytes_mut(self, addr, len))
+        Ok(bytes::bytes_mut(self, addr, len))
     }
 
     /// The range as `T`s; an error when it is not aligned for `T` or its length is
     /// not a multiple of `T`'s size.
     pub fn as_slice_of<T: Pod>(&self) -> Result<&[T]> {
         let b = self.as_slice()?;
-        host::typed(b).ok_or_else(|| misaligned::<T>(b.as_ptr() as u64, b.len()))
+        bytes::typed(b).ok_or_else(|| misaligned::<T>(b.as_ptr() as u64, b.len()))
     }
 
     /// The range as mutable `T`s (as [`as_mut_slice`](Self::as_mut_slice)).
     pub fn as_mut_slice_of<T: Pod>(&mut self) -> Result<&mut [T]> {
         let b = self.as_mut_slice()?;
         let (p, n) = (b.as_ptr() as u64, b.len());
-        host::typed_mut(b).ok_or_else(|| misaligned::<T>(p, n))
+        bytes::typed_mut(b).ok_or_else(|| misaligned::<T>(p, n))
     }
 
     /// Copies the range ([`len`](Self::len) bytes) to the device memory at `dst` on
@@ -529,7 +539,14 @@ impl PinnedMemoryPointer {
         }
         let (src, d, len) = (o.addr() + self.offset as u64, dst.ptr(), self.len);
         Self::enqueue(what, o, stream, false, Some(dst), |s| {
-            host::htod_async(d, src, len, s)
+            // SAFETY: the source is this range of pinned memory, which the fence
+            // recorded after the copy keeps from being freed, handed out again or
+            // written through a view until the copy is done; the destination fits
+            // behind `dst` (`check_room`) and the fence holds a clone of `dst`, so it
+            // stays allocated; `s` is live and current (see `enqueue`).
+            Ok(unsafe {
+                result::memory::memcpy_htod_async(d, src as usize as *const c_void, len, s)
+            }?)
         })
     }
 
@@ -560,7 +577,11 @@ impl PinnedMemoryPointer {
         }
         let (src, len) = (o.addr() + self.offset as u64, self.len);
         Self::enqueue(what, o, stream, false, None, |s| {
-            host::htod_async(dst, src, len, s)
+            // SAFETY: the source as in `copy_to_device_async`; the destination is the
+            // caller's promise (see `# Safety`); `s` is live and current (`enqueue`).
+            Ok(unsafe {
+                result::memory::memcpy_htod_async(dst, src as usize as *const c_void, len, s)
+            }?)
         })
     }
 
@@ -594,7 +615,15 @@ impl PinnedMemoryPointer {
         }
         let (dst, s_addr) = (o.addr() + offset, src.ptr());
         Self::enqueue(what, o, stream, true, Some(src), |s| {
-            host::dtoh_async(dst, s_addr, len, s)
+            // SAFETY: the destination is this range of pinned memory, whose only handle
+            // is `self` (`unique_owner`); views wait for the writing fence recorded
+            // after the copy, and the memory is neither freed nor handed out again
+            // before it is done; any byte is a valid `u8`. The source fits behind `src`
+            // (`check_room`) and the fence holds a clone of `src`, so it stays
+            // allocated; `s` is live and current (see `enqueue`).
+            Ok(unsafe {
+                result::memory::memcpy_dtoh_async(dst as usize as *mut c_void, s_addr, len, s)
+            }?)
         })
     }
 
@@ -626,7 +655,11 @@ impl PinnedMemoryPointer {
         }
         let dst = o.addr() + offset;
         Self::enqueue(what, o, stream, true, None, |s| {
-            host::dtoh_async(dst, src, len, s)
+            // SAFETY: the destination as in `copy_from_device_async`; the source is the
+            // caller's promise (see `# Safety`); `s` is live and current (`enqueue`).
+            Ok(unsafe {
+                result::memory::memcpy_dtoh_async(dst as usize as *mut c_void, src, len, s)
+            }?)
         })
     }
 
@@ -634,7 +667,8 @@ impl PinnedMemoryPointer {
     /// another stream, the stream waits for it), then records the new fence, which
     /// holds `keep` (the device side) and what the earlier fence still held.
     /// Refuses a capturing stream first (one `cuStreamIsCapturing`; none for the
-    /// legacy default stream, which cannot capture).
+    /// legacy default stream, which cannot capture). `copy` gets the raw stream: live
+    /// while `stream` is borrowed (`AsStream`), with its device's context current.
     fn enqueue(
         what: &str,
         o: &Owner,
@@ -646,22 +680,28 @@ impl PinnedMemoryPointer {
         let device = stream.device_id();
         context::make_current(device)?;
         let s = stream.as_raw();
-        refuse_capture(what, s, device)?;
+        // SAFETY: `s` is live while `stream` is borrowed (`AsStream`); its device's
+        // context was made current above.
+        unsafe { refuse_capture(what, s, device) }?;
         let mut f = Fence::new(device, writes, keep.cloned())?;
         let mut g = o.inflight();
         o.fenced.store(true, Ordering::Relaxed);
         let after_earlier = match g.as_ref() {
             Some(old) if !old.is_done() => {
-                host::stream_wait_event(s, old.event())?;
+                // SAFETY: `s` is live while `stream` is borrowed (`AsStream`); the
+                // earlier fence's event is live while the fence (held in `g`) is.
+                unsafe { result::stream::wait_event(s, old.event() as sys::CUevent) }?;
                 true
             }
             _ => false,
         };
         copy(s)?;
-        if let Err(e) = f.record(s) {
+        // SAFETY: `s` is live while `stream` is borrowed, of the fence's device.
+        if let Err(e) = unsafe { f.record(s) } {
             // The copy is queued but cannot be fenced: wait for it here (an error path
             // only), so nothing it uses is reused under it. The earlier fence stays.
-            let _ = host::stream_synchronize(s);
+            // SAFETY: as above.
+            let _ = unsafe { result::stream::synchronize(s) };
             return Err(e);
         }
         if after_earlier {
@@ -701,10 +741,18 @@ impl PinnedMemoryPointer {
 /// capture counts): the captured copy would run on every launch of the graph, while
 /// its fence, recorded during the capture, is never waited for, so the pinned block
 /// would go back to its pool and be handed out again while launches still use it.
+///
+/// # Safety
+/// `s` is a live stream (or a default-stream handle) of `device`, whose context is
+/// current.
 #[inline]
-fn refuse_capture(what: &str, s: sys::CUstream, device: i32) -> Result<()> {
-    if s as usize != LEGACY_DEFAULT_HANDLE && driver::stream::is_capturing(s)? {
-        return Err(capturing(what, s, device));
+unsafe fn refuse_capture(what: &str, s: sys::CUstream, device: i32) -> Result<()> {
+    if s as usize != LEGACY_DEFAULT_HANDLE {
+        // SAFETY: `s` is live (caller).
+        let status = unsafe { result::stream::is_capturing(s) }?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(capturing(what, s, device));
+        }
     }
     Ok(())
 }

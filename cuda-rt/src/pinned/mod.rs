@@ -42,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+mod bytes;
 mod fence;
 mod memory;
 pub mod pool;
@@ -63,7 +64,7 @@ pub use staging::{
     STAGING_BUFFERS,
 };
 
-use crate::error::{ArgumentKind, Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::memory::MemoryPointer;
 
 /// The process-wide default pinned memory pool (created on first use).
@@ -127,6 +128,19 @@ pub(crate) fn with_current_allocator<R>(f: impl Fn(Option<&PinnedMemoryPool>) ->
 /// Checks that `bytes` bytes fit in the room left behind the device pointer `p` (the
 /// `side` of the copy `what`), before any CUDA call.
 #[inline]
+/// `cuMemHostAlloc(size, flags)` in the current context: page-locked host memory, its
+/// address as an integer; the caller frees it once with `cuMemFreeHost`.
+pub(crate) fn host_alloc(size: usize, flags: u32) -> Result<u64> {
+    let p = cuda_sys::result::memory::host_alloc(size, flags)?;
+    if p.is_null() {
+        return Err(Error::invalid_state(
+            StateKind::Unexpected,
+            format!("cuMemHostAlloc({size}) succeeded but returned a null pointer"),
+        ));
+    }
+    Ok(p as u64)
+}
+
 pub(crate) fn check_room(what: &str, side: &str, p: &MemoryPointer, bytes: usize) -> Result<()> {
     if bytes > p.size() {
         return Err(no_room(what, side, p, bytes));

@@ -36,9 +36,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
 use super::fence::{Fence, Pending};
 use super::memory::{PinnedFlags, PinnedMemoryPointer};
-use crate::driver::{context, host, sys};
+use crate::device::context;
 use crate::error::{Error, Result};
 use crate::memory::arena::parked::{self, HomeRef};
 use crate::memory::arena::{Backend, BackendError, Block, MallocError, Pool, PoolStats, RawBlock};
@@ -56,7 +59,7 @@ pub(crate) struct PinnedBackend {
 impl Backend for PinnedBackend {
     fn alloc(&self, size: usize) -> std::result::Result<u64, BackendError> {
         let r = context::make_current(crate::device::get_device_id())
-            .and_then(|()| host::alloc(size, self.flags.bits()));
+            .and_then(|()| super::host_alloc(size, self.flags.bits()));
         match r {
             Ok(a) => Ok(a),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
@@ -68,7 +71,10 @@ impl Backend for PinnedBackend {
 
     fn free(&self, addr: u64, _size: usize) {
         // Nothing to do about a failure at this point (a context torn down at exit).
-        let _ = host::free(addr);
+        // SAFETY: the pool frees only what `alloc` gave it (cuMemHostAlloc), once, and
+        // only once no block of it is handed out and the fences of the copies that used
+        // it are done (its deferred list).
+        let _ = unsafe { result::memory::free_host(addr as usize as *mut std::ffi::c_void) };
     }
 }
 

@@ -3,7 +3,11 @@
 //! nothing else can touch or free it while it is registered. Its copies are
 //! synchronous and name the device side with a bounds-checked [`MemoryPointer`].
 
-use crate::driver::{context, host};
+use std::ffi::c_void;
+
+use cuda_sys::result;
+
+use crate::device::context;
 use crate::error::Result;
 use crate::memory::MemoryPointer;
 use crate::stream::AsStream;
@@ -44,7 +48,11 @@ pub fn register(bytes: &mut [u8]) -> Result<RegisteredMemory<'_>> {
 pub fn register_with_flags(bytes: &mut [u8], flags: RegisterFlags) -> Result<RegisteredMemory<'_>> {
     if !bytes.is_empty() {
         context::make_current(crate::device::get_device_id())?;
-        host::register(bytes, flags.bits())?;
+        // SAFETY: `bytes` is allocated host memory, borrowed mutably by the guard for as
+        // long as it is registered; the guard's copies are synchronous.
+        unsafe {
+            result::memory::host_register(bytes.as_mut_ptr().cast(), bytes.len(), flags.bits())
+        }?;
     }
     Ok(RegisteredMemory { bytes, flags })
 }
@@ -83,7 +91,9 @@ impl RegisteredMemory<'_> {
     /// The device address of mapped memory ([`RegisterFlags::DEVICEMAP`]).
     pub fn device_ptr(&self) -> Result<u64> {
         context::make_current(crate::device::get_device_id())?;
-        host::device_pointer(self.ptr())
+        Ok(result::memory::host_get_device_pointer(
+            self.bytes.as_ptr() as *mut c_void,
+        )?)
     }
 
     /// Copies the bytes to the device memory at `dst` on `stream` and waits for the
@@ -101,9 +111,21 @@ impl RegisteredMemory<'_> {
             return Ok(());
         }
         context::make_current(stream.device_id())?;
-        // `dst` keeps the device memory allocated for the whole call, which returns
-        // once the copy is over.
-        host::htod_sync(dst.ptr(), self.bytes, stream.as_raw())
+        let s = stream.as_raw();
+        // SAFETY: the bytes fit behind `dst` (`check_room`), which keeps the device
+        // memory allocated for the whole call; `self.bytes` is borrowed until the copy
+        // is waited for below; `s` is live while `stream` is borrowed (`AsStream`), its
+        // context made current above.
+        unsafe {
+            result::memory::memcpy_htod_async(
+                dst.ptr(),
+                self.bytes.as_ptr().cast(),
+                self.bytes.len(),
+                s,
+            )
+        }?;
+        // SAFETY: as above.
+        Ok(unsafe { result::stream::synchronize(s) }?)
     }
 
     /// Fills the memory from the device memory at `src` on `stream` and waits for the
@@ -119,7 +141,21 @@ impl RegisteredMemory<'_> {
             return Ok(());
         }
         context::make_current(stream.device_id())?;
-        host::dtoh_sync(self.bytes, src.ptr(), stream.as_raw())
+        let s = stream.as_raw();
+        // SAFETY: the bytes fit behind `src` (`check_room`), which keeps the device
+        // memory allocated for the whole call; `self.bytes` is borrowed mutably until
+        // the copy is waited for below, and any byte is a valid `u8`; `s` is live while
+        // `stream` is borrowed (`AsStream`), its context made current above.
+        unsafe {
+            result::memory::memcpy_dtoh_async(
+                self.bytes.as_mut_ptr().cast(),
+                src.ptr(),
+                self.bytes.len(),
+                s,
+            )
+        }?;
+        // SAFETY: as above.
+        Ok(unsafe { result::stream::synchronize(s) }?)
     }
 
     /// Unregisters now, returning the driver's error if there is one (drop ignores it).
@@ -133,7 +169,9 @@ impl RegisteredMemory<'_> {
         if self.bytes.is_empty() {
             return Ok(());
         }
-        host::unregister(self.ptr())
+        // SAFETY: the start of the range registered by `register_with_flags`; the
+        // guard's copies were synchronous, so none is still queued.
+        Ok(unsafe { result::memory::host_unregister(self.bytes.as_ptr() as *mut c_void) }?)
     }
 }
 

@@ -22,12 +22,17 @@
 //! capturing current stream before any CUDA call).
 
 use std::collections::VecDeque;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use super::bytes;
 use super::fence::{give_event, take_event};
 use super::PinnedMemoryPointer;
-use crate::driver::{context, host, sys};
+use crate::device::context;
 use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::MemoryPointer;
 use crate::stream::AsStream;
@@ -243,7 +248,7 @@ impl Workers {
                     q = self.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            host::copy_raw(job.dst, job.src, job.len);
+            bytes::copy_raw(job.dst, job.src, job.len);
             job.latch.done(job.slot);
         }
     }
@@ -254,7 +259,7 @@ impl Workers {
         let mut q = self.lock();
         if q.live == 0 {
             drop(q);
-            host::copy_raw(dst, src, len);
+            bytes::copy_raw(dst, src, len);
             return;
         }
         let piece = piece_size_for(len, q.target);
@@ -302,7 +307,8 @@ pub fn staging_threads() -> usize {
 }
 
 /// Waits for every queued piece of a copy when the copy ends, early return or not:
-/// the pieces point into borrowed memory.
+/// the pieces point into borrowed memory. `stream` is the stream of the copy, which
+/// the copy function borrows for longer than the drain lives.
 struct Drain<'a> {
     latch: &'a Latch,
     stream: Option<sys::CUstream>,
@@ -314,7 +320,9 @@ impl Drop for Drain<'_> {
         if let Some(s) = self.stream {
             // On an error path: the DMAs issued must be over before the staging
             // buffers go back to the pool.
-            let _ = host::stream_synchronize(s);
+            // SAFETY: the copy's stream, live while the copy function borrows it, which
+            // is longer than this drain lives.
+            let _ = unsafe { result::stream::synchronize(s) };
         }
     }
 }
@@ -468,9 +476,14 @@ pub unsafe fn copy_host_to_device_raw(
         return Ok(());
     }
     context::make_current(stream.device_id())?;
+    // Live while `stream` is borrowed (`AsStream`), its context made current above.
     let s = stream.as_raw();
     if src.len() < PAGEABLE_THRESHOLD {
-        return host::htod_sync(dst, src, s);
+        // SAFETY: `dst` is the caller's promise (see `# Safety`); `src` is borrowed
+        // until the copy is waited for just after; `s` is live and current.
+        unsafe { result::memory::memcpy_htod_async(dst, src.as_ptr().cast(), src.len(), s) }?;
+        // SAFETY: as above.
+        return Ok(unsafe { result::stream::synchronize(s) }?);
     }
     let p = Plan::new(src.len(), stream.device_id())?;
     let mut drain = p.drain(s);
@@ -485,12 +498,26 @@ pub unsafe fn copy_host_to_device_raw(
     for (j, &(start, len)) in plan.iter().enumerate() {
         let slot = j % k;
         latch.wait(slot);
-        host::htod_async(dst + start as u64, bufs[slot].ptr(), len, s)?;
-        host::event_record(events.events[slot], s)?;
+        // SAFETY: the source is staging buffer `slot` (pinned memory the plan holds),
+        // filled by the workers (waited for above) and not refilled before this copy's
+        // event is waited for; the chunk lies in `dst..dst + src.len()`, the caller's
+        // (see `# Safety`); `s` is live and current. The drain waits for the stream
+        // before the buffers go back on an error path.
+        unsafe {
+            result::memory::memcpy_htod_async(
+                dst + start as u64,
+                bufs[slot].ptr() as usize as *const c_void,
+                len,
+                s,
+            )
+        }?;
+        // SAFETY: the slot's event is the plan's (live until it drops); `s` as above.
+        unsafe { result::event::record(events.events[slot] as sys::CUevent, s) }?;
         if j >= 1 {
             if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
                 let prev = (j - 1) % k;
-                host::event_synchronize(events.events[prev])?;
+                // SAFETY: the plan's event, as above.
+                unsafe { result::event::synchronize(events.events[prev] as sys::CUevent) }?;
                 w.submit(
                     latch,
                     prev,
@@ -501,7 +528,8 @@ pub unsafe fn copy_host_to_device_raw(
             }
         }
     }
-    host::stream_synchronize(s)?;
+    // SAFETY: `s` is live and current (above).
+    unsafe { result::stream::synchronize(s) }?;
     drain.stream = None;
     Ok(())
 }
@@ -540,9 +568,15 @@ pub unsafe fn copy_device_to_host_raw(
         return Ok(());
     }
     context::make_current(stream.device_id())?;
+    // Live while `stream` is borrowed (`AsStream`), its context made current above.
     let s = stream.as_raw();
     if dst.len() < PAGEABLE_THRESHOLD {
-        return host::dtoh_sync(dst, src, s);
+        // SAFETY: `src` is the caller's promise (see `# Safety`); `dst` is borrowed
+        // mutably until the copy is waited for just after, and any byte is a valid
+        // `u8`; `s` is live and current.
+        unsafe { result::memory::memcpy_dtoh_async(dst.as_mut_ptr().cast(), src, dst.len(), s) }?;
+        // SAFETY: as above.
+        return Ok(unsafe { result::stream::synchronize(s) }?);
     }
     let p = Plan::new(dst.len(), stream.device_id())?;
     let mut drain = p.drain(s);
@@ -552,19 +586,42 @@ pub unsafe fn copy_device_to_host_raw(
     // Start k DMAs; as chunk j lands, hand it to the workers, and once chunk j - 1
     // has left its buffer, start the DMA of chunk j - 1 + k into it.
     for (j, &(start, len)) in plan.iter().enumerate().take(k) {
-        host::dtoh_async(bufs[j].ptr(), src + start as u64, len, s)?;
-        host::event_record(events.events[j], s)?;
+        // SAFETY: the destination is staging buffer `j` (pinned memory the plan holds,
+        // read by no worker yet); the chunk lies in `src..src + dst.len()`, the
+        // caller's (see `# Safety`); `s` is live and current. The drain waits for the
+        // stream before the buffers go back on an error path.
+        unsafe {
+            result::memory::memcpy_dtoh_async(
+                bufs[j].ptr() as usize as *mut c_void,
+                src + start as u64,
+                len,
+                s,
+            )
+        }?;
+        // SAFETY: the slot's event is the plan's (live until it drops); `s` as above.
+        unsafe { result::event::record(events.events[j] as sys::CUevent, s) }?;
     }
     for (j, &(start, len)) in plan.iter().enumerate() {
         let slot = j % k;
-        host::event_synchronize(events.events[slot])?;
+        // SAFETY: the plan's event, as above.
+        unsafe { result::event::synchronize(events.events[slot] as sys::CUevent) }?;
         w.submit(latch, slot, base + start, bufs[slot].ptr() as usize, len);
         if j >= 1 {
             if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
                 let prev = (j - 1) % k;
                 latch.wait(prev);
-                host::dtoh_async(bufs[prev].ptr(), src + next_start as u64, next_len, s)?;
-                host::event_record(events.events[prev], s)?;
+                // SAFETY: as for the first copies: buffer `prev` has been read out by
+                // the workers (waited for just above).
+                unsafe {
+                    result::memory::memcpy_dtoh_async(
+                        bufs[prev].ptr() as usize as *mut c_void,
+                        src + next_start as u64,
+                        next_len,
+                        s,
+                    )
+                }?;
+                // SAFETY: the plan's event; `s` as above.
+                unsafe { result::event::record(events.events[prev] as sys::CUevent, s) }?;
             }
         }
     }

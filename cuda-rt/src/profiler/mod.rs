@@ -32,9 +32,10 @@ pub use nvtx::{
 
 use std::sync::{Mutex, PoisonError};
 
+use cuda_sys::result::profiler as raw;
+
+use crate::device::context::{make_current, MAX_DEVICES};
 use crate::device::get_device_id;
-use crate::driver::context::{make_current, MAX_DEVICES};
-use crate::driver::profiler as raw;
 use crate::error::{ArgumentKind, Error, Result};
 
 /// Open [`ProfileGuard`]s per device, process-wide. The profiler is started when a
@@ -55,14 +56,14 @@ static OPEN_SCOPES: Mutex<[u32; MAX_DEVICES]> = Mutex::new([0; MAX_DEVICES]);
 /// ```
 pub fn start() -> Result<()> {
     make_current(get_device_id())?;
-    raw::start()
+    Ok(raw::start()?)
 }
 
 /// Stops the CUDA profiler for this thread's current device (`cuProfilerStop`), even
 /// inside an open [`profile`] scope. See [`start`].
 pub fn stop() -> Result<()> {
     make_current(get_device_id())?;
-    raw::stop()
+    Ok(raw::stop()?)
 }
 
 /// How many [`profile`] scopes ([`ProfileGuard`]s) are open in the process, over all
@@ -139,7 +140,7 @@ impl ProfileGuard {
             return Ok(());
         }
         make_current(self.device)?;
-        let stopped = raw::stop();
+        let stopped = raw::stop().map_err(Error::from);
         // Give the thread back its own device's context if it moved on meanwhile.
         let current = get_device_id();
         if current != self.device {

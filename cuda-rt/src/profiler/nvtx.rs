@@ -8,7 +8,6 @@
 use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
 
-use crate::driver::profiler as raw;
 use crate::error::{ArgumentKind, Error, Result};
 
 /// An NVTX color, `0xAARRGGBB`. Any `u32` converts into one, so
@@ -280,4 +279,53 @@ pub fn range_color<M: Message + ?Sized>(message: &M, color: impl Into<Color>) ->
     Ok(Range {
         _thread: PhantomData,
     })
+}
+
+/// The NVTX shim compiled from `csrc/nvtx.c` (NVTX v3's header-only core API behind
+/// plain C functions), linked into this crate.
+mod raw {
+    use std::ffi::{c_char, c_int, CStr};
+
+    extern "C" {
+        fn cuda_rt_nvtx_range_push(message: *const c_char, argb: u32, has_color: c_int) -> c_int;
+        fn cuda_rt_nvtx_range_pop() -> c_int;
+        fn cuda_rt_nvtx_mark(message: *const c_char, argb: u32, has_color: c_int);
+    }
+
+    /// `nvtxRangePushEx` with an ASCII message and, if `color` is `Some`, an ARGB
+    /// color. Returns NVTX's answer: the depth of the new range, negative without a
+    /// tool.
+    #[inline]
+    pub(super) fn nvtx_range_push(message: &CStr, color: Option<u32>) -> i32 {
+        // SAFETY: `message` is NUL-terminated and outlives the call; NVTX copies what
+        // it keeps. The shim has no other preconditions and is thread-safe.
+        unsafe {
+            cuda_rt_nvtx_range_push(
+                message.as_ptr(),
+                color.unwrap_or(0),
+                c_int::from(color.is_some()),
+            )
+        }
+    }
+
+    /// `nvtxRangePop`: ends the thread's innermost range. Returns NVTX's answer: the
+    /// depth of the range ended, negative without a tool (or with nothing to pop).
+    #[inline]
+    pub(super) fn nvtx_range_pop() -> i32 {
+        // SAFETY: no arguments; popping with no open range is reported, not undefined.
+        unsafe { cuda_rt_nvtx_range_pop() }
+    }
+
+    /// `nvtxMarkEx` with an ASCII message and, if `color` is `Some`, an ARGB color.
+    #[inline]
+    pub(super) fn nvtx_mark(message: &CStr, color: Option<u32>) {
+        // SAFETY: as in `nvtx_range_push`.
+        unsafe {
+            cuda_rt_nvtx_mark(
+                message.as_ptr(),
+                color.unwrap_or(0),
+                c_int::from(color.is_some()),
+            )
+        }
+    }
 }

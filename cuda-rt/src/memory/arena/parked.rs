@@ -48,8 +48,8 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::barrier;
 use super::{AtomicBlock, RawBlock};
-use crate::driver::barrier;
 
 /// One thread's parked block for one pool (empty or one block). Padded so that two
 /// threads' slots never share a cache line.

@@ -5,11 +5,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
+use super::barrier;
 use super::bins::Bins;
 use super::parked::{self, Parked, Taken};
 use super::stream_arena::Arena;
 use super::{round_size, Backend, Block, Pool, RawBlock};
-use crate::driver::barrier;
 
 impl<B: Backend> Pool<B> {
     /// The cached pair's malloc: when the block this thread parked in `parked` is

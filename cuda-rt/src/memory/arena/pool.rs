@@ -5,13 +5,13 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use super::barrier;
 use super::bins::{self, Bins, SlabFull};
 use super::error::TOO_MANY_CHUNKS;
 use super::parked::Parked;
 use super::stream_arena::Arena;
 use super::table::Table;
 use super::{round_size, Backend, Block, FreeError, MallocError, RawBlock};
-use crate::driver::barrier;
 use crate::error::OutOfMemoryCause;
 
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);

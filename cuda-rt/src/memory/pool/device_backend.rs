@@ -1,8 +1,10 @@
 //! The backends of a device's pool: `cuMemAlloc` / `cuMemFree` ([`DeviceBackend`]),
 //! and any backend with the allocation hooks around it ([`HookedBackend`]).
 
-use crate::driver::context::make_current;
-use crate::driver::{self, sys};
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
 use crate::error::Error;
 use crate::memory::arena::{Backend, BackendError};
 use crate::memory::hook;
@@ -15,7 +17,8 @@ pub(crate) struct DeviceBackend {
 
 impl Backend for DeviceBackend {
     fn alloc(&self, size: usize) -> std::result::Result<u64, BackendError> {
-        match make_current(self.device).and_then(|()| driver::memory::alloc(size)) {
+        let r = make_current(self.device).and_then(|()| Ok(result::memory::alloc(size)?));
+        match r {
             Ok(p) => Ok(p),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                 Err(BackendError::OutOfMemory(Some(d)))
@@ -26,7 +29,12 @@ impl Backend for DeviceBackend {
 
     fn free(&self, addr: u64, _size: usize) {
         // Nothing to do about a failure here (a context torn down at exit).
-        let _ = make_current(self.device).and_then(|()| driver::memory::free(addr));
+        if make_current(self.device).is_ok() {
+            // SAFETY: the arena frees only what `alloc` above gave it (cuMemAlloc in this
+            // device's primary context, made current above), once, when no block of it
+            // is handed out any more.
+            let _ = unsafe { result::memory::free(addr) };
+        }
     }
 }
 

@@ -1,6 +1,5 @@
 //! The default limit of a device's pool, from the environment ([`LIMIT_ENV`]).
 
-use crate::driver;
 use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::arena::parse_limit;
 
@@ -30,8 +29,9 @@ pub(crate) fn limit_from_env(
 }
 
 pub(super) fn device_total_memory(device: i32) -> Result<u64> {
-    let dev = driver::device::get(device)?;
-    Ok(driver::device::total_mem(dev)? as u64)
+    crate::device::context::init()?;
+    let dev = cuda_sys::result::device::get(device)?;
+    Ok(cuda_sys::result::device::total_mem(dev)? as u64)
 }
 
 #[cfg(test)]

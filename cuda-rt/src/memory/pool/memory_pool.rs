@@ -4,8 +4,8 @@ use std::fmt;
 use std::panic::Location;
 use std::sync::{Arc, OnceLock};
 
+use crate::device::context::MAX_DEVICES;
 use crate::device::get_device_id;
-use crate::driver::context::MAX_DEVICES;
 use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::allocator::Allocate;
 use crate::memory::arena::parked;

@@ -1,7 +1,7 @@
-//! A process-wide memory barrier (Linux `membarrier`), the one operating-system call
-//! of this layer besides the driver's: it lets a hot path that runs on one thread
-//! order a store before a later load with a compiler fence alone, paying the hardware
-//! barrier only on the rare path that must exclude it (see `memory::arena::parked`).
+//! A process-wide memory barrier (Linux `membarrier`; plain libc, no CUDA): it lets a
+//! hot path that runs on one thread order a store before a later load with a compiler
+//! fence alone, paying the hardware barrier only on the rare path that must exclude it
+//! (see [`parked`](super::parked)).
 //!
 //! [`ready`] registers the process once (`MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED`,
 //! Linux 4.14); where that fails (another system, an older kernel, a sandbox that
@@ -22,6 +22,7 @@ const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
 static READY: OnceLock<bool> = OnceLock::new();
 
 #[cfg(all(target_os = "linux", not(miri)))]
+#[allow(unsafe_code)] // the arena's one `unsafe`: a system call that touches no memory
 fn membarrier(cmd: libc::c_int) -> bool {
     // SAFETY: `membarrier(cmd, flags = 0)` reads and writes no user memory; an
     // unsupported or filtered command only returns -1.

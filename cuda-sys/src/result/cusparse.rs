@@ -1,0 +1,48 @@
+//! Checked cuSPARSE calls that a runtime makes itself: creating and destroying a
+//! handle, and setting its stream. A status other than success is a
+//! [`LibraryError`](super::LibraryError) named by [`cusparse_status_name`].
+//!
+//! Calls that take a handle are `unsafe fn`: it is live (created and not
+//! destroyed) and not used by another thread during the call.
+
+use super::{cusparse_status_name, library_check, Result};
+use crate::cusparse::{cudaStream_t, cusparseHandle_t, cusparseStatus_t};
+
+/// `Ok(())` for success, else the [`LibraryError`](super::LibraryError) of `status` for
+/// `call`.
+#[inline]
+pub fn check(status: cusparseStatus_t, call: &'static str) -> Result<()> {
+    library_check(status.0, call, cusparse_status_name)
+}
+
+/// A new cuSPARSE handle in the current context (`cusparseCreate`); the caller destroys
+/// it once with [`destroy`].
+pub fn create() -> Result<cusparseHandle_t> {
+    let f = crate::cusparse::api()?.cusparseCreate()?;
+    let mut h: cusparseHandle_t = std::ptr::null_mut();
+    // SAFETY: `h` is a valid out pointer.
+    check(unsafe { f(&mut h) }, "cusparseCreate")?;
+    Ok(h)
+}
+
+/// Destroys a handle (`cusparseDestroy`).
+///
+/// # Safety
+/// `handle` came from [`create`], is destroyed once and not used afterwards.
+pub unsafe fn destroy(handle: cusparseHandle_t) -> Result<()> {
+    let f = crate::cusparse::api()?.cusparseDestroy()?;
+    // SAFETY: see `# Safety`.
+    check(unsafe { f(handle) }, "cusparseDestroy")
+}
+
+/// Makes the handle's calls run on `stream` (`cusparseSetStream`); a driver `CUstream`
+/// converts with `.cast()`.
+///
+/// # Safety
+/// `handle` is live; `stream` is a live stream (or a default-stream handle) of the
+/// handle's context, alive as long as the handle uses it.
+pub unsafe fn set_stream(handle: cusparseHandle_t, stream: cudaStream_t) -> Result<()> {
+    let f = crate::cusparse::api()?.cusparseSetStream()?;
+    // SAFETY: see `# Safety`.
+    check(unsafe { f(handle, stream) }, "cusparseSetStream")
+}
