@@ -1,6 +1,7 @@
 //! A tour of the environment: driver, runtime and every device.
 //!
-//! On a machine without CUDA it says so, and why, and exits 0.
+//! Run it with `cargo run --example tour`. On a machine without CUDA it says so, and
+//! why, and exits 0; with CUDA, a driver or device it cannot describe makes it exit 1.
 
 use cuda_rt::{env, error::human_bytes, Device};
 
@@ -9,16 +10,20 @@ fn main() {
     let count = match cuda_rt::availability() {
         Ok(n) => n,
         Err(reason) => {
-            println!("CUDA is not available on this machine: {reason}");
+            println!("skipped: CUDA is not available on this machine: {reason}");
             return;
         }
     };
+    let mut failed = false;
     match env::driver_version() {
         Ok(v) => println!(
             "driver: CUDA {v} ({})",
             env::driver_library_path().unwrap_or_default()
         ),
-        Err(e) => println!("driver: {e}"),
+        Err(e) => {
+            println!("driver: {e}");
+            failed = true;
+        }
     }
     match env::get_local_runtime_version() {
         Ok(v) => println!(
@@ -31,7 +36,11 @@ fn main() {
     for id in 0..count {
         if let Err(e) = describe(id) {
             println!("  device {id}: {e}");
+            failed = true;
         }
+    }
+    if failed {
+        std::process::exit(1);
     }
 }
 

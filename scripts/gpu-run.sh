@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU suite runner (copied to gpu-bin/run.sh by scripts/build-gpu.sh).
-#   bash gpu-bin/run.sh            every test binary with CUDA_RT_REQUIRE_GPU=1
+#   bash gpu-bin/run.sh            every test binary with CUDA_RT_REQUIRE_GPU=1, the C
+#                                  smoke program, then every example (exit 0, no skip)
 #   SANITIZE=1 bash gpu-bin/run.sh the same under compute-sanitizer memcheck
 #   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables)
+#   ONLY=word bash gpu-bin/run.sh  only the test and example binaries named with `word`
 # Ends with one line: `N passed, N failed`.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -39,10 +41,36 @@ if "$HERE/c_smoke" >"$OUTDIR/c_smoke.log" 2>&1; then
 else
   failed=$((failed + 1)); failed_bins+=(c_smoke); cat "$OUTDIR/c_smoke.log"
 fi
-for ex in "$HERE"/examples/*; do
+# Every example runs in full here: a non-zero exit, a timeout, or a `skipped:` line (no
+# GPU, no NVRTC, no cuBLAS...) fails it, as a skipped GPU test fails under
+# CUDA_RT_REQUIRE_GPU=1. Each takes a few seconds; EXAMPLE_TIMEOUT bounds a hang.
+run_example() {
+  if [ "${SANITIZE:-0}" = 1 ]; then
+    timeout "${EXAMPLE_TIMEOUT:-300}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 86 --print-limit 20 "$@"
+  else
+    timeout "${EXAMPLE_TIMEOUT:-60}" "$@"
+  fi
+}
+for ex in "$HERE"/examples/*${ONLY:-}*; do
   [ -e "$ex" ] || continue
-  echo "== example $(basename "$ex")"
-  "$ex" 2>&1 | tail -20
+  name=$(basename "$ex")
+  log="$OUTDIR/example-$name.log"
+  start=$SECONDS
+  run_example "$ex" >"$log" 2>&1
+  rc=$?
+  why=""
+  if [ $rc -eq 124 ]; then why="timed out after $((SECONDS - start)) s"
+  elif [ $rc -ne 0 ]; then why="exit status $rc"
+  elif grep -q '^skipped:' "$log"; then why="$(grep -m1 '^skipped:' "$log")"
+  fi
+  if [ -z "$why" ]; then
+    passed=$((passed + 1))
+    printf '%-50s passed in %d s\n' "$name" $((SECONDS - start))
+  else
+    failed=$((failed + 1)); failed_bins+=("$name")
+    printf '%-50s FAILED: %s\n' "$name" "$why"
+    tail -20 "$log"
+  fi
 done
 if [ "${BENCH:-0}" = 1 ]; then
   for b in "$HERE"/benches/*; do

@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod buffer;
 pub mod compiler;
 pub mod device;
 pub mod env;
@@ -35,6 +36,7 @@ pub mod stream;
 pub mod testing;
 mod thread_state;
 
+pub use buffer::{DeviceBuffer, DeviceSlice, DeviceSliceMut, PinnedBuffer, Transfer};
 pub use compiler::{KernelCache, RawKernel, RawModule};
 pub use cuda_sys;
 pub use device::{

@@ -268,16 +268,27 @@ pub fn get_allocator() -> Allocator {
     }
     let generation = GENERATION.load(Ordering::Acquire);
     CACHED.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.0 != generation {
-            let g = GLOBAL.read().unwrap_or_else(|e| e.into_inner());
-            let a = g
-                .clone()
-                .unwrap_or_else(|| Allocator::Pool(get_default_memory_pool()));
-            *c = (generation, a);
+        if let Ok(c) = c.try_borrow() {
+            if c.0 == generation {
+                return c.1.clone();
+            }
         }
-        c.1.clone()
+        let a = global_allocator();
+        // Refreshed unless an `alloc` further up this thread's stack holds the copy
+        // (an allocation made from inside an allocation): then the next call does it.
+        if let Ok(mut c) = c.try_borrow_mut() {
+            *c = (generation, a.clone());
+        }
+        a
     })
+}
+
+/// The process-wide allocator, read under its lock.
+#[cold]
+fn global_allocator() -> Allocator {
+    let g = GLOBAL.read().unwrap_or_else(|e| e.into_inner());
+    g.clone()
+        .unwrap_or_else(|| Allocator::Pool(get_default_memory_pool()))
 }
 
 /// Runs `f` with `allocator` (`None`: plain device allocation) as this thread's
@@ -317,7 +328,32 @@ pub fn alloc(size: usize) -> Result<MemoryPointer> {
     if let Some(r) = crate::graph::capture_aware_alloc(size) {
         return r;
     }
+    let site = std::panic::Location::caller();
+    if let Some(r) = with_cached_pool(|pool| pool.malloc_from(device, size, site)) {
+        return r;
+    }
     get_allocator().malloc(size, device)
+}
+
+/// Runs `f` on this thread's cached copy of the process-wide allocator when it is a
+/// pool, no scope is open and the copy is current: borrowed in place, so the common
+/// `alloc` touches no reference count (a clone and a drop of the pool's `Arc` were a
+/// third of a cached pair). `None` when that does not apply.
+#[inline]
+fn with_cached_pool<R>(f: impl FnOnce(&MemoryPool) -> R) -> Option<R> {
+    if DEPTH.with(Cell::get) != 0 {
+        return None;
+    }
+    let generation = GENERATION.load(Ordering::Acquire);
+    CACHED.with(|c| {
+        // A shared borrow: `f` may allocate again (a hook, a custom allocator), which
+        // takes another shared borrow here or falls back to `get_allocator`.
+        let c = c.try_borrow().ok()?;
+        match &*c {
+            (g, Allocator::Pool(pool)) if *g == generation => Some(f(pool)),
+            _ => None,
+        }
+    })
 }
 
 #[cfg(test)]

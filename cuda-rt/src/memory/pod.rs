@@ -3,9 +3,9 @@
 //! [`Pod`] marks types with no padding, no pointers and no invalid bit patterns, so a
 //! device-to-host copy can fill a `&mut [T]` with whatever bytes the device holds.
 //! Half-precision numbers ([`F16`], [`Bf16`]) are small `#[repr(transparent)]` wrappers
-//! of their bits, with exact conversions to `f32` and rounding conversions from it;
-//! cuda-rt takes no dependency for them (a `half::f16` is layout-compatible: copy
-//! through `u16` with `to_bits`/`from_bits`).
+//! of their bits, with exact conversions to `f32` and rounding conversions from it.
+//! With the `half` feature, `half::f16` and `half::bf16` are `Pod` and kernel
+//! arguments too, and convert to and from [`F16`] / [`Bf16`] bit for bit.
 
 /// Plain old data: any bit pattern is a valid value, no padding bytes, no pointers.
 ///
@@ -57,6 +57,45 @@ pub struct Bf16(pub u16);
 unsafe impl Pod for F16 {}
 // SAFETY: `#[repr(transparent)]` over `u16`.
 unsafe impl Pod for Bf16 {}
+// SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__half` kernel parameter.
+unsafe impl crate::launch::PlainData for F16 {}
+// SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__nv_bfloat16` parameter.
+unsafe impl crate::launch::PlainData for Bf16 {}
+
+// The `half` crate's types, with the `half` feature: the same layout as `F16`/`Bf16`.
+#[cfg(feature = "half")]
+mod half_types {
+    // SAFETY: `half::f16` is `#[repr(transparent)]` over `u16`: no padding, every bit
+    // pattern a value.
+    unsafe impl super::Pod for half::f16 {}
+    // SAFETY: `half::bf16` is `#[repr(transparent)]` over `u16`, as above.
+    unsafe impl super::Pod for half::bf16 {}
+    // SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__half` parameter.
+    unsafe impl crate::launch::PlainData for half::f16 {}
+    // SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__nv_bfloat16`.
+    unsafe impl crate::launch::PlainData for half::bf16 {}
+
+    impl From<half::f16> for super::F16 {
+        fn from(v: half::f16) -> Self {
+            super::F16(v.to_bits())
+        }
+    }
+    impl From<super::F16> for half::f16 {
+        fn from(v: super::F16) -> Self {
+            half::f16::from_bits(v.0)
+        }
+    }
+    impl From<half::bf16> for super::Bf16 {
+        fn from(v: half::bf16) -> Self {
+            super::Bf16(v.to_bits())
+        }
+    }
+    impl From<super::Bf16> for half::bf16 {
+        fn from(v: super::Bf16) -> Self {
+            half::bf16::from_bits(v.0)
+        }
+    }
+}
 
 impl F16 {
     /// The value with these bits.

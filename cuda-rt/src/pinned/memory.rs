@@ -200,6 +200,15 @@ impl Owner {
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether the last copy recorded on the memory (which is queued after every
+    /// earlier one) has finished.
+    fn is_idle(&self) -> bool {
+        if !self.fenced.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.inflight().as_ref().is_none_or(|f| f.is_done())
+    }
+
     /// Waits for the copy in flight, if any (only for one that writes the memory
     /// unless `all`).
     fn wait(&self, all: bool) -> Result<()> {
@@ -708,6 +717,15 @@ impl PinnedMemoryPointer {
         // drop the last pointer to device memory.
         drop(done);
         Ok(())
+    }
+
+    /// Whether no copy recorded on the memory is still in flight, asked without
+    /// blocking (an error of the copy's stream counts as finished: it runs no more).
+    pub fn is_idle(&self) -> bool {
+        match &self.owner {
+            Some(o) => o.is_idle(),
+            None => true,
+        }
     }
 
     /// Waits until every copy recorded on the memory has finished.

@@ -204,10 +204,23 @@ impl MemoryPool {
     #[track_caller]
     #[inline]
     pub fn malloc_on(&self, device: i32, size: usize) -> Result<MemoryPointer> {
+        self.malloc_from(device, size, Location::caller())
+    }
+
+    /// [`malloc_on`](Self::malloc_on) for the call site `site` (what the memory hooks
+    /// report): for callers that reach the pool through a closure, where
+    /// `#[track_caller]` does not carry.
+    #[inline]
+    pub(crate) fn malloc_from(
+        &self,
+        device: i32,
+        size: usize,
+        site: &'static Location<'static>,
+    ) -> Result<MemoryPointer> {
         if let Some(p) = self.malloc_reparked(device, size) {
             return Ok(p);
         }
-        self.malloc_general(device, size)
+        self.malloc_general(device, size, site)
     }
 
     /// The cached pair's malloc (see [`Pool::malloc_reparked`]): the block this thread
@@ -234,9 +247,13 @@ impl MemoryPool {
         ))
     }
 
-    #[track_caller]
     #[inline(never)]
-    fn malloc_general(&self, device: i32, size: usize) -> Result<MemoryPointer> {
+    fn malloc_general(
+        &self,
+        device: i32,
+        size: usize,
+        site: &'static Location<'static>,
+    ) -> Result<MemoryPointer> {
         if size == 0 {
             return Ok(MemoryPointer::null(device));
         }
@@ -245,7 +262,7 @@ impl MemoryPool {
         let r = core.malloc(
             size,
             key,
-            Location::caller(),
+            site,
             |block| {
                 let ptr = block.addr();
                 (PooledMemory::wrap(core, block), ptr)
