@@ -42,6 +42,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A buffer dropped while a kernel that uses it is still queued is safe to drop when
+//! the kernel runs on the stream the buffer was allocated on (the current stream at
+//! its allocation): the pool hands the memory out again only to work ordered after
+//! that stream's kernel, and never to another stream while it is in use there. A
+//! kernel on another stream is the launch's promise (its `# Safety`): keep the buffer
+//! until that stream has passed the kernel (synchronise it, or wait for an event
+//! recorded after the kernel).
+//!
 //! # Asynchronous copies
 //! [`DeviceSliceMut::copy_from_pinned_async`] and [`DeviceSlice::copy_to_pinned_async`]
 //! queue a copy on a stream and return at once, waiting for nothing. The returned
