@@ -24,6 +24,7 @@ pub mod env;
 pub mod error;
 pub mod event;
 pub mod graph;
+mod image_extent;
 pub mod launch;
 pub mod libs;
 pub mod memory;

@@ -116,10 +116,16 @@ impl Module {
 
     /// Loads an image on `device`.
     pub(crate) fn load_data_on(device: i32, image: &[u8]) -> Result<Module> {
+        // The driver takes no length: it reads a cubin or fatbin as far as the image's
+        // headers say, so those must stay inside the slice.
+        match ImageKind::detect(image) {
+            ImageKind::Cubin => crate::image_extent::check_cubin(image)?,
+            ImageKind::Fatbin => crate::image_extent::check_fatbin(image)?,
+            ImageKind::Ptx => {}
+        }
         make_current(device)?;
         // SAFETY (both calls): PTX ends with a NUL byte (added here when missing); a
-        // cubin or fatbin is read as far as its own headers say, which is trusted (the
-        // driver takes no length).
+        // cubin or fatbin refers to no byte past its end (checked above).
         let handle = if ImageKind::detect(image) == ImageKind::Ptx && image.last() != Some(&0) {
             let mut owned = Vec::with_capacity(image.len() + 1);
             owned.extend_from_slice(image);
