@@ -403,7 +403,7 @@ impl Event {
         }
         // SAFETY: the event is live while `self` is.
         unsafe { result::event::synchronize(self.as_raw()) }
-            .map_err(|e| crate::graph::explain(e.into(), "Event::synchronize"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "Event::synchronize"))
     }
 
     /// `true` when the event's last record has completed (or it was never recorded),

@@ -117,7 +117,7 @@ pub trait AsStream: sealed::Sealed {
         // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
         // above), and its context is current (`context_for`).
         unsafe { result::stream::synchronize(self.as_raw()) }
-            .map_err(|e| graph::explain(e.into(), "synchronize"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "synchronize"))
     }
 
     /// `true` when all work queued on the stream is done, `false` while some is
@@ -127,7 +127,7 @@ pub trait AsStream: sealed::Sealed {
         // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
         // above), and its context is current (`context_for`).
         unsafe { result::stream::query(self.as_raw()) }
-            .map_err(|e| graph::explain(e.into(), "query"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "query"))
     }
 
     /// CuPy's `Stream.done`: the same as [`query`](AsStream::query).
@@ -543,7 +543,7 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: the stream is owned, live while `self` is; it carries its context.
         unsafe { result::stream::synchronize(self.as_raw()) }
-            .map_err(|e| graph::explain(e.into(), "synchronize"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "synchronize"))
     }
 }
 

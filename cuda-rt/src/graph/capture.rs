@@ -34,7 +34,7 @@ use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::make_current;
-use crate::error::{CaptureKind, Error, Result};
+use crate::error::{explain_capture, CaptureKind, Error, Result};
 use crate::graph::memory::AllocState;
 use crate::graph::{Graph, InstantiateFlags};
 use crate::memory::BaseMemory;
@@ -155,85 +155,6 @@ pub fn any_capture_active() -> bool {
     ACTIVE.load(Ordering::Relaxed) != 0
 }
 
-/// A driver error about capturing, in words: what happened and what to do.
-/// Other errors are returned unchanged.
-/// Whether `code` is one of the capture errors [`explain`] puts in words.
-pub(crate) fn is_capture_code(code: sys::CUresult) -> bool {
-    use sys::CUresult as R;
-    matches!(
-        code,
-        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-            | R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-            | R::CUDA_ERROR_STREAM_CAPTURE_MERGE
-            | R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
-            | R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED
-            | R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION
-            | R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
-            | R::CUDA_ERROR_CAPTURED_EVENT
-            | R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
-    )
-}
-
-pub(crate) fn explain(e: Error, what: &str) -> Error {
-    use sys::CUresult as R;
-    let Some(code) = e.driver_code() else {
-        return e;
-    };
-    let (kind, why) = match code {
-        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => (
-            CaptureKind::Invalidated,
-            "this operation is not allowed while a stream captures a graph (a synchronize, \
-             a synchronous copy or memset, a stream or event query, ...); the capture is \
-             now invalid: end it (which fails) and capture again without the operation",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => (
-            CaptureKind::Invalidated,
-            "the capture was invalidated by an earlier operation not allowed during a \
-             capture (a synchronize, a synchronous copy, ...); no graph can come of it: end \
-             it and capture again",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_MERGE => (
-            CaptureKind::Other,
-            "two independent captures would be merged (a capturing stream waited on an \
-             event recorded in another capture)",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => (
-            CaptureKind::NotCapturing,
-            "the capture was not begun on this stream: end a capture on the stream that \
-             began it",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED => (
-            CaptureKind::Unjoined,
-            "a stream forked from the capture (it waited on an event recorded during the \
-             capture) has work that was never joined back: record an event on the forked \
-             stream and make the origin stream wait on it before ending the capture",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION => (
-            CaptureKind::Other,
-            "a dependency would cross the capture's boundary (work outside the capture \
-             cannot depend on captured work)",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => (
-            CaptureKind::LegacyStream,
-            "the operation would wait on the legacy default stream, which is not allowed \
-             while a stream captures: use non-blocking streams, or a stream other than \
-             the legacy default one",
-        ),
-        R::CUDA_ERROR_CAPTURED_EVENT => (
-            CaptureKind::Other,
-            "the event was recorded during a capture: it cannot be queried or waited for \
-             from the host before the capture ends",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => (
-            CaptureKind::Other,
-            "the capture was begun in global or thread-local mode on another thread: end \
-             it on that thread",
-        ),
-        _ => return e,
-    };
-    Error::capture(kind, format!("{what}: {why} ({e})"))
-}
-
 /// The status of `s`'s capture, with the graph being captured (null unless active).
 pub(crate) fn info<S: AsStream + ?Sized>(s: &S) -> Result<(CaptureStatus, sys::CUgraph)> {
     if s.as_raw() as usize == LEGACY_DEFAULT_HANDLE {
@@ -245,7 +166,7 @@ pub(crate) fn info<S: AsStream + ?Sized>(s: &S) -> Result<(CaptureStatus, sys::C
     // SAFETY: the stream is live while `s` is borrowed (`AsStream`); its context was
     // made current above.
     let (st, id, g) = unsafe { result::stream::get_capture_info(s.as_raw()) }
-        .map_err(|e| explain(e.into(), "cuStreamGetCaptureInfo"))?;
+        .map_err(|e| explain_capture(e.into(), "cuStreamGetCaptureInfo"))?;
     let status = match st {
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active { id },
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => {
@@ -284,7 +205,7 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
     // (`AsStream`), not the legacy default stream (refused above), and its context was
     // made current above.
     unsafe { result::stream::begin_capture(s.as_raw(), mode.as_raw()) }
-        .map_err(|e| explain(e.into(), "begin_capture"))?;
+        .map_err(|e| explain_capture(e.into(), "begin_capture"))?;
     let id = match unsafe { result::stream::get_capture_info(s.as_raw()) } {
         Ok((_, id, _)) => id,
         Err(e) => {
@@ -381,7 +302,7 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Resul
             // No graph: the allocations made in the capture are dead (their addresses
             // may go to another graph's memory now), so their drop frees nothing.
             finish(entry);
-            return Err(explain(e.into(), "end_capture"));
+            return Err(explain_capture(e.into(), "end_capture"));
         }
     };
     let (keep, allocs) = match entry {
@@ -549,80 +470,6 @@ pub(crate) fn keep_in_capture<S: AsStream + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::DriverError;
-
-    fn driver(code: sys::CUresult) -> Error {
-        Error::Driver(DriverError {
-            call: "cuStreamSynchronize",
-            code,
-            name: "CUDA_ERROR_X",
-            description: "x",
-        })
-    }
-
-    #[test]
-    fn capture_errors_are_explained_in_words() {
-        let e = explain(
-            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
-            "synchronize",
-        );
-        assert!(matches!(
-            e,
-            Error::Capture {
-                kind: CaptureKind::Invalidated,
-                ..
-            }
-        ));
-        let s = e.to_string();
-        assert!(s.starts_with("synchronize: "), "{s}");
-        assert!(s.contains("capture is now invalid"), "{s}");
-        let e = explain(
-            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED),
-            "end_capture",
-        );
-        assert!(e.to_string().contains("never joined back"), "{e}");
-        assert!(matches!(
-            e,
-            Error::Capture {
-                kind: CaptureKind::Unjoined,
-                ..
-            }
-        ));
-        let e = explain(
-            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
-            "end_capture",
-        );
-        assert!(e.to_string().contains("invalidated"), "{e}");
-        assert!(matches!(
-            e,
-            Error::Capture {
-                kind: CaptureKind::Invalidated,
-                ..
-            }
-        ));
-        let e = explain(
-            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT),
-            "memcpy",
-        );
-        assert!(matches!(
-            e,
-            Error::Capture {
-                kind: CaptureKind::LegacyStream,
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn other_errors_pass_unchanged() {
-        let e = explain(driver(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY), "x");
-        assert!(matches!(e, Error::Driver(_)));
-        let e = explain(
-            Error::invalid_argument(crate::error::ArgumentKind::Other, "y"),
-            "x",
-        );
-        assert!(matches!(e, Error::InvalidArgument { .. }));
-    }
 
     #[test]
     fn no_capture_is_active_by_default() {

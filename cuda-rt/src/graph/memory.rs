@@ -259,7 +259,7 @@ fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
         // SAFETY: `s` keeps the current stream alive; its device's context was made
         // current above.
         let ptr = unsafe { result::memory::alloc_async(size, s.as_raw()) }
-            .map_err(|e| capture::explain(e.into(), "allocation during a capture"))?;
+            .map_err(|e| crate::error::explain_capture(e.into(), "allocation during a capture"))?;
         let id = entry.id;
         let state = Arc::new(AllocState {
             ptr,

@@ -69,8 +69,8 @@ pub use memory::capture_aware_alloc;
 pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
 
 pub(crate) use capture::{
-    begin as begin_capture, end as end_capture, explain, info as capture_info, is_capture_code,
-    keep_for_graph, keep_in_capture, note_use,
+    begin as begin_capture, end as end_capture, info as capture_info, keep_for_graph,
+    keep_in_capture, note_use,
 };
 
 use cuda_sys::driver as sys;
@@ -78,7 +78,7 @@ use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::error::{ArgumentKind, CaptureKind, Error, Result, StateKind};
+use crate::error::{explain_capture, ArgumentKind, CaptureKind, Error, Result, StateKind};
 use crate::stream::AsStream;
 use memory::{AllocState, LaunchRecord};
 
@@ -232,7 +232,7 @@ impl Graph {
         // SAFETY: the graph is owned by `self` and live until its drop.
         let e =
             unsafe { result::graph::instantiate_with_flags(self.as_raw(), driver_flags(flags)) }
-                .map_err(|e| explain(e.into(), "Graph::instantiate"))?;
+                .map_err(|e| explain_capture(e.into(), "Graph::instantiate"))?;
         self.flags = flags;
         self.exec.set(Some(e as usize));
         Ok(())
@@ -263,7 +263,7 @@ impl Graph {
         let e = unsafe {
             result::graph::instantiate_with_flags(self.as_raw(), driver_flags(self.flags))
         }
-        .map_err(|e| explain(e.into(), "Graph::instantiate"))?;
+        .map_err(|e| explain_capture(e.into(), "Graph::instantiate"))?;
         // The graph is not `Sync`: no other thread can have instantiated meanwhile.
         self.exec.set(Some(e as usize));
         Ok(e)
@@ -282,7 +282,7 @@ impl Graph {
         // the stream is live while `stream` is borrowed (`AsStream`). What the nodes
         // use is kept alive by the graph (its keep-alive list, waited for on drop).
         unsafe { result::graph::launch(e, stream.as_raw()) }
-            .map_err(|e| explain(e.into(), "Graph::launch"))?;
+            .map_err(|e| explain_capture(e.into(), "Graph::launch"))?;
         if !self.allocs.is_empty() {
             self.launches.launched_on(stream.as_stream_ref());
         }
@@ -297,7 +297,7 @@ impl Graph {
             // SAFETY: `e` is this graph's executable and `stream` the live stream of
             // the launch that calls this (see `launch`).
             unsafe { result::graph::upload(e, stream) }
-                .map_err(|e| explain(e.into(), "Graph::launch (upload)"))?;
+                .map_err(|e| explain_capture(e.into(), "Graph::launch (upload)"))?;
         }
         self.launched.set(true);
         Ok(())
@@ -311,7 +311,7 @@ impl Graph {
         // SAFETY: the executable is owned by `self`; the stream is live while `stream`
         // is borrowed (`AsStream`).
         unsafe { result::graph::upload(e, stream.as_raw()) }
-            .map_err(|e| explain(e.into(), "Graph::upload"))
+            .map_err(|e| explain_capture(e.into(), "Graph::upload"))
     }
 
     /// Gives this graph's executable the node parameters of `from` (a re-capture or

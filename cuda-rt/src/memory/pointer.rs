@@ -809,11 +809,11 @@ fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<Stream
 /// A synchronous call that the driver refused because a capture is under way
 /// (another stream capturing in global mode) becomes [`Error::Capture`].
 fn capture_error(what: &str, e: Error) -> Error {
-    if !e.driver_code().is_some_and(crate::graph::is_capture_code) {
+    if !e.driver_code().is_some_and(crate::error::is_capture_code) {
         return e;
     }
     // The one translator of capture errors, with the hint for synchronous copies.
-    crate::graph::explain(
+    crate::error::explain_capture(
         e,
         &format!(
             "{what} is synchronous while a stream is capturing a graph (use the _async \
