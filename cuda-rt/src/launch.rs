@@ -312,7 +312,22 @@ enum Kind {
     Cooperative,
 }
 
+// Launching is a `Function`'s job, but it needs this module's argument and shape
+// types, so these methods of `Function` live here: `launch` sits on `module`.
 impl Function {
+    /// The largest cluster size (blocks per cluster) a launch with this grid, block and
+    /// shared memory could use (`cuOccupancyMaxPotentialClusterSize`; sm_90+).
+    pub fn max_potential_cluster_size(&self, config: &LaunchConfig) -> Result<i32> {
+        make_current(self.device_id())?;
+        let cfg = config.to_raw(std::ptr::null_mut(), &mut []);
+        // SAFETY: the function is live while `self` is (it keeps its module loaded), and
+        // its device's context was made current above; `cfg` has no attributes (null,
+        // count 0).
+        Ok(unsafe {
+            cuda_sys::result::module::occupancy_max_potential_cluster_size(self.as_raw(), &cfg)
+        }?)
+    }
+
     /// Launches on this thread's current stream of the function's device.
     ///
     /// The argument count and sizes are checked against the kernel's parameters when the
