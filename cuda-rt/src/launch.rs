@@ -64,6 +64,7 @@ use cuda_sys::result::launch as dl;
 
 use crate::device::context::make_current;
 use crate::error::{ArgumentKind, Error, Result};
+use crate::memory::{Bf16, MemoryPointer, F16};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};
 
@@ -267,6 +268,35 @@ unsafe impl<T> PlainData for *const T {}
 unsafe impl<T> PlainData for *mut T {}
 // SAFETY: an array of plain data is plain data (for use inside structs).
 unsafe impl<T: PlainData, const N: usize> PlainData for [T; N] {}
+
+// Memory's types as kernel arguments. They are implemented here, where the traits
+// are, so that `memory` needs nothing from `launch`.
+
+// SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__half` kernel parameter.
+unsafe impl PlainData for F16 {}
+// SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__nv_bfloat16` parameter.
+unsafe impl PlainData for Bf16 {}
+// SAFETY: `half::f16` is `#[repr(transparent)]` over `u16`: the bits of a `__half`
+// parameter.
+#[cfg(feature = "half")]
+unsafe impl PlainData for half::f16 {}
+// SAFETY: `half::bf16` is `#[repr(transparent)]` over `u16`: the bits of a
+// `__nv_bfloat16` parameter.
+#[cfg(feature = "half")]
+unsafe impl PlainData for half::bf16 {}
+
+// SAFETY: `param_ptr` points to the pointer's own address field, 8 readable bytes laid
+// out as the kernel's `T*` parameter, valid while `self` is borrowed.
+unsafe impl KernelArg for MemoryPointer {
+    #[inline]
+    fn param_ptr(&self) -> *mut c_void {
+        self.addr_ref() as *const u64 as *mut c_void
+    }
+    #[inline]
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<u64>()
+    }
+}
 
 /// A launch attribute for [`Function::launch_ex`] (`cuLaunchKernelEx`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

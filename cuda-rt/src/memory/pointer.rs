@@ -210,6 +210,13 @@ impl MemoryPointer {
         self.addr
     }
 
+    /// The address field itself: a launch passes the kernel a pointer to these 8 bytes
+    /// (`KernelArg`, in `launch`), valid while `self` is borrowed.
+    #[inline]
+    pub(crate) fn addr_ref(&self) -> &u64 {
+        &self.addr
+    }
+
     /// The byte offset into the memory.
     #[inline]
     pub fn offset(&self) -> usize {
@@ -820,19 +827,6 @@ fn capture_error(what: &str, e: Error) -> Error {
              form on the capturing stream)"
         ),
     )
-}
-
-// SAFETY: `param_ptr` points to the pointer's own `addr` field, 8 readable bytes laid
-// out as the kernel's `T*` parameter, valid while `self` is borrowed.
-unsafe impl crate::launch::KernelArg for MemoryPointer {
-    #[inline]
-    fn param_ptr(&self) -> *mut std::ffi::c_void {
-        &self.addr as *const u64 as *mut std::ffi::c_void
-    }
-    #[inline]
-    fn param_size(&self) -> usize {
-        std::mem::size_of::<u64>()
-    }
 }
 
 #[cfg(test)]
