@@ -34,7 +34,7 @@ mod device_memory;
 pub mod hook;
 mod managed;
 pub(crate) mod pod;
-mod pointer;
+pub(crate) mod pointer;
 pub mod pool;
 mod unowned;
 

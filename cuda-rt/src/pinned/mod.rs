@@ -44,6 +44,7 @@
 
 mod bytes;
 mod fence;
+mod host_copy;
 mod memory;
 pub mod pool;
 mod register;
