@@ -29,6 +29,7 @@ pub mod libs;
 pub mod memory;
 pub mod module;
 pub mod pinned;
+pub mod prelude;
 pub mod profiler;
 mod spare;
 pub mod stream;
@@ -47,7 +48,7 @@ pub use error::{
     ArgumentKind, CaptureKind, Error, OutOfMemory, OutOfMemoryCause, Result, StateKind,
     Unavailable, UnsupportedKind,
 };
-pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
+pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle, StreamEventExt};
 pub use graph::{CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};

@@ -7,9 +7,11 @@
 //! [`use_stream`](AsStream::use_stream) inside); `use_stream` sets it with no scope.
 //! A stream of a device other than the thread's current device cannot be made current.
 //!
-//! Every operation of a stream is on the [`AsStream`] trait (`synchronize`, `query`,
-//! `record`, `wait_event`, `launch_host_func`, `add_callback`, ...), so owned,
-//! borrowed and foreign streams all have them.
+//! The operations of a stream are on the [`AsStream`] trait (`synchronize`, `query`,
+//! `launch_host_func`, `add_callback`, `enter`, ...), so owned, borrowed and foreign
+//! streams all have them. Those that take a higher module's types are on traits that
+//! module defines for every `AsStream`: [`StreamEventExt`](crate::StreamEventExt)
+//! (`record`, `wait_event`). [`crate::prelude`] brings them all in scope.
 //!
 //! # Who keeps a stream alive
 //! A [`Stream`] is reference counted, as CuPy's stream objects are: the driver's
@@ -35,7 +37,6 @@ use cuda_sys::result;
 use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, CaptureKind, DriverError, Error, Result, StateKind};
-use crate::event::Event;
 use crate::graph::{self, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 use crate::thread_state::{self, MAX_DEVICES};
 
@@ -54,7 +55,7 @@ fn is_default_handle(handle: usize) -> bool {
 /// Makes the stream's device current when the stream is a default stream (whose
 /// meaning depends on the current context); other streams carry their context.
 #[inline]
-fn context_for<S: AsStream + ?Sized>(s: &S) -> Result<()> {
+pub(crate) fn context_for<S: AsStream + ?Sized>(s: &S) -> Result<()> {
     if is_default_handle(s.as_raw() as usize) {
         make_current(s.device_id())?;
     }
@@ -133,31 +134,6 @@ pub trait AsStream: sealed::Sealed {
     /// CuPy's `Stream.done`: the same as [`query`](AsStream::query).
     fn done(&self) -> Result<bool> {
         self.query()
-    }
-
-    /// Records `event` on this stream, or a new event (blocking, with timing, as
-    /// CuPy's `Event()`) when `None`, and returns it. The event must belong to the
-    /// stream's device.
-    fn record(&self, event: Option<Event>) -> Result<Event> {
-        let ev = match event {
-            Some(ev) => ev,
-            None => Event::on_device(self.device_id(), crate::event::EventFlags::BLOCKING_SYNC)?,
-        };
-        ev.record_on(self)?;
-        Ok(ev)
-    }
-
-    /// Makes work queued on this stream after this call wait until `event`'s last
-    /// record has completed. An event never recorded is complete: nothing waits.
-    fn wait_event(&self, event: &Event) -> Result<()> {
-        if !event.is_recorded() {
-            return Ok(());
-        }
-        context_for(self)?;
-        // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
-        // above), and its context is current (`context_for`).
-        // The event is live while `event` is borrowed (an `Event` destroys it on drop).
-        Ok(unsafe { result::stream::wait_event(self.as_raw(), event.as_raw()) }?)
     }
 
     /// Runs `f` on a driver thread once all work queued before it on this stream is
