@@ -11,7 +11,8 @@
 //! `launch_host_func`, `add_callback`, `enter`, ...), so owned, borrowed and foreign
 //! streams all have them. Those that take a higher module's types are on traits that
 //! module defines for every `AsStream`: [`StreamEventExt`](crate::StreamEventExt)
-//! (`record`, `wait_event`). [`crate::prelude`] brings them all in scope.
+//! (`record`, `wait_event`) and [`StreamCaptureExt`](crate::StreamCaptureExt)
+//! (`begin_capture`, `end_capture`, ...). [`crate::prelude`] brings them all in scope.
 //!
 //! # Who keeps a stream alive
 //! A [`Stream`] is reference counted, as CuPy's stream objects are: the driver's
@@ -37,7 +38,6 @@ use cuda_sys::result;
 use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, CaptureKind, DriverError, Error, Result, StateKind};
-use crate::graph::{self, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 use crate::thread_state::{self, MAX_DEVICES};
 
 /// The legacy default stream's handle (CUDA's `0`).
@@ -167,53 +167,6 @@ pub trait AsStream: sealed::Sealed {
         // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
         // above), and its context is current (`context_for`).
         Ok(unsafe { result::stream::add_callback(self.as_raw(), f) }?)
-    }
-
-    /// Runs `f` on a driver thread in stream order, like
-    /// [`launch_host_func`](AsStream::launch_host_func), but also while the stream
-    /// captures a graph: then `f` becomes a host node of the graph and runs once per
-    /// launch, for as long as the graph, its clones or executables live (the graph
-    /// owns `f`). Not capturing, it runs once. A panic in `f` is caught; `f` must not
-    /// call CUDA, nor own anything whose drop calls CUDA.
-    fn launch_host_func_repeatable<F>(&self, f: F) -> Result<()>
-    where
-        F: Fn() + Send + Sync + 'static,
-        Self: Sized,
-    {
-        context_for(self)?;
-        graph::launch_repeatable_host_func(self, Box::new(f))
-    }
-
-    /// Begins capturing the work queued on this stream into a graph
-    /// (`cuStreamBeginCapture`), in `mode`. An error for the legacy default stream and
-    /// for a stream that is already capturing.
-    fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
-        graph::begin_capture(self, mode)
-    }
-
-    /// Ends the capture begun on this stream and returns its graph, instantiated with
-    /// no flags (as CuPy's `end_capture`). An [`Error::Capture`] when the stream is not
-    /// capturing, when the capture was invalidated (a synchronize, a synchronous copy
-    /// during it), or when a forked stream was not joined back.
-    fn end_capture(&self) -> Result<Graph> {
-        graph::end_capture(self, InstantiateFlags::empty())
-    }
-
-    /// [`end_capture`](AsStream::end_capture), instantiating with `flags`.
-    fn end_capture_with(&self, flags: InstantiateFlags) -> Result<Graph> {
-        graph::end_capture(self, flags)
-    }
-
-    /// Whether the stream is capturing a graph (an invalidated capture counts: the
-    /// stream is still in capture mode until the capture is ended).
-    fn is_capturing(&self) -> Result<bool> {
-        Ok(self.capture_status()? != CaptureStatus::None)
-    }
-
-    /// The stream's capture status and, when active, the capture's id
-    /// (`cuStreamGetCaptureInfo`).
-    fn capture_status(&self) -> Result<CaptureStatus> {
-        graph::capture_info(self).map(|(s, _)| s)
     }
 
     /// Makes this the current stream of its device on this thread until the returned

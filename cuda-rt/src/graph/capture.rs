@@ -80,7 +80,7 @@ pub enum CaptureStatus {
         id: u64,
     },
     /// Still in capture mode, but an operation not allowed during capture has
-    /// invalidated it: [`end_capture`](crate::AsStream::end_capture) will fail.
+    /// invalidated it: [`end_capture`](crate::StreamCaptureExt::end_capture) will fail.
     Invalidated,
 }
 
@@ -186,7 +186,7 @@ fn discard(g: sys::CUgraph) {
     }
 }
 
-/// `AsStream::begin_capture`.
+/// `StreamCaptureExt::begin_capture`.
 pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()> {
     let handle = s.as_raw() as usize;
     if handle == LEGACY_DEFAULT_HANDLE {
@@ -264,7 +264,7 @@ fn finish(abandoned: Option<Entry>) {
     drop(deferred);
 }
 
-/// `AsStream::end_capture_with`.
+/// `StreamCaptureExt::end_capture_with`.
 pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Result<Graph> {
     let handle = s.as_raw() as usize;
     let (status, _) = info(s)?;

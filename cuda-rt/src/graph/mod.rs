@@ -4,7 +4,7 @@
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
 //! use cuda_rt::graph::CaptureMode;
-//! use cuda_rt::{AsStream, Stream};
+//! use cuda_rt::{AsStream, Stream, StreamCaptureExt};
 //! let stream = Stream::non_blocking()?;
 //! let _scope = stream.enter()?; // allocations and copies follow the current stream
 //! stream.begin_capture(CaptureMode::Global)?;
@@ -19,7 +19,8 @@
 //! ```
 //!
 //! # Capture
-//! Capture methods are on [`AsStream`]: `begin_capture(mode)`, `end_capture()`,
+//! Capture methods are on [`StreamCaptureExt`], which every stream implements (it is
+//! in [`crate::prelude`]): `begin_capture(mode)`, `end_capture()`,
 //! `is_capturing()`, `capture_status()`, and `launch_host_func_repeatable(f)` for a
 //! host function that runs on every launch of the graph. The legacy default stream
 //! cannot capture (an error says so). Other streams join a capture by waiting on an
@@ -56,6 +57,7 @@
 mod capture;
 mod memory;
 mod node;
+mod stream_capture;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -67,6 +69,7 @@ use std::sync::Arc;
 pub use capture::{any_capture_active, CaptureMode, CaptureStatus};
 pub use memory::capture_aware_alloc;
 pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
+pub use stream_capture::StreamCaptureExt;
 
 pub(crate) use capture::{
     begin as begin_capture, end as end_capture, info as capture_info, keep_for_graph,
@@ -102,7 +105,7 @@ bitflags::bitflags! {
 }
 
 /// A CUDA graph (`CUgraph`) and, once instantiated, its executable (`CUgraphExec`).
-/// Both are destroyed on drop. Made by capture ([`AsStream::end_capture`], already
+/// Both are destroyed on drop. Made by capture ([`StreamCaptureExt::end_capture`], already
 /// instantiated) or by [`Graph::new`] and the `add_*_node` methods (instantiated on
 /// first launch, or by [`Graph::instantiate`]).
 ///
@@ -491,7 +494,7 @@ impl Drop for Graph {
     }
 }
 
-/// `AsStream::launch_host_func_repeatable`: a host node in the graph `s` captures
+/// `StreamCaptureExt::launch_host_func_repeatable`: a host node in the graph `s` captures
 /// into, or a plain one-off host function when `s` is not capturing.
 pub(crate) fn launch_repeatable_host_func<S: AsStream + ?Sized>(
     s: &S,
