@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod buffer;
+mod capture;
 pub mod compiler;
 pub mod device;
 pub mod env;

@@ -54,8 +54,6 @@
 //! (CUDA asks that calls on one graph be serialized). Kernel nodes are `unsafe`
 //! ([`Graph::add_kernel_node`]) and keep their kernel's module loaded.
 
-mod capture;
-mod memory;
 mod node;
 mod stream_capture;
 
@@ -66,15 +64,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub use capture::{any_capture_active, CaptureMode, CaptureStatus};
-pub use memory::capture_aware_alloc;
+pub use crate::capture::{any_capture_active, CaptureMode, CaptureStatus};
+pub use crate::memory::graph_memory::capture_aware_alloc;
 pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
 pub use stream_capture::StreamCaptureExt;
 
-pub(crate) use capture::{
-    begin as begin_capture, end as end_capture, info as capture_info, keep_for_graph,
-    keep_in_capture, note_use,
-};
+use crate::capture::{info as capture_info, keep_in_capture, AllocState, LaunchRecord};
 
 use cuda_sys::driver as sys;
 use cuda_sys::result;
@@ -83,7 +78,6 @@ use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::{explain_capture, ArgumentKind, CaptureKind, Error, Result, StateKind};
 use crate::stream::AsStream;
-use memory::{AllocState, LaunchRecord};
 
 bitflags::bitflags! {
     /// How a graph is instantiated (`CUgraphInstantiate_flags`).

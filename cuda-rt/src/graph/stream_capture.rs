@@ -1,9 +1,7 @@
 //! Capturing a stream's work into a [`Graph`]: the stream methods of capture.
 
-use super::{
-    begin_capture, capture_info, end_capture, launch_repeatable_host_func, CaptureMode,
-    CaptureStatus, Graph, InstantiateFlags,
-};
+use super::{launch_repeatable_host_func, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
+use crate::capture::{self, begin as begin_capture, info as capture_info};
 use crate::error::Result;
 use crate::stream::{context_for, AsStream};
 
@@ -65,3 +63,9 @@ pub trait StreamCaptureExt: AsStream {
 }
 
 impl<S: AsStream + ?Sized> StreamCaptureExt for S {}
+
+/// Ends the capture begun on `s` and instantiates its graph with `flags`.
+fn end_capture<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Result<Graph> {
+    let ended = capture::end(s)?;
+    Graph::from_capture(ended.raw, s.device_id(), ended.keep, ended.allocs, flags)
+}

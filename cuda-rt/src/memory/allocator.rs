@@ -325,7 +325,7 @@ pub fn alloc(size: usize) -> Result<MemoryPointer> {
     if size == 0 {
         return Ok(MemoryPointer::null(device));
     }
-    if let Some(r) = crate::graph::capture_aware_alloc(size) {
+    if let Some(r) = crate::memory::graph_memory::capture_aware_alloc(size) {
         return r;
     }
     let site = std::panic::Location::caller();

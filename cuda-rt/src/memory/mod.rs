@@ -31,6 +31,7 @@ mod allocator;
 pub mod arena;
 mod async_pool;
 mod device_memory;
+pub(crate) mod graph_memory;
 pub mod hook;
 mod managed;
 pub(crate) mod pod;

@@ -74,8 +74,8 @@ impl Drop for MemoryPointer {
         if Arc::strong_count(mem) != 1 {
             return;
         }
-        if crate::graph::any_capture_active() {
-            crate::graph::keep_for_graph(mem);
+        if crate::capture::any_capture_active() {
+            crate::capture::keep_for_graph(mem);
         } else if let Some(mem) = self.mem.take() {
             // The last pointer: the object gives its memory back now and may keep its
             // emptied allocation for reuse (pooled memory does).
@@ -142,6 +142,29 @@ pub(crate) fn synchronize(s: &StreamRef) -> Result<()> {
     // SAFETY: `s` keeps its stream alive while borrowed (a `StreamRef` owns or borrows
     // it); the driver answers an error code for a context mismatch.
     Ok(unsafe { result::stream::synchronize(s.as_raw()) }?)
+}
+
+/// Wraps a memory object so it can sit in a capture's keep-alive list.
+#[derive(Debug)]
+struct KeptMemory(#[allow(dead_code)] Arc<dyn BaseMemory>);
+
+// The capture registry (below `memory`) sees memory objects through this.
+impl crate::capture::Keepable for Arc<dyn BaseMemory> {
+    #[inline]
+    fn ptr(&self) -> u64 {
+        BaseMemory::ptr(&**self)
+    }
+    #[inline]
+    fn size(&self) -> usize {
+        BaseMemory::size(&**self)
+    }
+    #[inline]
+    fn identity(&self) -> usize {
+        Arc::as_ptr(self).cast::<()>() as usize
+    }
+    fn keep(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        Arc::new(KeptMemory(Arc::clone(self)))
+    }
 }
 
 impl MemoryPointer {
@@ -473,7 +496,7 @@ impl MemoryPointer {
         make_current(s.device_id())?;
         self.d2d(src, size, Some(&s))?;
         // A graph captured on `s` copies between these on every launch: it keeps both.
-        crate::graph::note_use(&s, &[self.m(), src.m()])
+        crate::capture::note_use(&s, &[self.m(), src.m()])
     }
 
     /// Copies `size` bytes from this pointer to `dst`, synchronously.
@@ -616,7 +639,7 @@ impl MemoryPointer {
             (true, _) => {
                 r?;
                 match &stream {
-                    Some(s) => crate::graph::note_use(s, &[self.m()]),
+                    Some(s) => crate::capture::note_use(s, &[self.m()]),
                     None => Ok(()),
                 }
             }
