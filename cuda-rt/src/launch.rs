@@ -2,7 +2,7 @@
 //! without heap allocation, cooperative launches and launch attributes (clusters).
 //!
 //! Arguments are anything that implements [`KernelArg`]: every primitive scalar, raw
-//! pointers, `u64` device pointers, [`MemoryPointer`](crate::MemoryPointer)s, and your
+//! pointers, `u64` device pointers, [`MemoryPointer`]s, and your
 //! own `#[repr(C)]` plain-data structs once they implement [`PlainData`]. A launch
 //! takes them as `&[&dyn KernelArg]` (an array on the caller's stack) or through the
 //! [`launch!`](crate::launch!) macro:
@@ -372,7 +372,7 @@ impl Function {
     ///   `#[repr(C)]` [`PlainData`] struct for a struct). Only the count and sizes are
     ///   checked, and only with a driver that reports them.
     /// - Every pointer argument (a `u64` device address, a raw pointer, a
-    ///   [`MemoryPointer`](crate::MemoryPointer), a pointer inside a struct), and every
+    ///   [`MemoryPointer`], a pointer inside a struct), and every
     ///   address the kernel derives from one, is valid for every access the kernel
     ///   makes through it: memory accessible from this function's device, large enough
     ///   for every index the launch shape reaches, and alive until the kernel has

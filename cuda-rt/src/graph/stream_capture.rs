@@ -37,7 +37,7 @@ pub trait StreamCaptureExt: AsStream {
     }
 
     /// Ends the capture begun on this stream and returns its graph, instantiated with
-    /// no flags (as CuPy's `end_capture`). An [`Error::Capture`] when the stream is not
+    /// no flags (as CuPy's `end_capture`). An [`Error::Capture`](crate::Error::Capture) when the stream is not
     /// capturing, when the capture was invalidated (a synchronize, a synchronous copy
     /// during it), or when a forked stream was not joined back.
     fn end_capture(&self) -> Result<Graph> {
