@@ -7,7 +7,8 @@
 
 use cuda_rt::buffer::{DeviceBuffer, PinnedBuffer};
 use cuda_rt::pinned::{get_default_pinned_memory_pool, set_pinned_memory_allocator};
-use cuda_rt::{AsStream, PinnedMemoryPool, Stream};
+use cuda_rt::prelude::*;
+use cuda_rt::{PinnedMemoryPool, Stream};
 
 const CHUNK: usize = 1 << 20; // elements (4 MiB of f32)
 const CHUNKS: usize = 8;

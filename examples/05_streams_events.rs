@@ -8,7 +8,8 @@
 use std::sync::mpsc;
 
 use cuda_rt::buffer::DeviceBuffer;
-use cuda_rt::{get_current_stream, get_elapsed_time, AsStream, Device, Event, Stream};
+use cuda_rt::prelude::*;
+use cuda_rt::{get_current_stream, get_elapsed_time, Device, Event, Stream};
 
 fn main() {
     if let Err(reason) = cuda_rt::availability() {

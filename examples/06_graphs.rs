@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use cuda_rt::buffer::DeviceBuffer;
-use cuda_rt::{AsStream, CaptureMode, LaunchConfig, RawKernel, Stream};
+use cuda_rt::prelude::*;
+use cuda_rt::{CaptureMode, LaunchConfig, RawKernel, Stream};
 
 const ACCUMULATE: &str = r#"
 extern "C" __global__ void accumulate(float* y, const float* x, int n) {

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::graph::CaptureMode;
-use cuda_rt::{AsStream, Stream};
+use cuda_rt::{AsStream, Stream, StreamCaptureExt};
 
 mod common;
 use common::{interleaved, Figure, Report};

@@ -16,7 +16,7 @@ use cuda_sys::result;
 use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, Error, Result, StateKind};
-use crate::stream::{get_current_stream, AsStream};
+use crate::stream::{context_for, get_current_stream, AsStream};
 
 bitflags::bitflags! {
     /// How an event behaves (`CU_EVENT_*`).
@@ -403,7 +403,7 @@ impl Event {
         }
         // SAFETY: the event is live while `self` is.
         unsafe { result::event::synchronize(self.as_raw()) }
-            .map_err(|e| crate::graph::explain(e.into(), "Event::synchronize"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "Event::synchronize"))
     }
 
     /// `true` when the event's last record has completed (or it was never recorded),
@@ -569,6 +569,42 @@ pub fn get_elapsed_time(start: &Event, end: &Event) -> Result<f32> {
         r => r,
     }
 }
+
+/// A stream's event operations: record an event on it, make it wait for one (CuPy's
+/// `Stream.record` and `Stream.wait_event`).
+///
+/// Implemented for every [`AsStream`] (owned, borrowed and foreign streams); nothing
+/// else can implement it. It is a trait of its own, defined here rather than in
+/// [`AsStream`], because it takes an [`Event`]: streams sit below events. Bring it in
+/// scope with [`crate::prelude`] (`use cuda_rt::prelude::*;`) or by name.
+pub trait StreamEventExt: AsStream {
+    /// Records `event` on this stream, or a new event (blocking, with timing, as
+    /// CuPy's `Event()`) when `None`, and returns it. The event must belong to the
+    /// stream's device.
+    fn record(&self, event: Option<Event>) -> Result<Event> {
+        let ev = match event {
+            Some(ev) => ev,
+            None => Event::on_device(self.device_id(), EventFlags::BLOCKING_SYNC)?,
+        };
+        ev.record_on(self)?;
+        Ok(ev)
+    }
+
+    /// Makes work queued on this stream after this call wait until `event`'s last
+    /// record has completed. An event never recorded is complete: nothing waits.
+    fn wait_event(&self, event: &Event) -> Result<()> {
+        if !event.is_recorded() {
+            return Ok(());
+        }
+        context_for(self)?;
+        // SAFETY: the stream is live while `self` is borrowed (an `AsStream` keeps it
+        // alive, see `crate::stream`), and its context is current (`context_for`).
+        // The event is live while `event` is borrowed (an `Event` destroys it on drop).
+        Ok(unsafe { result::stream::wait_event(self.as_raw(), event.as_raw()) }?)
+    }
+}
+
+impl<S: AsStream + ?Sized> StreamEventExt for S {}
 
 /// Records a new event (with timing) on this thread's current stream, as CuPy's
 /// `Stream.record()` with no event does.

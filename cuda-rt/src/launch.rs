@@ -2,7 +2,7 @@
 //! without heap allocation, cooperative launches and launch attributes (clusters).
 //!
 //! Arguments are anything that implements [`KernelArg`]: every primitive scalar, raw
-//! pointers, `u64` device pointers, [`MemoryPointer`](crate::MemoryPointer)s, and your
+//! pointers, `u64` device pointers, [`MemoryPointer`]s, and your
 //! own `#[repr(C)]` plain-data structs once they implement [`PlainData`]. A launch
 //! takes them as `&[&dyn KernelArg]` (an array on the caller's stack) or through the
 //! [`launch!`](crate::launch!) macro:
@@ -64,6 +64,7 @@ use cuda_sys::result::launch as dl;
 
 use crate::device::context::make_current;
 use crate::error::{ArgumentKind, Error, Result};
+use crate::memory::{Bf16, MemoryPointer, F16};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};
 
@@ -268,6 +269,35 @@ unsafe impl<T> PlainData for *mut T {}
 // SAFETY: an array of plain data is plain data (for use inside structs).
 unsafe impl<T: PlainData, const N: usize> PlainData for [T; N] {}
 
+// Memory's types as kernel arguments. They are implemented here, where the traits
+// are, so that `memory` needs nothing from `launch`.
+
+// SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__half` kernel parameter.
+unsafe impl PlainData for F16 {}
+// SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__nv_bfloat16` parameter.
+unsafe impl PlainData for Bf16 {}
+// SAFETY: `half::f16` is `#[repr(transparent)]` over `u16`: the bits of a `__half`
+// parameter.
+#[cfg(feature = "half")]
+unsafe impl PlainData for half::f16 {}
+// SAFETY: `half::bf16` is `#[repr(transparent)]` over `u16`: the bits of a
+// `__nv_bfloat16` parameter.
+#[cfg(feature = "half")]
+unsafe impl PlainData for half::bf16 {}
+
+// SAFETY: `param_ptr` points to the pointer's own address field, 8 readable bytes laid
+// out as the kernel's `T*` parameter, valid while `self` is borrowed.
+unsafe impl KernelArg for MemoryPointer {
+    #[inline]
+    fn param_ptr(&self) -> *mut c_void {
+        self.addr_ref() as *const u64 as *mut c_void
+    }
+    #[inline]
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<u64>()
+    }
+}
+
 /// A launch attribute for [`Function::launch_ex`] (`cuLaunchKernelEx`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LaunchAttribute {
@@ -312,7 +342,22 @@ enum Kind {
     Cooperative,
 }
 
+// Launching is a `Function`'s job, but it needs this module's argument and shape
+// types, so these methods of `Function` live here: `launch` sits on `module`.
 impl Function {
+    /// The largest cluster size (blocks per cluster) a launch with this grid, block and
+    /// shared memory could use (`cuOccupancyMaxPotentialClusterSize`; sm_90+).
+    pub fn max_potential_cluster_size(&self, config: &LaunchConfig) -> Result<i32> {
+        make_current(self.device_id())?;
+        let cfg = config.to_raw(std::ptr::null_mut(), &mut []);
+        // SAFETY: the function is live while `self` is (it keeps its module loaded), and
+        // its device's context was made current above; `cfg` has no attributes (null,
+        // count 0).
+        Ok(unsafe {
+            cuda_sys::result::module::occupancy_max_potential_cluster_size(self.as_raw(), &cfg)
+        }?)
+    }
+
     /// Launches on this thread's current stream of the function's device.
     ///
     /// The argument count and sizes are checked against the kernel's parameters when the
@@ -327,7 +372,7 @@ impl Function {
     ///   `#[repr(C)]` [`PlainData`] struct for a struct). Only the count and sizes are
     ///   checked, and only with a driver that reports them.
     /// - Every pointer argument (a `u64` device address, a raw pointer, a
-    ///   [`MemoryPointer`](crate::MemoryPointer), a pointer inside a struct), and every
+    ///   [`MemoryPointer`], a pointer inside a struct), and every
     ///   address the kernel derives from one, is valid for every access the kernel
     ///   makes through it: memory accessible from this function's device, large enough
     ///   for every index the launch shape reaches, and alive until the kernel has

@@ -14,10 +14,44 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! # Layers
+//!
+//! Each module uses only the modules on its own floor or below, never one above, so
+//! there is no import circle (`scripts/module-cycles.py` checks it, also among the
+//! submodules of each directory module). From the bottom:
+//!
+//! 1. [`error`], `thread_state` (what is current on a thread), [`env`](mod@env),
+//!    `spare`: nothing of CUDA's objects. The translation of capture errors into words
+//!    ([`Error::Capture`]) is here, since every floor above can meet one.
+//! 2. [`device`]: devices, contexts, per-thread library handles.
+//! 3. [`stream`]: streams and the current stream ([`AsStream`]).
+//! 4. [`event`] (events, and [`StreamEventExt`]: `record`, `wait_event` on every
+//!    stream) and `capture`, a small private module: beginning and ending a capture,
+//!    the "any capture active" flag, and the registry that keeps memory alive for a
+//!    capture's graph. The registry sees memory only through a small trait and
+//!    type-erased keep-alive handles, so it needs nothing from [`memory`].
+//! 5. [`memory`]: memory objects, [`MemoryPointer`], pools, allocators, hooks, and
+//!    allocation during a capture (memory nodes).
+//! 6. [`pinned`]: pinned memory, its pool, staging copies, and
+//!    [`MemoryPointer`]'s synchronous host copies (which stage through pinned memory,
+//!    so they are defined here).
+//! 7. [`module`] (modules and functions), then [`launch`](mod@launch) (launch
+//!    shapes, kernel arguments, the launch methods of [`Function`]), then
+//!    [`compiler`] (NVRTC and the kernel cache).
+//! 8. [`graph`]: graphs, nodes, and [`StreamCaptureExt`] (`begin_capture`,
+//!    `end_capture`, ... on every stream).
+//! 9. [`buffer`], [`libs`], [`profiler`], [`prelude`].
+//!
+//! A method whose signature needs a higher floor's type is defined on that floor:
+//! `impl MemoryPointer` blocks in `pinned` and `launch`, `impl Function` in `launch`,
+//! and the stream extension traits. [`prelude`] imports [`AsStream`] and those traits
+//! at once (`use cuda_rt::prelude::*;`).
 
 #![warn(missing_docs)]
 
 pub mod buffer;
+mod capture;
 pub mod compiler;
 pub mod device;
 pub mod env;
@@ -30,6 +64,7 @@ pub mod libs;
 pub mod memory;
 pub mod module;
 pub mod pinned;
+pub mod prelude;
 pub mod profiler;
 mod spare;
 pub mod stream;
@@ -48,8 +83,8 @@ pub use error::{
     ArgumentKind, CaptureKind, Error, OutOfMemory, OutOfMemoryCause, Result, StateKind,
     Unavailable, UnsupportedKind,
 };
-pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle};
-pub use graph::{CaptureMode, CaptureStatus, Graph, InstantiateFlags};
+pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle, StreamEventExt};
+pub use graph::{CaptureMode, CaptureStatus, Graph, InstantiateFlags, StreamCaptureExt};
 pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{

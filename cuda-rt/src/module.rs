@@ -484,15 +484,6 @@ impl Function {
         }?;
         Ok((grid.max(0) as u32, block.max(0) as u32))
     }
-
-    /// The largest cluster size (blocks per cluster) a launch with this grid, block and
-    /// shared memory could use (`cuOccupancyMaxPotentialClusterSize`; sm_90+).
-    pub fn max_potential_cluster_size(&self, config: &crate::launch::LaunchConfig) -> Result<i32> {
-        make_current(self.inner.device)?;
-        let cfg = config.to_raw(std::ptr::null_mut(), &mut []);
-        // SAFETY: as in `attribute_raw`; `cfg` has no attributes (null, count 0).
-        Ok(unsafe { result::module::occupancy_max_potential_cluster_size(self.as_raw(), &cfg) }?)
-    }
 }
 
 /// [`Function::param_sizes`]' error: `driver_version` is what `cuDriverGetVersion`

@@ -7,9 +7,12 @@
 //! [`use_stream`](AsStream::use_stream) inside); `use_stream` sets it with no scope.
 //! A stream of a device other than the thread's current device cannot be made current.
 //!
-//! Every operation of a stream is on the [`AsStream`] trait (`synchronize`, `query`,
-//! `record`, `wait_event`, `launch_host_func`, `add_callback`, ...), so owned,
-//! borrowed and foreign streams all have them.
+//! The operations of a stream are on the [`AsStream`] trait (`synchronize`, `query`,
+//! `launch_host_func`, `add_callback`, `enter`, ...), so owned, borrowed and foreign
+//! streams all have them. Those that take a higher module's types are on traits that
+//! module defines for every `AsStream`: [`StreamEventExt`](crate::StreamEventExt)
+//! (`record`, `wait_event`) and [`StreamCaptureExt`](crate::StreamCaptureExt)
+//! (`begin_capture`, `end_capture`, ...). [`crate::prelude`] brings them all in scope.
 //!
 //! # Who keeps a stream alive
 //! A [`Stream`] is reference counted, as CuPy's stream objects are: the driver's
@@ -35,8 +38,6 @@ use cuda_sys::result;
 use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, CaptureKind, DriverError, Error, Result, StateKind};
-use crate::event::Event;
-use crate::graph::{self, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 use crate::thread_state::{self, MAX_DEVICES};
 
 /// The legacy default stream's handle (CUDA's `0`).
@@ -54,7 +55,7 @@ fn is_default_handle(handle: usize) -> bool {
 /// Makes the stream's device current when the stream is a default stream (whose
 /// meaning depends on the current context); other streams carry their context.
 #[inline]
-fn context_for<S: AsStream + ?Sized>(s: &S) -> Result<()> {
+pub(crate) fn context_for<S: AsStream + ?Sized>(s: &S) -> Result<()> {
     if is_default_handle(s.as_raw() as usize) {
         make_current(s.device_id())?;
     }
@@ -117,7 +118,7 @@ pub trait AsStream: sealed::Sealed {
         // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
         // above), and its context is current (`context_for`).
         unsafe { result::stream::synchronize(self.as_raw()) }
-            .map_err(|e| graph::explain(e.into(), "synchronize"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "synchronize"))
     }
 
     /// `true` when all work queued on the stream is done, `false` while some is
@@ -127,37 +128,12 @@ pub trait AsStream: sealed::Sealed {
         // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
         // above), and its context is current (`context_for`).
         unsafe { result::stream::query(self.as_raw()) }
-            .map_err(|e| graph::explain(e.into(), "query"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "query"))
     }
 
     /// CuPy's `Stream.done`: the same as [`query`](AsStream::query).
     fn done(&self) -> Result<bool> {
         self.query()
-    }
-
-    /// Records `event` on this stream, or a new event (blocking, with timing, as
-    /// CuPy's `Event()`) when `None`, and returns it. The event must belong to the
-    /// stream's device.
-    fn record(&self, event: Option<Event>) -> Result<Event> {
-        let ev = match event {
-            Some(ev) => ev,
-            None => Event::on_device(self.device_id(), crate::event::EventFlags::BLOCKING_SYNC)?,
-        };
-        ev.record_on(self)?;
-        Ok(ev)
-    }
-
-    /// Makes work queued on this stream after this call wait until `event`'s last
-    /// record has completed. An event never recorded is complete: nothing waits.
-    fn wait_event(&self, event: &Event) -> Result<()> {
-        if !event.is_recorded() {
-            return Ok(());
-        }
-        context_for(self)?;
-        // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
-        // above), and its context is current (`context_for`).
-        // The event is live while `event` is borrowed (an `Event` destroys it on drop).
-        Ok(unsafe { result::stream::wait_event(self.as_raw(), event.as_raw()) }?)
     }
 
     /// Runs `f` on a driver thread once all work queued before it on this stream is
@@ -191,53 +167,6 @@ pub trait AsStream: sealed::Sealed {
         // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream alive"
         // above), and its context is current (`context_for`).
         Ok(unsafe { result::stream::add_callback(self.as_raw(), f) }?)
-    }
-
-    /// Runs `f` on a driver thread in stream order, like
-    /// [`launch_host_func`](AsStream::launch_host_func), but also while the stream
-    /// captures a graph: then `f` becomes a host node of the graph and runs once per
-    /// launch, for as long as the graph, its clones or executables live (the graph
-    /// owns `f`). Not capturing, it runs once. A panic in `f` is caught; `f` must not
-    /// call CUDA, nor own anything whose drop calls CUDA.
-    fn launch_host_func_repeatable<F>(&self, f: F) -> Result<()>
-    where
-        F: Fn() + Send + Sync + 'static,
-        Self: Sized,
-    {
-        context_for(self)?;
-        graph::launch_repeatable_host_func(self, Box::new(f))
-    }
-
-    /// Begins capturing the work queued on this stream into a graph
-    /// (`cuStreamBeginCapture`), in `mode`. An error for the legacy default stream and
-    /// for a stream that is already capturing.
-    fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
-        graph::begin_capture(self, mode)
-    }
-
-    /// Ends the capture begun on this stream and returns its graph, instantiated with
-    /// no flags (as CuPy's `end_capture`). An [`Error::Capture`] when the stream is not
-    /// capturing, when the capture was invalidated (a synchronize, a synchronous copy
-    /// during it), or when a forked stream was not joined back.
-    fn end_capture(&self) -> Result<Graph> {
-        graph::end_capture(self, InstantiateFlags::empty())
-    }
-
-    /// [`end_capture`](AsStream::end_capture), instantiating with `flags`.
-    fn end_capture_with(&self, flags: InstantiateFlags) -> Result<Graph> {
-        graph::end_capture(self, flags)
-    }
-
-    /// Whether the stream is capturing a graph (an invalidated capture counts: the
-    /// stream is still in capture mode until the capture is ended).
-    fn is_capturing(&self) -> Result<bool> {
-        Ok(self.capture_status()? != CaptureStatus::None)
-    }
-
-    /// The stream's capture status and, when active, the capture's id
-    /// (`cuStreamGetCaptureInfo`).
-    fn capture_status(&self) -> Result<CaptureStatus> {
-        graph::capture_info(self).map(|(s, _)| s)
     }
 
     /// Makes this the current stream of its device on this thread until the returned
@@ -543,7 +472,7 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: the stream is owned, live while `self` is; it carries its context.
         unsafe { result::stream::synchronize(self.as_raw()) }
-            .map_err(|e| graph::explain(e.into(), "synchronize"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "synchronize"))
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use cuda_rt::event::{cached_event_count, EventFlags};
 use cuda_rt::{
-    get_elapsed_time, gpu_test, AsStream, Device, Event, IpcEventHandle, Stream, StreamRef,
+    get_elapsed_time, gpu_test, AsStream, Device, Event, IpcEventHandle, Stream, StreamEventExt,
+    StreamRef,
 };
 
 /// The variable that turns `event_ipc_child_process_helper` into the child side of

@@ -12,6 +12,7 @@ use cuda_rt::graph::{CaptureMode, CaptureStatus, InstantiateFlags, KernelArgs, L
 use cuda_rt::memory::{ClosureAllocator, MemoryPointer};
 use cuda_rt::{
     gpu_test, ArgumentKind, AsStream, CaptureKind, Error, Event, EventFlags, Graph, Module, Stream,
+    StreamCaptureExt, StreamEventExt,
 };
 use kernels::{add_one, axpy, Kernels};
 

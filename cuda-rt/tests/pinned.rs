@@ -13,6 +13,7 @@ use cuda_rt::pinned::{
 };
 use cuda_rt::{
     gpu_test, ArgumentKind, AsStream, CaptureKind, CaptureMode, Error, MemoryPool, Stream,
+    StreamCaptureExt,
 };
 
 /// The first `len` bytes of `dev` as a [`MemoryPointer`] that keeps `dev` alive (its

@@ -11,7 +11,9 @@ use cuda_rt::pinned::{
     copy_device_to_host, copy_device_to_host_raw, copy_host_to_device, copy_host_to_device_raw,
     parallel_memcpy, set_staging_threads, staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD,
 };
-use cuda_rt::{get_current_stream, gpu_test, ArgumentKind, AsStream, CaptureMode, Error, Stream};
+use cuda_rt::{
+    get_current_stream, gpu_test, ArgumentKind, CaptureMode, Error, Stream, StreamCaptureExt,
+};
 
 /// The first `len` bytes of `dev` as a [`MemoryPointer`] that keeps `dev` alive (its
 /// owner); the checks read `dev` with raw driver copies. Bytes past `len` are a guard.

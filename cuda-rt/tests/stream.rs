@@ -10,7 +10,7 @@ use std::time::Duration;
 use cuda_rt::stream::{host_func_panic_count, PER_THREAD_DEFAULT_HANDLE};
 use cuda_rt::{
     current_stream_of, get_current_stream, gpu_test, AsStream, Device, ExternalStream, Stream,
-    StreamRef,
+    StreamEventExt, StreamRef,
 };
 
 /// A fake stream reference: only compared and made current, never given to CUDA.

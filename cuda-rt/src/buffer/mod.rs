@@ -11,10 +11,10 @@
 //! | [`PinnedBuffer<T>`] | owning page-locked host memory of `len` `T`s, from the current pinned allocator |
 //! | [`Transfer<'p>`] | an asynchronous copy to or from a pinned buffer, in flight |
 //!
-//! Elements are [`Pod`](crate::memory::Pod): primitives, arrays, the half-precision
+//! Elements are [`Pod`]: primitives, arrays, the half-precision
 //! [`F16`](crate::memory::F16) / [`Bf16`](crate::memory::Bf16) (and `half::f16` /
 //! `half::bf16` with the `half` feature), and your `#[repr(C)]` structs of plain data
-//! after an `unsafe impl Pod` (see [`Pod`](crate::memory::Pod)'s safety rule).
+//! after an `unsafe impl Pod` (see [`Pod`]'s safety rule).
 //!
 //! # Kernels
 //! Buffers and views are kernel arguments: each passes its device address, as a

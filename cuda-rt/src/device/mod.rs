@@ -174,7 +174,7 @@ impl Device {
     pub fn synchronize(&self) -> Result<()> {
         context::make_current(self.id)?;
         result::context::synchronize()
-            .map_err(|e| crate::graph::explain(e.into(), "Device::synchronize"))
+            .map_err(|e| crate::error::explain_capture(e.into(), "Device::synchronize"))
     }
 
     /// The product name, e.g. `NVIDIA H200`.
@@ -311,5 +311,6 @@ pub fn set_device_id(id: i32) -> Result<()> {
 /// Blocks until all work queued on the current device is done.
 pub fn synchronize() -> Result<()> {
     context::make_current(get_device_id())?;
-    result::context::synchronize().map_err(|e| crate::graph::explain(e.into(), "synchronize"))
+    result::context::synchronize()
+        .map_err(|e| crate::error::explain_capture(e.into(), "synchronize"))
 }

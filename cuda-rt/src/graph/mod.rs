@@ -4,7 +4,7 @@
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
 //! use cuda_rt::graph::CaptureMode;
-//! use cuda_rt::{AsStream, Stream};
+//! use cuda_rt::{AsStream, Stream, StreamCaptureExt};
 //! let stream = Stream::non_blocking()?;
 //! let _scope = stream.enter()?; // allocations and copies follow the current stream
 //! stream.begin_capture(CaptureMode::Global)?;
@@ -19,7 +19,8 @@
 //! ```
 //!
 //! # Capture
-//! Capture methods are on [`AsStream`]: `begin_capture(mode)`, `end_capture()`,
+//! Capture methods are on [`StreamCaptureExt`], which every stream implements (it is
+//! in [`crate::prelude`]): `begin_capture(mode)`, `end_capture()`,
 //! `is_capturing()`, `capture_status()`, and `launch_host_func_repeatable(f)` for a
 //! host function that runs on every launch of the graph. The legacy default stream
 //! cannot capture (an error says so). Other streams join a capture by waiting on an
@@ -53,9 +54,8 @@
 //! (CUDA asks that calls on one graph be serialized). Kernel nodes are `unsafe`
 //! ([`Graph::add_kernel_node`]) and keep their kernel's module loaded.
 
-mod capture;
-mod memory;
 mod node;
+mod stream_capture;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -64,23 +64,20 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub use capture::{any_capture_active, CaptureMode, CaptureStatus};
-pub use memory::capture_aware_alloc;
+pub use crate::capture::{any_capture_active, CaptureMode, CaptureStatus};
+pub use crate::memory::graph_memory::capture_aware_alloc;
 pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
+pub use stream_capture::StreamCaptureExt;
 
-pub(crate) use capture::{
-    begin as begin_capture, end as end_capture, explain, info as capture_info, is_capture_code,
-    keep_for_graph, keep_in_capture, note_use,
-};
+use crate::capture::{info as capture_info, keep_in_capture, AllocState, LaunchRecord};
 
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::error::{ArgumentKind, CaptureKind, Error, Result, StateKind};
+use crate::error::{explain_capture, ArgumentKind, CaptureKind, Error, Result, StateKind};
 use crate::stream::AsStream;
-use memory::{AllocState, LaunchRecord};
 
 bitflags::bitflags! {
     /// How a graph is instantiated (`CUgraphInstantiate_flags`).
@@ -102,7 +99,7 @@ bitflags::bitflags! {
 }
 
 /// A CUDA graph (`CUgraph`) and, once instantiated, its executable (`CUgraphExec`).
-/// Both are destroyed on drop. Made by capture ([`AsStream::end_capture`], already
+/// Both are destroyed on drop. Made by capture ([`StreamCaptureExt::end_capture`], already
 /// instantiated) or by [`Graph::new`] and the `add_*_node` methods (instantiated on
 /// first launch, or by [`Graph::instantiate`]).
 ///
@@ -232,7 +229,7 @@ impl Graph {
         // SAFETY: the graph is owned by `self` and live until its drop.
         let e =
             unsafe { result::graph::instantiate_with_flags(self.as_raw(), driver_flags(flags)) }
-                .map_err(|e| explain(e.into(), "Graph::instantiate"))?;
+                .map_err(|e| explain_capture(e.into(), "Graph::instantiate"))?;
         self.flags = flags;
         self.exec.set(Some(e as usize));
         Ok(())
@@ -263,7 +260,7 @@ impl Graph {
         let e = unsafe {
             result::graph::instantiate_with_flags(self.as_raw(), driver_flags(self.flags))
         }
-        .map_err(|e| explain(e.into(), "Graph::instantiate"))?;
+        .map_err(|e| explain_capture(e.into(), "Graph::instantiate"))?;
         // The graph is not `Sync`: no other thread can have instantiated meanwhile.
         self.exec.set(Some(e as usize));
         Ok(e)
@@ -282,7 +279,7 @@ impl Graph {
         // the stream is live while `stream` is borrowed (`AsStream`). What the nodes
         // use is kept alive by the graph (its keep-alive list, waited for on drop).
         unsafe { result::graph::launch(e, stream.as_raw()) }
-            .map_err(|e| explain(e.into(), "Graph::launch"))?;
+            .map_err(|e| explain_capture(e.into(), "Graph::launch"))?;
         if !self.allocs.is_empty() {
             self.launches.launched_on(stream.as_stream_ref());
         }
@@ -297,7 +294,7 @@ impl Graph {
             // SAFETY: `e` is this graph's executable and `stream` the live stream of
             // the launch that calls this (see `launch`).
             unsafe { result::graph::upload(e, stream) }
-                .map_err(|e| explain(e.into(), "Graph::launch (upload)"))?;
+                .map_err(|e| explain_capture(e.into(), "Graph::launch (upload)"))?;
         }
         self.launched.set(true);
         Ok(())
@@ -311,7 +308,7 @@ impl Graph {
         // SAFETY: the executable is owned by `self`; the stream is live while `stream`
         // is borrowed (`AsStream`).
         unsafe { result::graph::upload(e, stream.as_raw()) }
-            .map_err(|e| explain(e.into(), "Graph::upload"))
+            .map_err(|e| explain_capture(e.into(), "Graph::upload"))
     }
 
     /// Gives this graph's executable the node parameters of `from` (a re-capture or
@@ -491,7 +488,7 @@ impl Drop for Graph {
     }
 }
 
-/// `AsStream::launch_host_func_repeatable`: a host node in the graph `s` captures
+/// `StreamCaptureExt::launch_host_func_repeatable`: a host node in the graph `s` captures
 /// into, or a plain one-off host function when `s` is not capturing.
 pub(crate) fn launch_repeatable_host_func<S: AsStream + ?Sized>(
     s: &S,

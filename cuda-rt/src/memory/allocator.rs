@@ -9,7 +9,6 @@
 //! [`set_allocator`] reads the process-wide value under its lock.
 
 use std::cell::{Cell, RefCell};
-use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -17,116 +16,21 @@ use std::sync::{Arc, RwLock};
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::memory::async_pool::MemoryAsyncPool;
-use crate::memory::device_memory::{Memory, Release};
+use crate::memory::device_memory::{CAllocator, ClosureAllocator, Memory};
 use crate::memory::pool::{get_default_memory_pool, MemoryPool};
 use crate::memory::MemoryPointer;
-
-/// A Rust allocation function: `malloc(size, device)` returns a device address of at
-/// least `size` bytes on `device`.
-pub type MallocFn = dyn Fn(usize, i32) -> Result<u64> + Send + Sync;
-/// The matching free function: `free(ptr, size, device)`.
-pub type FreeFn = dyn Fn(u64, usize, i32) + Send + Sync;
-
-/// A C allocation function: `malloc(ctx, size, device)` returns a device address, or 0
-/// when it fails.
-pub type CMallocFn = extern "C" fn(ctx: *mut c_void, size: usize, device: i32) -> u64;
-/// A C free function: `free(ctx, ptr, device)`.
-pub type CFreeFn = extern "C" fn(ctx: *mut c_void, ptr: u64, device: i32);
-
-/// A pair of Rust closures used as an allocator (CuPy's `PythonFunctionAllocator`).
-#[derive(Clone)]
-pub struct ClosureAllocator {
-    malloc: Arc<MallocFn>,
-    free: Arc<FreeFn>,
-}
-
-impl ClosureAllocator {
-    /// The allocator `malloc` / `free`.
-    ///
-    /// # Safety
-    /// A successful `malloc(size, device)` must return the address of at least `size`
-    /// bytes of device-accessible memory of `device` that stays valid until `free` is
-    /// called with it (and no memory that anything else writes to meanwhile).
-    pub unsafe fn new(
-        malloc: impl Fn(usize, i32) -> Result<u64> + Send + Sync + 'static,
-        free: impl Fn(u64, usize, i32) + Send + Sync + 'static,
-    ) -> Self {
-        ClosureAllocator {
-            malloc: Arc::new(malloc),
-            free: Arc::new(free),
-        }
-    }
-
-    fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
-        let ptr = (self.malloc)(size, device)?;
-        if ptr == 0 {
-            return Err(Error::invalid_state(
-                StateKind::AllocatorFailed,
-                format!(
-                    "the closure allocator returned a null pointer for {size} bytes on device \
-                     {device}"
-                ),
-            ));
-        }
-        let mem = Memory::from_parts(ptr, size, device, Release::Closure(self.clone()));
-        Ok(MemoryPointer::from_memory(Arc::new(mem)))
-    }
-
-    pub(crate) fn free(&self, ptr: u64, size: usize, device: i32) {
-        (self.free)(ptr, size, device)
-    }
-}
-
-/// A C function pair with an opaque argument used as an allocator (CuPy's
-/// `CFunctionAllocator`; the C shim builds these).
-#[derive(Clone, Copy)]
-pub struct CAllocator {
-    malloc: CMallocFn,
-    free: CFreeFn,
-    /// The opaque argument, as an address (it crosses threads with the allocator).
-    ctx: usize,
-}
-
-impl CAllocator {
-    /// The allocator `malloc(ctx, ..)` / `free(ctx, ..)`.
-    ///
-    /// # Safety
-    /// Both functions may be called from any thread with `ctx`, for as long as the
-    /// allocator or memory from it lives. A non-zero `malloc(ctx, size, device)` must be
-    /// the address of at least `size` bytes of device-accessible memory of `device`,
-    /// valid until `free(ctx, ptr, device)`.
-    pub unsafe fn new(malloc: CMallocFn, free: CFreeFn, ctx: *mut c_void) -> Self {
-        CAllocator {
-            malloc,
-            free,
-            ctx: ctx as usize,
-        }
-    }
-
-    fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
-        let ptr = (self.malloc)(self.ctx as *mut c_void, size, device);
-        if ptr == 0 {
-            return Err(Error::invalid_state(
-                StateKind::AllocatorFailed,
-                format!(
-                    "the C allocator failed to allocate {size} bytes on device {device} (it \
-                     returned 0)"
-                ),
-            ));
-        }
-        let mem = Memory::from_parts(ptr, size, device, Release::C(*self));
-        Ok(MemoryPointer::from_memory(Arc::new(mem)))
-    }
-
-    pub(crate) fn free(&self, ptr: u64, device: i32) {
-        (self.free)(self.ctx as *mut c_void, ptr, device)
-    }
-}
 
 /// An allocator written as a type: returns memory objects that free themselves.
 pub trait Allocate: Send + Sync {
     /// `size` (> 0) bytes on `device`.
     fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer>;
+}
+
+impl Allocate for MemoryPool {
+    #[track_caller]
+    fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
+        self.malloc_on(device, size)
+    }
 }
 
 /// What [`alloc`] allocates with. Cheap to clone (at most a reference count).
@@ -325,7 +229,7 @@ pub fn alloc(size: usize) -> Result<MemoryPointer> {
     if size == 0 {
         return Ok(MemoryPointer::null(device));
     }
-    if let Some(r) = crate::graph::capture_aware_alloc(size) {
+    if let Some(r) = crate::memory::graph_memory::capture_aware_alloc(size) {
         return r;
     }
     let site = std::panic::Location::caller();

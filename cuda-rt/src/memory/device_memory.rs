@@ -1,7 +1,10 @@
 //! The memory-object trait ([`BaseMemory`]) and plain device memory ([`Memory`],
 //! `cuMemAlloc`/`cuMemFree`, or memory from a user allocator that remembers how to
-//! free itself).
+//! free itself), with those user allocators ([`ClosureAllocator`], [`CAllocator`]):
+//! their memory frees itself through them, so they sit here, below the allocator
+//! selection (`allocator.rs`) and the pools.
 
+use std::ffi::c_void;
 use std::fmt;
 use std::sync::Arc;
 
@@ -10,8 +13,8 @@ use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::device::device_count;
-use crate::error::{Error, OutOfMemory, OutOfMemoryCause, Result};
-use crate::memory::allocator::{CAllocator, ClosureAllocator};
+use crate::error::{Error, OutOfMemory, OutOfMemoryCause, Result, StateKind};
+use crate::memory::MemoryPointer;
 
 /// A range of device-accessible memory that lives as long as the object:
 /// what a [`MemoryPointer`](crate::memory::MemoryPointer) points into.
@@ -36,6 +39,108 @@ pub unsafe trait BaseMemory: Send + Sync + fmt::Debug + 'static {
     #[inline]
     fn recycle(self: Arc<Self>) {
         drop(self);
+    }
+}
+
+/// A Rust allocation function: `malloc(size, device)` returns a device address of at
+/// least `size` bytes on `device`.
+pub type MallocFn = dyn Fn(usize, i32) -> Result<u64> + Send + Sync;
+/// The matching free function: `free(ptr, size, device)`.
+pub type FreeFn = dyn Fn(u64, usize, i32) + Send + Sync;
+
+/// A C allocation function: `malloc(ctx, size, device)` returns a device address, or 0
+/// when it fails.
+pub type CMallocFn = extern "C" fn(ctx: *mut c_void, size: usize, device: i32) -> u64;
+/// A C free function: `free(ctx, ptr, device)`.
+pub type CFreeFn = extern "C" fn(ctx: *mut c_void, ptr: u64, device: i32);
+
+/// A pair of Rust closures used as an allocator (CuPy's `PythonFunctionAllocator`).
+#[derive(Clone)]
+pub struct ClosureAllocator {
+    pub(super) malloc: Arc<MallocFn>,
+    pub(super) free: Arc<FreeFn>,
+}
+
+impl ClosureAllocator {
+    /// The allocator `malloc` / `free`.
+    ///
+    /// # Safety
+    /// A successful `malloc(size, device)` must return the address of at least `size`
+    /// bytes of device-accessible memory of `device` that stays valid until `free` is
+    /// called with it (and no memory that anything else writes to meanwhile).
+    pub unsafe fn new(
+        malloc: impl Fn(usize, i32) -> Result<u64> + Send + Sync + 'static,
+        free: impl Fn(u64, usize, i32) + Send + Sync + 'static,
+    ) -> Self {
+        ClosureAllocator {
+            malloc: Arc::new(malloc),
+            free: Arc::new(free),
+        }
+    }
+
+    pub(super) fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
+        let ptr = (self.malloc)(size, device)?;
+        if ptr == 0 {
+            return Err(Error::invalid_state(
+                StateKind::AllocatorFailed,
+                format!(
+                    "the closure allocator returned a null pointer for {size} bytes on device \
+                     {device}"
+                ),
+            ));
+        }
+        let mem = Memory::from_parts(ptr, size, device, Release::Closure(self.clone()));
+        Ok(MemoryPointer::from_memory(Arc::new(mem)))
+    }
+
+    pub(crate) fn free(&self, ptr: u64, size: usize, device: i32) {
+        (self.free)(ptr, size, device)
+    }
+}
+
+/// A C function pair with an opaque argument used as an allocator (CuPy's
+/// `CFunctionAllocator`; the C shim builds these).
+#[derive(Clone, Copy)]
+pub struct CAllocator {
+    pub(super) malloc: CMallocFn,
+    pub(super) free: CFreeFn,
+    /// The opaque argument, as an address (it crosses threads with the allocator).
+    pub(super) ctx: usize,
+}
+
+impl CAllocator {
+    /// The allocator `malloc(ctx, ..)` / `free(ctx, ..)`.
+    ///
+    /// # Safety
+    /// Both functions may be called from any thread with `ctx`, for as long as the
+    /// allocator or memory from it lives. A non-zero `malloc(ctx, size, device)` must be
+    /// the address of at least `size` bytes of device-accessible memory of `device`,
+    /// valid until `free(ctx, ptr, device)`.
+    pub unsafe fn new(malloc: CMallocFn, free: CFreeFn, ctx: *mut c_void) -> Self {
+        CAllocator {
+            malloc,
+            free,
+            ctx: ctx as usize,
+        }
+    }
+
+    pub(super) fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
+        let ptr = (self.malloc)(self.ctx as *mut c_void, size, device);
+        if ptr == 0 {
+            return Err(Error::invalid_state(
+                StateKind::AllocatorFailed,
+                format!(
+                    "the C allocator failed to allocate {size} bytes on device {device} (it \
+                     returned 0)"
+                ),
+            ));
+        }
+        let mem = Memory::from_parts(ptr, size, device, Release::C(*self));
+        Ok(MemoryPointer::from_memory(Arc::new(mem)))
+    }
+
+    pub(crate) fn free(&self, ptr: u64, device: i32) {
+        (self.free)(self.ctx as *mut c_void, ptr, device)
     }
 }
 

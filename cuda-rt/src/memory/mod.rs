@@ -31,20 +31,20 @@ mod allocator;
 pub mod arena;
 mod async_pool;
 mod device_memory;
+pub(crate) mod graph_memory;
 pub mod hook;
 mod managed;
 pub(crate) mod pod;
-mod pointer;
+pub(crate) mod pointer;
 pub mod pool;
 mod unowned;
 
-pub use allocator::{
-    alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator, CAllocator, CFreeFn,
-    CMallocFn, ClosureAllocator, FreeFn, MallocFn,
-};
+pub use allocator::{alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator};
 pub use arena::PoolStats;
 pub use async_pool::{malloc_async, MemoryAsync, MemoryAsyncPool, ROUND_SIZE};
-pub use device_memory::{BaseMemory, Memory};
+pub use device_memory::{
+    BaseMemory, CAllocator, CFreeFn, CMallocFn, ClosureAllocator, FreeFn, MallocFn, Memory,
+};
 pub use managed::{malloc_managed, Advice, Location, ManagedMemory};
 pub use pod::{Bf16, Pod, F16};
 pub use pointer::MemoryPointer;

@@ -57,10 +57,6 @@ pub struct Bf16(pub u16);
 unsafe impl Pod for F16 {}
 // SAFETY: `#[repr(transparent)]` over `u16`.
 unsafe impl Pod for Bf16 {}
-// SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__half` kernel parameter.
-unsafe impl crate::launch::PlainData for F16 {}
-// SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__nv_bfloat16` parameter.
-unsafe impl crate::launch::PlainData for Bf16 {}
 
 // The `half` crate's types, with the `half` feature: the same layout as `F16`/`Bf16`.
 #[cfg(feature = "half")]
@@ -70,10 +66,6 @@ mod half_types {
     unsafe impl super::Pod for half::f16 {}
     // SAFETY: `half::bf16` is `#[repr(transparent)]` over `u16`, as above.
     unsafe impl super::Pod for half::bf16 {}
-    // SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__half` parameter.
-    unsafe impl crate::launch::PlainData for half::f16 {}
-    // SAFETY: `#[repr(transparent)]` over `u16`: the bits of a `__nv_bfloat16`.
-    unsafe impl crate::launch::PlainData for half::bf16 {}
 
     impl From<half::f16> for super::F16 {
         fn from(v: half::f16) -> Self {

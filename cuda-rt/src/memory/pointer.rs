@@ -14,10 +14,9 @@
 //! a capturing stream is refused, since the graph would touch the slice later.
 //!
 //! The synchronous host copies ([`MemoryPointer::copy_from_host`],
-//! [`MemoryPointer::copy_to_host`]) of pageable memory of at least
-//! [`PAGEABLE_THRESHOLD`](crate::pinned::PAGEABLE_THRESHOLD) bytes go through pinned
-//! staging buffers ([`crate::pinned::copy_host_to_device`]) on the same stream, at
-//! pinned speed; smaller ones and page-locked memory use the driver's copy.
+//! [`MemoryPointer::copy_to_host`]) are defined in `pinned` (`pinned/host_copy.rs`),
+//! since large pageable ones go through pinned staging buffers; this module has what
+//! they share with the other copies.
 
 use std::fmt;
 use std::ops::{Add, Sub};
@@ -75,8 +74,8 @@ impl Drop for MemoryPointer {
         if Arc::strong_count(mem) != 1 {
             return;
         }
-        if crate::graph::any_capture_active() {
-            crate::graph::keep_for_graph(mem);
+        if crate::capture::any_capture_active() {
+            crate::capture::keep_for_graph(mem);
         } else if let Some(mem) = self.mem.take() {
             // The last pointer: the object gives its memory back now and may keep its
             // emptied allocation for reuse (pooled memory does).
@@ -103,7 +102,7 @@ impl PartialEq for MemoryPointer {
 impl Eq for MemoryPointer {}
 
 /// How a synchronous operation is ordered.
-enum SyncVia {
+pub(crate) enum SyncVia {
     /// The plain (legacy default stream) driver call.
     Legacy,
     /// Queued on the current stream, then waited for.
@@ -113,7 +112,7 @@ enum SyncVia {
 impl SyncVia {
     /// The stream the operation runs on: the legacy default stream of `device` (the
     /// pointer's) for [`SyncVia::Legacy`], else the current stream.
-    fn stream(&self, device: i32) -> StreamRef {
+    pub(crate) fn stream(&self, device: i32) -> StreamRef {
         match self {
             SyncVia::Legacy => StreamRef::legacy_default(device),
             SyncVia::Stream(s) => s.clone(),
@@ -121,19 +120,10 @@ impl SyncVia {
     }
 }
 
-/// Whether a synchronous copy to or from the host slice `buf` goes through the pinned
-/// staging buffers ([`crate::pinned::copy_host_to_device`]): pageable memory of at
-/// least [`PAGEABLE_THRESHOLD`](crate::pinned::PAGEABLE_THRESHOLD) bytes. Smaller
-/// copies, and page-locked memory (which the DMA engine reads directly), use the
-/// driver's copy.
-fn staged<T: Pod>(buf: &[T]) -> bool {
-    std::mem::size_of_val(buf) >= crate::pinned::PAGEABLE_THRESHOLD && !is_page_locked(buf)
-}
-
 /// Whether the host buffer `buf` is page-locked (allocated by `cuMemHostAlloc` or
 /// registered): then an asynchronous copy really runs after the call returns. Pageable
 /// memory is an error code of `cuPointerGetAttribute`, so `false`.
-fn is_page_locked<T: Pod>(buf: &[T]) -> bool {
+pub(crate) fn is_page_locked<T: Pod>(buf: &[T]) -> bool {
     !buf.is_empty()
         && result::memory::pointer_get_memory_type(buf.as_ptr() as u64)
             .is_ok_and(|t| t == sys::CUmemorytype::CU_MEMORYTYPE_HOST)
@@ -148,10 +138,33 @@ fn is_capturing(s: &StreamRef) -> Result<bool> {
 }
 
 /// Waits for the work queued on `s`.
-fn synchronize(s: &StreamRef) -> Result<()> {
+pub(crate) fn synchronize(s: &StreamRef) -> Result<()> {
     // SAFETY: `s` keeps its stream alive while borrowed (a `StreamRef` owns or borrows
     // it); the driver answers an error code for a context mismatch.
     Ok(unsafe { result::stream::synchronize(s.as_raw()) }?)
+}
+
+/// Wraps a memory object so it can sit in a capture's keep-alive list.
+#[derive(Debug)]
+struct KeptMemory(#[allow(dead_code)] Arc<dyn BaseMemory>);
+
+// The capture registry (below `memory`) sees memory objects through this.
+impl crate::capture::Keepable for Arc<dyn BaseMemory> {
+    #[inline]
+    fn ptr(&self) -> u64 {
+        BaseMemory::ptr(&**self)
+    }
+    #[inline]
+    fn size(&self) -> usize {
+        BaseMemory::size(&**self)
+    }
+    #[inline]
+    fn identity(&self) -> usize {
+        Arc::as_ptr(self).cast::<()>() as usize
+    }
+    fn keep(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        Arc::new(KeptMemory(Arc::clone(self)))
+    }
 }
 
 impl MemoryPointer {
@@ -208,6 +221,13 @@ impl MemoryPointer {
     #[inline]
     pub fn ptr(&self) -> u64 {
         self.addr
+    }
+
+    /// The address field itself: a launch passes the kernel a pointer to these 8 bytes
+    /// (`KernelArg`, in `launch`), valid while `self` is borrowed.
+    #[inline]
+    pub(crate) fn addr_ref(&self) -> &u64 {
+        &self.addr
     }
 
     /// The byte offset into the memory.
@@ -303,7 +323,7 @@ impl MemoryPointer {
     // -------------------------------------------------------------------------
     // Checks
 
-    fn check_room(&self, what: &str, bytes: usize) -> Result<()> {
+    pub(crate) fn check_room(&self, what: &str, bytes: usize) -> Result<()> {
         if bytes > self.size() {
             return Err(Error::invalid_argument(
                 ArgumentKind::OutOfBounds {
@@ -359,47 +379,6 @@ impl MemoryPointer {
     // -------------------------------------------------------------------------
     // Host -> device
 
-    /// Copies all of `src` to this pointer, synchronously. More bytes than the room left
-    /// behind the pointer is an error; fewer fill a prefix.
-    pub fn copy_from_host<T: Pod>(&self, src: &[T]) -> Result<()> {
-        let what = "copy_from_host";
-        self.check_room(what, std::mem::size_of_val(src))?;
-        if src.is_empty() || std::mem::size_of::<T>() == 0 {
-            return Ok(());
-        }
-        let via = sync_via(what)?;
-        if staged(src) {
-            let s = via.stream(self.device_id());
-            return crate::pinned::copy_host_to_device(self, as_bytes(src), &s)
-                .map_err(|e| capture_error(what, e));
-        }
-        let src = as_bytes(src);
-        match via {
-            SyncVia::Legacy => {
-                make_current(self.device_id())?;
-                // SAFETY: the `src.len()` bytes behind this pointer fit (`check_room`)
-                // in memory its object keeps alive (`BaseMemory`) while `self` is
-                // borrowed; `src` is borrowed for this synchronous copy.
-                unsafe { result::memory::memcpy_htod(self.ptr(), src) }
-                    .map_err(|e| capture_error(what, e.into()))
-            }
-            SyncVia::Stream(s) => {
-                // SAFETY: the destination as above; `src` stays borrowed until the copy
-                // is waited for below; `s` keeps the current stream alive, and
-                // `sync_via` made its context current.
-                unsafe {
-                    result::memory::memcpy_htod_async(
-                        self.ptr(),
-                        src.as_ptr().cast(),
-                        src.len(),
-                        s.as_raw(),
-                    )
-                }?;
-                synchronize(&s)
-            }
-        }
-    }
-
     /// Copies all of `src` to this pointer on `stream` (`None`: the current stream).
     /// Pageable host memory is staged before this returns; page-locked memory is waited
     /// for, so `src` is free again when this returns either way.
@@ -437,48 +416,6 @@ impl MemoryPointer {
 
     // -------------------------------------------------------------------------
     // Device -> host
-
-    /// Fills all of `dst` from this pointer, synchronously. More bytes than the room
-    /// left behind the pointer is an error.
-    pub fn copy_to_host<T: Pod>(&self, dst: &mut [T]) -> Result<()> {
-        let what = "copy_to_host";
-        self.check_room(what, std::mem::size_of_val(dst))?;
-        if dst.is_empty() || std::mem::size_of::<T>() == 0 {
-            return Ok(());
-        }
-        let via = sync_via(what)?;
-        if staged(dst) {
-            let s = via.stream(self.device_id());
-            return crate::pinned::copy_device_to_host(as_bytes_mut(dst), self, &s)
-                .map_err(|e| capture_error(what, e));
-        }
-        let dst = as_bytes_mut(dst);
-        match via {
-            SyncVia::Legacy => {
-                make_current(self.device_id())?;
-                // SAFETY: the `dst.len()` bytes behind this pointer fit (`check_room`)
-                // in memory its object keeps alive (`BaseMemory`) while `self` is
-                // borrowed; `dst` is borrowed mutably for this synchronous copy, and any
-                // bytes are valid for it (`Pod`).
-                unsafe { result::memory::memcpy_dtoh(dst, self.ptr()) }
-                    .map_err(|e| capture_error(what, e.into()))
-            }
-            SyncVia::Stream(s) => {
-                // SAFETY: as above; `dst` stays borrowed mutably until the copy is
-                // waited for below; `s` keeps the current stream alive, and `sync_via`
-                // made its context current.
-                unsafe {
-                    result::memory::memcpy_dtoh_async(
-                        dst.as_mut_ptr().cast(),
-                        self.ptr(),
-                        dst.len(),
-                        s.as_raw(),
-                    )
-                }?;
-                synchronize(&s)
-            }
-        }
-    }
 
     /// Fills all of `dst` from this pointer on `stream` (`None`: the current stream).
     /// `dst` is filled when this returns: the driver completes copies into pageable
@@ -559,7 +496,7 @@ impl MemoryPointer {
         make_current(s.device_id())?;
         self.d2d(src, size, Some(&s))?;
         // A graph captured on `s` copies between these on every launch: it keeps both.
-        crate::graph::note_use(&s, &[self.m(), src.m()])
+        crate::capture::note_use(&s, &[self.m(), src.m()])
     }
 
     /// Copies `size` bytes from this pointer to `dst`, synchronously.
@@ -702,7 +639,7 @@ impl MemoryPointer {
             (true, _) => {
                 r?;
                 match &stream {
-                    Some(s) => crate::graph::note_use(s, &[self.m()]),
+                    Some(s) => crate::capture::note_use(s, &[self.m()]),
                     None => Ok(()),
                 }
             }
@@ -769,7 +706,7 @@ fn stream_or_current(stream: Option<&dyn AsStream>) -> StreamRef {
 /// How a synchronous operation runs: the plain call when the current stream is the
 /// legacy default stream, else queued on the current stream (refused while it
 /// captures).
-fn sync_via(what: &str) -> Result<SyncVia> {
+pub(crate) fn sync_via(what: &str) -> Result<SyncVia> {
     let s = get_current_stream();
     if s.handle() == LEGACY_DEFAULT_HANDLE {
         return Ok(SyncVia::Legacy);
@@ -808,31 +745,18 @@ fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<Stream
 
 /// A synchronous call that the driver refused because a capture is under way
 /// (another stream capturing in global mode) becomes [`Error::Capture`].
-fn capture_error(what: &str, e: Error) -> Error {
-    if !e.driver_code().is_some_and(crate::graph::is_capture_code) {
+pub(crate) fn capture_error(what: &str, e: Error) -> Error {
+    if !e.driver_code().is_some_and(crate::error::is_capture_code) {
         return e;
     }
     // The one translator of capture errors, with the hint for synchronous copies.
-    crate::graph::explain(
+    crate::error::explain_capture(
         e,
         &format!(
             "{what} is synchronous while a stream is capturing a graph (use the _async \
              form on the capturing stream)"
         ),
     )
-}
-
-// SAFETY: `param_ptr` points to the pointer's own `addr` field, 8 readable bytes laid
-// out as the kernel's `T*` parameter, valid while `self` is borrowed.
-unsafe impl crate::launch::KernelArg for MemoryPointer {
-    #[inline]
-    fn param_ptr(&self) -> *mut std::ffi::c_void {
-        &self.addr as *const u64 as *mut std::ffi::c_void
-    }
-    #[inline]
-    fn param_size(&self) -> usize {
-        std::mem::size_of::<u64>()
-    }
 }
 
 #[cfg(test)]

@@ -12,33 +12,12 @@ use cuda_sys::result;
 
 use super::bytes;
 use super::fence::{Fence, Pending};
-use super::pool::PinnedCore;
+use super::pool_core::{PinnedCore, PinnedFlags};
 use crate::device::context;
 use crate::error::{ArgumentKind, CaptureKind, Error, Result, StateKind};
 use crate::memory::arena::{AtomicBlock, Block, RawBlock};
 use crate::memory::{MemoryPointer, Pod};
 use crate::stream::{AsStream, LEGACY_DEFAULT_HANDLE};
-
-bitflags::bitflags! {
-    /// `cuMemHostAlloc` flags. The default is [`PORTABLE`](Self::PORTABLE) alone.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct PinnedFlags: u32 {
-        /// Pinned for every CUDA context, not only the current one (the default).
-        const PORTABLE = cuda_sys::driver::CU_MEMHOSTALLOC_PORTABLE;
-        /// Mapped into the device's address space
-        /// ([`PinnedMemory::device_ptr`] gives the device address).
-        const DEVICEMAP = cuda_sys::driver::CU_MEMHOSTALLOC_DEVICEMAP;
-        /// Write-combined: faster for the device to read and for the host to write,
-        /// very slow for the host to read.
-        const WRITECOMBINED = cuda_sys::driver::CU_MEMHOSTALLOC_WRITECOMBINED;
-    }
-}
-
-impl Default for PinnedFlags {
-    fn default() -> Self {
-        PinnedFlags::PORTABLE
-    }
-}
 
 /// One `cuMemHostAlloc` allocation, freed with `cuMemFreeHost` on drop (CuPy's
 /// `PinnedMemory`). Use it through a [`PinnedMemoryPointer`]

@@ -44,8 +44,10 @@
 
 mod bytes;
 mod fence;
+mod host_copy;
 mod memory;
 pub mod pool;
+mod pool_core;
 mod register;
 pub mod staging;
 
@@ -53,8 +55,9 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 
-pub use memory::{alloc_pinned_memory, PinnedFlags, PinnedMemory, PinnedMemoryPointer};
+pub use memory::{alloc_pinned_memory, PinnedMemory, PinnedMemoryPointer};
 pub use pool::PinnedMemoryPool;
+pub use pool_core::PinnedFlags;
 /// Pool blocks are multiples of this many bytes: the most a request wastes is one less.
 pub const ALLOCATION_UNIT_BYTES: usize = pool::ALLOCATION_UNIT;
 pub use register::{register, register_with_flags, RegisterFlags, RegisteredMemory};

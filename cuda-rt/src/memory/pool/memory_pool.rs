@@ -7,7 +7,6 @@ use std::sync::{Arc, OnceLock};
 use crate::device::context::MAX_DEVICES;
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, Error, Result};
-use crate::memory::allocator::Allocate;
 use crate::memory::arena::parked;
 use crate::memory::arena::{limit_from_fraction, PoolStats};
 use crate::memory::device_memory::check_device;
@@ -156,13 +155,6 @@ impl fmt::Debug for MemoryPool {
 impl Default for MemoryPool {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-impl Allocate for MemoryPool {
-    #[track_caller]
-    fn malloc(&self, size: usize, device: i32) -> Result<MemoryPointer> {
-        self.malloc_on(device, size)
     }
 }
 

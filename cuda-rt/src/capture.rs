@@ -1,6 +1,14 @@
-//! Stream capture: begin and end a capture, its status, the errors of a capture in
-//! words, and the process-wide record of the captures cuda-rt began (what the
-//! allocation and free paths consult while a capture is under way).
+//! Capture awareness: begin and end a capture, its status, and the process-wide
+//! record of the captures cuda-rt began (what the allocation and free paths consult
+//! while a capture is under way), with the state of each allocation made during a
+//! capture ([`AllocState`]).
+//!
+//! It sits between `stream` and `memory`, so that both `memory` (which asks it on
+//! every allocation and free) and `graph` (which makes a [`Graph`](crate::Graph) of
+//! an ended capture, [`crate::StreamCaptureExt`]) can use it: it knows memory only as
+//! [`Keepable`] objects and keep-alive handles (`Arc<dyn Any + Send + Sync>`), and
+//! hands an ended capture's parts back as [`Ended`]. The errors of a capture in words
+//! are [`explain_capture`](crate::error::explain_capture), in `error`.
 //!
 //! The record costs the allocation hot path one relaxed atomic load
 //! ([`any_capture_active`]) while no capture is active; only when some capture is
@@ -15,7 +23,7 @@
 //!   (the current stream is in the capture, or the thread began it and has not ended
 //!   it): a courtesy for kernels launched in the capture, whose pointers are the
 //!   launcher's promise;
-//! - its own allocations (memory nodes, see [`crate::graph::capture_aware_alloc`]).
+//! - its own allocations (memory nodes, see [`crate::memory::graph_memory`]).
 //!
 //! Any other memory whose last pointer drops while some capture is under way is freed
 //! as usual: at once, or, while a capture in [`CaptureMode::Global`] is under way
@@ -26,7 +34,7 @@
 
 use std::any::Any;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
@@ -34,11 +42,10 @@ use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::make_current;
-use crate::error::{CaptureKind, Error, Result};
-use crate::graph::memory::AllocState;
-use crate::graph::{Graph, InstantiateFlags};
-use crate::memory::BaseMemory;
-use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
+use crate::error::{explain_capture, CaptureKind, Error, Result};
+use crate::stream::{
+    current_stream_of, get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE,
+};
 
 /// How a capture treats potentially unsafe CUDA calls (those that may synchronize
 /// implicitly, such as `cuMemAlloc`) made while it is under way
@@ -80,7 +87,7 @@ pub enum CaptureStatus {
         id: u64,
     },
     /// Still in capture mode, but an operation not allowed during capture has
-    /// invalidated it: [`end_capture`](crate::AsStream::end_capture) will fail.
+    /// invalidated it: [`end_capture`](crate::StreamCaptureExt::end_capture) will fail.
     Invalidated,
 }
 
@@ -122,13 +129,13 @@ struct Captures {
     entries: Vec<Entry>,
     /// Memory dropped, unused by any capture, while a global-mode capture was under
     /// way: freed once none is left.
-    deferred: Vec<Arc<dyn BaseMemory>>,
+    deferred: Vec<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Captures {
     /// The memory to free now that a capture ended: all that waited, once no
     /// global-mode capture is left.
-    fn take_deferred(&mut self) -> Vec<Arc<dyn BaseMemory>> {
+    fn take_deferred(&mut self) -> Vec<Arc<dyn Any + Send + Sync>> {
         if self.entries.iter().any(|e| e.mode == CaptureMode::Global) {
             return Vec::new();
         }
@@ -155,85 +162,6 @@ pub fn any_capture_active() -> bool {
     ACTIVE.load(Ordering::Relaxed) != 0
 }
 
-/// A driver error about capturing, in words: what happened and what to do.
-/// Other errors are returned unchanged.
-/// Whether `code` is one of the capture errors [`explain`] puts in words.
-pub(crate) fn is_capture_code(code: sys::CUresult) -> bool {
-    use sys::CUresult as R;
-    matches!(
-        code,
-        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-            | R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-            | R::CUDA_ERROR_STREAM_CAPTURE_MERGE
-            | R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
-            | R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED
-            | R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION
-            | R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
-            | R::CUDA_ERROR_CAPTURED_EVENT
-            | R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
-    )
-}
-
-pub(crate) fn explain(e: Error, what: &str) -> Error {
-    use sys::CUresult as R;
-    let Some(code) = e.driver_code() else {
-        return e;
-    };
-    let (kind, why) = match code {
-        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => (
-            CaptureKind::Invalidated,
-            "this operation is not allowed while a stream captures a graph (a synchronize, \
-             a synchronous copy or memset, a stream or event query, ...); the capture is \
-             now invalid: end it (which fails) and capture again without the operation",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => (
-            CaptureKind::Invalidated,
-            "the capture was invalidated by an earlier operation not allowed during a \
-             capture (a synchronize, a synchronous copy, ...); no graph can come of it: end \
-             it and capture again",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_MERGE => (
-            CaptureKind::Other,
-            "two independent captures would be merged (a capturing stream waited on an \
-             event recorded in another capture)",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => (
-            CaptureKind::NotCapturing,
-            "the capture was not begun on this stream: end a capture on the stream that \
-             began it",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED => (
-            CaptureKind::Unjoined,
-            "a stream forked from the capture (it waited on an event recorded during the \
-             capture) has work that was never joined back: record an event on the forked \
-             stream and make the origin stream wait on it before ending the capture",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION => (
-            CaptureKind::Other,
-            "a dependency would cross the capture's boundary (work outside the capture \
-             cannot depend on captured work)",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => (
-            CaptureKind::LegacyStream,
-            "the operation would wait on the legacy default stream, which is not allowed \
-             while a stream captures: use non-blocking streams, or a stream other than \
-             the legacy default one",
-        ),
-        R::CUDA_ERROR_CAPTURED_EVENT => (
-            CaptureKind::Other,
-            "the event was recorded during a capture: it cannot be queried or waited for \
-             from the host before the capture ends",
-        ),
-        R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => (
-            CaptureKind::Other,
-            "the capture was begun in global or thread-local mode on another thread: end \
-             it on that thread",
-        ),
-        _ => return e,
-    };
-    Error::capture(kind, format!("{what}: {why} ({e})"))
-}
-
 /// The status of `s`'s capture, with the graph being captured (null unless active).
 pub(crate) fn info<S: AsStream + ?Sized>(s: &S) -> Result<(CaptureStatus, sys::CUgraph)> {
     if s.as_raw() as usize == LEGACY_DEFAULT_HANDLE {
@@ -245,7 +173,7 @@ pub(crate) fn info<S: AsStream + ?Sized>(s: &S) -> Result<(CaptureStatus, sys::C
     // SAFETY: the stream is live while `s` is borrowed (`AsStream`); its context was
     // made current above.
     let (st, id, g) = unsafe { result::stream::get_capture_info(s.as_raw()) }
-        .map_err(|e| explain(e.into(), "cuStreamGetCaptureInfo"))?;
+        .map_err(|e| explain_capture(e.into(), "cuStreamGetCaptureInfo"))?;
     let status = match st {
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active { id },
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => {
@@ -265,7 +193,7 @@ fn discard(g: sys::CUgraph) {
     }
 }
 
-/// `AsStream::begin_capture`.
+/// `StreamCaptureExt::begin_capture`.
 pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()> {
     let handle = s.as_raw() as usize;
     if handle == LEGACY_DEFAULT_HANDLE {
@@ -284,7 +212,7 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
     // (`AsStream`), not the legacy default stream (refused above), and its context was
     // made current above.
     unsafe { result::stream::begin_capture(s.as_raw(), mode.as_raw()) }
-        .map_err(|e| explain(e.into(), "begin_capture"))?;
+        .map_err(|e| explain_capture(e.into(), "begin_capture"))?;
     let id = match unsafe { result::stream::get_capture_info(s.as_raw()) } {
         Ok((_, id, _)) => id,
         Err(e) => {
@@ -343,8 +271,19 @@ fn finish(abandoned: Option<Entry>) {
     drop(deferred);
 }
 
-/// `AsStream::end_capture_with`.
-pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Result<Graph> {
+/// What a capture that ended well leaves for its graph.
+pub(crate) struct Ended {
+    /// The captured graph (owned: the caller destroys it).
+    pub(crate) raw: sys::CUgraph,
+    /// What the graph must keep alive.
+    pub(crate) keep: Vec<Arc<dyn Any + Send + Sync>>,
+    /// The allocations made in the capture.
+    pub(crate) allocs: Vec<Arc<AllocState>>,
+}
+
+/// Ends the capture begun on `s` (`StreamCaptureExt::end_capture_with`, which makes
+/// the graph of what this returns).
+pub(crate) fn end<S: AsStream + ?Sized>(s: &S) -> Result<Ended> {
     let handle = s.as_raw() as usize;
     let (status, _) = info(s)?;
     if status == CaptureStatus::None {
@@ -381,7 +320,7 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Resul
             // No graph: the allocations made in the capture are dead (their addresses
             // may go to another graph's memory now), so their drop frees nothing.
             finish(entry);
-            return Err(explain(e.into(), "end_capture"));
+            return Err(explain_capture(e.into(), "end_capture"));
         }
     };
     let (keep, allocs) = match entry {
@@ -389,7 +328,7 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Resul
         None => (Vec::new(), Vec::new()),
     };
     finish(None);
-    Graph::from_capture(raw, s.device_id(), keep, allocs, flags)
+    Ok(Ended { raw, keep, allocs })
 }
 
 /// Runs `f` on the record of the capture `s` belongs to (also a stream forked into
@@ -432,16 +371,27 @@ pub(crate) struct EntryRef<'a> {
     pub(crate) id: u64,
 }
 
-/// Wraps a memory object so it can sit in a keep-alive list.
-#[derive(Debug)]
-struct KeptMemory(#[allow(dead_code)] Arc<dyn BaseMemory>);
+/// A memory object as the registry sees it: its range, an identity, and a handle
+/// that keeps it alive. `memory` implements it for its memory objects, so this module
+/// needs none of memory's types (it sits below `memory`).
+pub(crate) trait Keepable {
+    /// The start address (`CUdeviceptr`).
+    fn ptr(&self) -> u64;
+    /// The size in bytes (0: nothing to keep).
+    fn size(&self) -> usize;
+    /// An address unique to the object while a handle from [`keep`](Self::keep)
+    /// lives.
+    fn identity(&self) -> usize;
+    /// A handle that keeps the object alive, for a keep-alive list.
+    fn keep(&self) -> Arc<dyn Any + Send + Sync>;
+}
 
 /// Called when the last pointer to `mem` drops while some capture is active (see the
 /// module docs): keeps `mem` for the graph of the capture this thread is in (its
 /// current stream is in it, or it began it), else frees it as usual, now or, while a
 /// global-mode capture is under way, once none is. Allocations made during a capture
 /// (memory nodes) are left to their own drop, which frees them inside the graph.
-pub(crate) fn keep_for_graph(mem: &Arc<dyn BaseMemory>) {
+pub(crate) fn keep_for_graph<M: Keepable + ?Sized>(mem: &M) {
     if mem.size() == 0 {
         return;
     }
@@ -460,13 +410,11 @@ pub(crate) fn keep_for_graph(mem: &Arc<dyn BaseMemory>) {
         None => c.entries.iter().rposition(|e| e.thread == me),
     };
     match mine {
-        Some(i) => c.entries[i]
-            .keep
-            .push(Arc::new(KeptMemory(Arc::clone(mem)))),
+        Some(i) => c.entries[i].keep.push(mem.keep()),
         // Not this thread's capture: used by none (their uses are noted), freed as
         // usual, unless a global-mode capture would refuse the free's driver calls.
         None if c.entries.iter().any(|e| e.mode == CaptureMode::Global) => {
-            c.deferred.push(Arc::clone(mem));
+            c.deferred.push(mem.keep());
         }
         None => {}
     }
@@ -483,7 +431,7 @@ pub(crate) fn keep_for_graph(mem: &Arc<dyn BaseMemory>) {
 ///
 /// [`MemoryPointer`]: crate::memory::MemoryPointer
 #[inline]
-pub(crate) fn note_use<S: AsStream + ?Sized>(s: &S, mems: &[&Arc<dyn BaseMemory>]) -> Result<()> {
+pub(crate) fn note_use<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> Result<()> {
     if !any_capture_active() {
         return Ok(());
     }
@@ -491,7 +439,7 @@ pub(crate) fn note_use<S: AsStream + ?Sized>(s: &S, mems: &[&Arc<dyn BaseMemory>
 }
 
 #[cold]
-fn note_use_slow<S: AsStream + ?Sized>(s: &S, mems: &[&Arc<dyn BaseMemory>]) -> Result<()> {
+fn note_use_slow<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> Result<()> {
     // Asked under the lock: the capture cannot end between the answer and the note.
     let mut c = captures();
     let (status, _) = info(s)?;
@@ -510,8 +458,8 @@ fn note_use_slow<S: AsStream + ?Sized>(s: &S, mems: &[&Arc<dyn BaseMemory>]) -> 
             continue;
         }
         // The address of a kept object is unique while the entry keeps it.
-        if e.used.insert(Arc::as_ptr(m).cast::<()>() as usize) {
-            e.keep.push(Arc::new(KeptMemory(Arc::clone(m))));
+        if e.used.insert(m.identity()) {
+            e.keep.push(m.keep());
         }
     }
     Ok(())
@@ -546,83 +494,188 @@ pub(crate) fn keep_in_capture<S: AsStream + ?Sized>(
     }
 }
 
+/// The launches of one graph, as the allocations it owns need them.
+#[derive(Debug, Default)]
+pub(crate) struct LaunchRecord {
+    /// The stream of the graph's last launch, if it was launched.
+    last: Mutex<Option<StreamRef>>,
+}
+
+impl LaunchRecord {
+    /// Notes a launch on `s`.
+    #[inline]
+    pub(crate) fn launched_on(&self, s: StreamRef) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+    }
+
+    /// Runs `f` on the stream of the last launch, if there was one.
+    fn with_last<R>(&self, f: impl FnOnce(&StreamRef) -> R) -> Option<R> {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(f)
+    }
+}
+
+/// Where an allocation made during a capture stands.
+#[derive(Debug)]
+enum Phase {
+    /// The capture is under way; the block is live in the graph being captured.
+    Capturing {
+        /// The stream it was allocated on.
+        stream: StreamRef,
+        /// The capture's id.
+        id: u64,
+    },
+    /// Freed inside the graph: nothing to do outside it.
+    FreedInGraph,
+    /// Its capture ended in error: the block died with the graph that never was (its
+    /// address may belong to another graph's memory by now): nothing to free.
+    Abandoned,
+    /// The graph owns it: after each launch the block is live until the next launch.
+    GraphOwned(Arc<LaunchRecord>),
+}
+
+/// One allocation made during a capture, shared by its pointers and its graph.
+#[derive(Debug)]
+pub(crate) struct AllocState {
+    /// The block's address.
+    pub(crate) ptr: u64,
+    /// Its size in bytes, as allocated.
+    pub(crate) size: usize,
+    /// Its device.
+    pub(crate) device: i32,
+    phase: Mutex<Phase>,
+    /// Set with the phase's move to `Abandoned`, so that `size` (asked on every
+    /// bounds check, possibly under other locks) reads it without taking `phase`.
+    abandoned: AtomicBool,
+}
+
+impl AllocState {
+    /// The record of a block just allocated on `stream` in the capture `id`.
+    pub(crate) fn capturing(
+        ptr: u64,
+        size: usize,
+        device: i32,
+        stream: StreamRef,
+        id: u64,
+    ) -> Self {
+        AllocState {
+            ptr,
+            size,
+            device,
+            phase: Mutex::new(Phase::Capturing { stream, id }),
+            abandoned: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether its capture ended in error (the block died with it).
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
+    }
+
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `ptr` is inside this allocation.
+    pub(crate) fn contains(&self, ptr: u64) -> bool {
+        ptr >= self.ptr && ptr < self.ptr + self.size as u64
+    }
+
+    /// The capture ended without a graph: the block is gone with it.
+    pub(crate) fn abandon(&self) {
+        let mut p = self.phase();
+        if matches!(*p, Phase::Capturing { .. }) {
+            *p = Phase::Abandoned;
+            self.abandoned.store(true, Ordering::Release);
+        }
+    }
+
+    /// At the end of the capture: `true` (and the graph owns it from now) when it was
+    /// not freed inside the graph.
+    pub(crate) fn hand_to_graph(&self, rec: &Arc<LaunchRecord>) -> bool {
+        let mut p = self.phase();
+        match *p {
+            Phase::Capturing { .. } => {
+                *p = Phase::GraphOwned(Arc::clone(rec));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Drop for AllocState {
+    fn drop(&mut self) {
+        let p = std::mem::replace(
+            self.phase.get_mut().unwrap_or_else(|e| e.into_inner()),
+            Phase::FreedInGraph,
+        );
+        // Only a block the graph owns, after a launch, is live outside the graph. A
+        // capture that ended some other way took its nodes with it.
+        let Phase::GraphOwned(rec) = p else { return };
+        rec.with_last(|s| {
+            if make_current(self.device).is_err() {
+                return;
+            }
+            // SAFETY: the block belongs to the graph's executable (its capture's memory
+            // node, freed once, here, after both its pointers and the graph are gone);
+            // `s` keeps the stream of the last launch alive, whose work is ordered
+            // before this free; the device's context was made current above.
+            if unsafe { result::memory::free_async(self.ptr, s.as_raw()) }.is_err()
+                // The launch stream is gone: finish all work, free in order with it.
+                && result::context::synchronize().is_ok()
+            {
+                // SAFETY: as above, on the legacy default stream (always valid with a
+                // current context) after all work of the context has finished.
+                let _ = unsafe { result::memory::free_async(self.ptr, std::ptr::null_mut()) };
+            }
+        });
+    }
+}
+
+impl AllocState {
+    /// The last pointer to the block dropped: during its capture the block is freed
+    /// inside the graph (see [`GraphMemory`](crate::memory::graph_memory)); at any
+    /// other time its capture's end decided already, and nothing is done here.
+    pub(crate) fn last_pointer_gone(&self) {
+        let mut p = self.phase();
+        let freed = match &*p {
+            Phase::Capturing { stream, id } => {
+                // Free on the current stream when it is in the same capture (the
+                // user's place in the work), else on the stream that allocated while it
+                // still is: never on a stream outside the capture, where the address
+                // may belong to another graph's memory.
+                // The checks and the free run under the lock `end_capture` takes, so
+                // the capture cannot end in between.
+                let free_on = |s: &StreamRef| {
+                    in_capture_locked(s, *id, |now| {
+                        // SAFETY: the block was allocated in this capture and is freed
+                        // once (the phase becomes `FreedInGraph`), its last pointer
+                        // gone; the free is captured on `s`, a live stream (kept by the
+                        // `StreamRef`) in the same capture, which cannot end meanwhile
+                        // (the lock is held).
+                        now && unsafe { result::memory::free_async(self.ptr, s.as_raw()) }.is_ok()
+                    })
+                };
+                let cur = current_stream_of(stream.device_id());
+                free_on(&cur) || free_on(stream)
+            }
+            _ => return,
+        };
+        if freed {
+            *p = Phase::FreedInGraph;
+        }
+        // Otherwise (the capture was invalidated, or ended outside cuda-rt) the end of
+        // the capture decides: the graph owns the block, or it died with the capture.
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::DriverError;
-
-    fn driver(code: sys::CUresult) -> Error {
-        Error::Driver(DriverError {
-            call: "cuStreamSynchronize",
-            code,
-            name: "CUDA_ERROR_X",
-            description: "x",
-        })
-    }
-
-    #[test]
-    fn capture_errors_are_explained_in_words() {
-        let e = explain(
-            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
-            "synchronize",
-        );
-        assert!(matches!(
-            e,
-            Error::Capture {
-                kind: CaptureKind::Invalidated,
-                ..
-            }
-        ));
-        let s = e.to_string();
-        assert!(s.starts_with("synchronize: "), "{s}");
-        assert!(s.contains("capture is now invalid"), "{s}");
-        let e = explain(
-            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED),
-            "end_capture",
-        );
-        assert!(e.to_string().contains("never joined back"), "{e}");
-        assert!(matches!(
-            e,
-            Error::Capture {
-                kind: CaptureKind::Unjoined,
-                ..
-            }
-        ));
-        let e = explain(
-            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
-            "end_capture",
-        );
-        assert!(e.to_string().contains("invalidated"), "{e}");
-        assert!(matches!(
-            e,
-            Error::Capture {
-                kind: CaptureKind::Invalidated,
-                ..
-            }
-        ));
-        let e = explain(
-            driver(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT),
-            "memcpy",
-        );
-        assert!(matches!(
-            e,
-            Error::Capture {
-                kind: CaptureKind::LegacyStream,
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn other_errors_pass_unchanged() {
-        let e = explain(driver(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY), "x");
-        assert!(matches!(e, Error::Driver(_)));
-        let e = explain(
-            Error::invalid_argument(crate::error::ArgumentKind::Other, "y"),
-            "x",
-        );
-        assert!(matches!(e, Error::InvalidArgument { .. }));
-    }
 
     #[test]
     fn no_capture_is_active_by_default() {

@@ -1,0 +1,71 @@
+//! Capturing a stream's work into a [`Graph`]: the stream methods of capture.
+
+use super::{launch_repeatable_host_func, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
+use crate::capture::{self, begin as begin_capture, info as capture_info};
+use crate::error::Result;
+use crate::stream::{context_for, AsStream};
+
+/// A stream's capture operations: begin and end capturing its work into a [`Graph`],
+/// ask whether it captures, and host functions that become graph nodes (CuPy's
+/// `Stream.begin_capture`, `end_capture`, `is_capturing`).
+///
+/// Implemented for every [`AsStream`] (owned, borrowed and foreign streams); nothing
+/// else can implement it. It is a trait of its own, defined in `graph` rather than in
+/// [`AsStream`], because ending a capture makes a [`Graph`]: streams sit below graphs.
+/// Bring it in scope with [`crate::prelude`] (`use cuda_rt::prelude::*;`) or by name.
+pub trait StreamCaptureExt: AsStream {
+    /// Runs `f` on a driver thread in stream order, like
+    /// [`launch_host_func`](AsStream::launch_host_func), but also while the stream
+    /// captures a graph: then `f` becomes a host node of the graph and runs once per
+    /// launch, for as long as the graph, its clones or executables live (the graph
+    /// owns `f`). Not capturing, it runs once. A panic in `f` is caught; `f` must not
+    /// call CUDA, nor own anything whose drop calls CUDA.
+    fn launch_host_func_repeatable<F>(&self, f: F) -> Result<()>
+    where
+        F: Fn() + Send + Sync + 'static,
+        Self: Sized,
+    {
+        context_for(self)?;
+        launch_repeatable_host_func(self, Box::new(f))
+    }
+
+    /// Begins capturing the work queued on this stream into a graph
+    /// (`cuStreamBeginCapture`), in `mode`. An error for the legacy default stream and
+    /// for a stream that is already capturing.
+    fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
+        begin_capture(self, mode)
+    }
+
+    /// Ends the capture begun on this stream and returns its graph, instantiated with
+    /// no flags (as CuPy's `end_capture`). An [`Error::Capture`](crate::Error::Capture) when the stream is not
+    /// capturing, when the capture was invalidated (a synchronize, a synchronous copy
+    /// during it), or when a forked stream was not joined back.
+    fn end_capture(&self) -> Result<Graph> {
+        end_capture(self, InstantiateFlags::empty())
+    }
+
+    /// [`end_capture`](StreamCaptureExt::end_capture), instantiating with `flags`.
+    fn end_capture_with(&self, flags: InstantiateFlags) -> Result<Graph> {
+        end_capture(self, flags)
+    }
+
+    /// Whether the stream is capturing a graph (an invalidated capture counts: the
+    /// stream is still in capture mode until the capture is ended).
+    fn is_capturing(&self) -> Result<bool> {
+        Ok(self.capture_status()? != CaptureStatus::None)
+    }
+
+    /// The stream's capture status and, when active, the capture's id
+    /// (`cuStreamGetCaptureInfo`).
+    fn capture_status(&self) -> Result<CaptureStatus> {
+        capture_info(self).map(|(s, _)| s)
+    }
+}
+
+impl<S: AsStream + ?Sized> StreamCaptureExt for S {}
+
+/// Ends the capture begun on `s` and instantiates its graph with `flags`.
+fn end_capture<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Result<Graph> {
+    let ended = capture::end(s)?;
+    Graph::from_capture(ended.raw, s.device_id(), ended.keep, ended.allocs, flags)
+}

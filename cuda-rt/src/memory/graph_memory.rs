@@ -1,0 +1,133 @@
+//! Allocation while a stream captures: memory nodes.
+//!
+//! [`alloc`](crate::memory::alloc) on a thread whose current stream captures (a
+//! capture begun through cuda-rt, or a stream forked into one) does not go to the
+//! allocator in effect: it calls [`capture_aware_alloc`], which allocates with
+//! `cuMemAllocAsync` on the capturing stream. The driver records that as a
+//! memory-allocation node of the graph, and the returned pointer is the address the
+//! node gives on every launch of the graph (graph memory has a fixed address for the
+//! life of the executable graph).
+//!
+//! Why memory nodes rather than a graph-private pool: the driver knows the graph's
+//! dependencies, so it may reuse physical memory between nodes that can never run at
+//! the same time, and never between nodes that can (a private pool cannot see forks
+//! and joins: a block freed on one branch and reused on another would be raced on);
+//! no plain `cuMemAlloc`, which a global-mode capture refuses, runs during a capture;
+//! and nothing outside the graph can be handed that memory while the graph lives.
+//!
+//! What happens to such memory depends on when its last pointer drops:
+//! - during the capture: it is freed inside the graph (`cuMemFreeAsync`, a
+//!   memory-free node) on the current stream when that stream is in the same capture,
+//!   else on the stream it was allocated on while that one still is. Drop a buffer
+//!   used on a forked stream after the fork is joined back. When neither stream is in
+//!   the capture any more (it was invalidated, say), nothing is freed: the capture's
+//!   end decides, as for memory still referred to then.
+//! - if the capture ends in error: no graph comes of it and the block never existed
+//!   outside it; its address may be given to another graph's memory, so the drop
+//!   frees nothing.
+//! - after the capture: the graph owns it. Its graph is instantiated with
+//!   [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`](crate::graph::InstantiateFlags), so each
+//!   launch frees the previous launch's block before allocating it again, and the
+//!   pointer reads what the last launch wrote (synchronize before reading it). Once
+//!   both the graph and the last pointer are gone, the block of the last launch is
+//!   freed on the stream of that launch.
+//!
+//! Memory allocated before a capture and dropped during it is kept alive by the
+//! graph (see [`crate::graph`]), so no pool reuses it while the graph can run.
+
+use std::fmt;
+use std::sync::Arc;
+
+use cuda_sys::result;
+
+use crate::capture::{self, AllocState};
+use crate::device::context::make_current;
+use crate::device::get_device_id;
+use crate::error::Result;
+use crate::memory::{BaseMemory, MemoryPointer};
+use crate::stream::{current_stream_of, AsStream, LEGACY_DEFAULT_HANDLE};
+
+/// Memory allocated during a capture: a memory-allocation node's block.
+pub(crate) struct GraphMemory {
+    state: Arc<AllocState>,
+}
+
+impl fmt::Debug for GraphMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphMemory")
+            .field("ptr", &format_args!("{:#x}", self.state.ptr))
+            .field("size", &self.state.size)
+            .field("device", &self.state.device)
+            .finish()
+    }
+}
+
+// SAFETY: the block is a graph memory node's: its address is fixed for the life of the
+// graph, and the state (shared with the graph) frees it only after both the pointers
+// and the graph are gone; fields never change.
+unsafe impl BaseMemory for GraphMemory {
+    fn ptr(&self) -> u64 {
+        self.state.ptr
+    }
+    /// 0 once its capture failed: the address may belong to another graph's memory
+    /// by then, so every bounds-checked operation on it is refused.
+    fn size(&self) -> usize {
+        if self.state.is_abandoned() {
+            return 0;
+        }
+        self.state.size
+    }
+    fn device_id(&self) -> i32 {
+        self.state.device
+    }
+}
+
+impl Drop for GraphMemory {
+    fn drop(&mut self) {
+        self.state.last_pointer_gone();
+    }
+}
+
+/// What [`alloc`](crate::memory::alloc) calls first: `None` when no capture begun
+/// through cuda-rt involves the current stream (one relaxed atomic load while no
+/// capture is active anywhere), else the allocation as a memory node of the graph
+/// being captured (see the module docs). Size 0 is never asked for.
+#[inline]
+pub fn capture_aware_alloc(size: usize) -> Option<Result<MemoryPointer>> {
+    if !capture::any_capture_active() {
+        return None;
+    }
+    capture_alloc(size)
+}
+
+#[cold]
+fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
+    let s = current_stream_of(get_device_id());
+    if s.handle() == LEGACY_DEFAULT_HANDLE {
+        return None;
+    }
+    let r = capture::with_entry_of(&s, |entry| -> Result<MemoryPointer> {
+        let device = s.device_id();
+        make_current(device)?;
+        // SAFETY: `s` keeps the current stream alive; its device's context was made
+        // current above.
+        let ptr = unsafe { result::memory::alloc_async(size, s.as_raw()) }
+            .map_err(|e| crate::error::explain_capture(e.into(), "allocation during a capture"))?;
+        let id = entry.id;
+        // The same current stream as `s`, owned.
+        let state = Arc::new(AllocState::capturing(
+            ptr,
+            size,
+            device,
+            current_stream_of(device),
+            id,
+        ));
+        entry.allocs.push(Arc::clone(&state));
+        Ok(MemoryPointer::from_memory(Arc::new(GraphMemory { state })))
+    });
+    match r {
+        Ok(Some(r)) => Some(r),
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    }
+}

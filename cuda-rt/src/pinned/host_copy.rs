@@ -1,0 +1,114 @@
+//! [`MemoryPointer`]'s synchronous host copies ([`MemoryPointer::copy_from_host`],
+//! [`MemoryPointer::copy_to_host`]). Pageable memory of at least
+//! [`PAGEABLE_THRESHOLD`] bytes goes through pinned staging buffers
+//! ([`copy_host_to_device`], [`copy_device_to_host`]) on the same stream, at pinned
+//! speed; smaller copies and page-locked memory use the driver's copy.
+//!
+//! They are methods of `MemoryPointer` defined here, above both `memory` and the
+//! staging copies they use, so that `memory` needs nothing from `pinned`. What they
+//! share with the other copies (room checks, how a synchronous copy is ordered, the
+//! capture refusals) stays in `memory`.
+
+use cuda_sys::result;
+
+use super::staging::{copy_device_to_host, copy_host_to_device, PAGEABLE_THRESHOLD};
+use crate::device::context::make_current;
+use crate::error::Result;
+use crate::memory::pod::{as_bytes, as_bytes_mut};
+use crate::memory::pointer::{capture_error, is_page_locked, sync_via, synchronize, SyncVia};
+use crate::memory::{MemoryPointer, Pod};
+use crate::stream::AsStream;
+
+/// Whether a synchronous copy to or from the host slice `buf` goes through the pinned
+/// staging buffers ([`copy_host_to_device`]): pageable memory of at
+/// least [`PAGEABLE_THRESHOLD`] bytes. Smaller
+/// copies, and page-locked memory (which the DMA engine reads directly), use the
+/// driver's copy.
+fn staged<T: Pod>(buf: &[T]) -> bool {
+    std::mem::size_of_val(buf) >= PAGEABLE_THRESHOLD && !is_page_locked(buf)
+}
+
+impl MemoryPointer {
+    /// Copies all of `src` to this pointer, synchronously. More bytes than the room left
+    /// behind the pointer is an error; fewer fill a prefix.
+    pub fn copy_from_host<T: Pod>(&self, src: &[T]) -> Result<()> {
+        let what = "copy_from_host";
+        self.check_room(what, std::mem::size_of_val(src))?;
+        if src.is_empty() || std::mem::size_of::<T>() == 0 {
+            return Ok(());
+        }
+        let via = sync_via(what)?;
+        if staged(src) {
+            let s = via.stream(self.device_id());
+            return copy_host_to_device(self, as_bytes(src), &s)
+                .map_err(|e| capture_error(what, e));
+        }
+        let src = as_bytes(src);
+        match via {
+            SyncVia::Legacy => {
+                make_current(self.device_id())?;
+                // SAFETY: the `src.len()` bytes behind this pointer fit (`check_room`)
+                // in memory its object keeps alive (`BaseMemory`) while `self` is
+                // borrowed; `src` is borrowed for this synchronous copy.
+                unsafe { result::memory::memcpy_htod(self.ptr(), src) }
+                    .map_err(|e| capture_error(what, e.into()))
+            }
+            SyncVia::Stream(s) => {
+                // SAFETY: the destination as above; `src` stays borrowed until the copy
+                // is waited for below; `s` keeps the current stream alive, and
+                // `sync_via` made its context current.
+                unsafe {
+                    result::memory::memcpy_htod_async(
+                        self.ptr(),
+                        src.as_ptr().cast(),
+                        src.len(),
+                        s.as_raw(),
+                    )
+                }?;
+                synchronize(&s)
+            }
+        }
+    }
+
+    /// Fills all of `dst` from this pointer, synchronously. More bytes than the room
+    /// left behind the pointer is an error.
+    pub fn copy_to_host<T: Pod>(&self, dst: &mut [T]) -> Result<()> {
+        let what = "copy_to_host";
+        self.check_room(what, std::mem::size_of_val(dst))?;
+        if dst.is_empty() || std::mem::size_of::<T>() == 0 {
+            return Ok(());
+        }
+        let via = sync_via(what)?;
+        if staged(dst) {
+            let s = via.stream(self.device_id());
+            return copy_device_to_host(as_bytes_mut(dst), self, &s)
+                .map_err(|e| capture_error(what, e));
+        }
+        let dst = as_bytes_mut(dst);
+        match via {
+            SyncVia::Legacy => {
+                make_current(self.device_id())?;
+                // SAFETY: the `dst.len()` bytes behind this pointer fit (`check_room`)
+                // in memory its object keeps alive (`BaseMemory`) while `self` is
+                // borrowed; `dst` is borrowed mutably for this synchronous copy, and any
+                // bytes are valid for it (`Pod`).
+                unsafe { result::memory::memcpy_dtoh(dst, self.ptr()) }
+                    .map_err(|e| capture_error(what, e.into()))
+            }
+            SyncVia::Stream(s) => {
+                // SAFETY: as above; `dst` stays borrowed mutably until the copy is
+                // waited for below; `s` keeps the current stream alive, and `sync_via`
+                // made its context current.
+                unsafe {
+                    result::memory::memcpy_dtoh_async(
+                        dst.as_mut_ptr().cast(),
+                        self.ptr(),
+                        dst.len(),
+                        s.as_raw(),
+                    )
+                }?;
+                synchronize(&s)
+            }
+        }
+    }
+}
