@@ -21,8 +21,8 @@
 //! there is no import circle (`scripts/module-cycles.py` checks it, also among the
 //! submodules of each directory module). From the bottom:
 //!
-//! 1. [`error`], `thread_state` (what is current on a thread), [`env`](mod@env),
-//!    `spare`: nothing of CUDA's objects. The translation of capture errors into words
+//! 1. [`error`], `thread_state` (what is current on a thread), [`env`](mod@env):
+//!    nothing of CUDA's objects. The translation of capture errors into words
 //!    ([`Error::Capture`]) is here, since every floor above can meet one.
 //! 2. [`device`]: devices, contexts, per-thread library handles.
 //! 3. [`stream`]: streams and the current stream ([`AsStream`]).
@@ -31,12 +31,14 @@
 //!    the "any capture active" flag, and the registry that keeps memory alive for a
 //!    capture's graph. The registry sees memory only through a small trait and
 //!    type-erased keep-alive handles, so it needs nothing from [`memory`].
-//! 5. [`memory`]: memory objects, [`MemoryPointer`], pools, allocators, hooks, and
-//!    allocation during a capture (memory nodes).
+//! 5. [`memory`]: memory objects, [`MemoryPointer`], pools, allocators, hooks,
+//!    allocation during a capture (memory nodes), and the per-thread recycler of
+//!    emptied memory objects that pinned memory uses too.
 //! 6. [`pinned`]: pinned memory, its pool, staging copies, and
 //!    [`MemoryPointer`]'s synchronous host copies (which stage through pinned memory,
 //!    so they are defined here).
-//! 7. [`module`] (modules and functions), then [`launch`](mod@launch) (launch
+//! 7. [`module`] (modules and functions; `image_extent` checks the cubins and
+//!    fatbins it loads), then [`launch`](mod@launch) (launch
 //!    shapes, kernel arguments, the launch methods of [`Function`]), then
 //!    [`compiler`] (NVRTC and the kernel cache).
 //! 8. [`graph`]: graphs, nodes, and [`StreamCaptureExt`] (`begin_capture`,
@@ -66,7 +68,6 @@ pub mod module;
 pub mod pinned;
 pub mod prelude;
 pub mod profiler;
-mod spare;
 pub mod stream;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

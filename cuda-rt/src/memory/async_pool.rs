@@ -223,7 +223,7 @@ unsafe impl BaseMemory for MemoryAsync {
 // Recycled [`malloc_async`] objects: an emptied `Arc<MemoryAsync>` waits here for
 // the thread's next `malloc_async`, so a malloc + free pair allocates nothing on the
 // heap.
-crate::spare::spare_list!(MemoryAsync);
+crate::memory::recycler::spare_list!(MemoryAsync);
 
 impl Drop for MemoryAsync {
     fn drop(&mut self) {

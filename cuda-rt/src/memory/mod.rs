@@ -34,9 +34,11 @@ mod device_memory;
 pub(crate) mod graph_memory;
 pub mod hook;
 mod managed;
+mod memset;
 pub(crate) mod pod;
 pub(crate) mod pointer;
 pub mod pool;
+pub(crate) mod recycler;
 mod unowned;
 
 pub use allocator::{alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator};

@@ -256,7 +256,7 @@ impl MemoryPointer {
 
     /// The memory object (a null one only while the pointer is being dropped).
     #[inline]
-    fn m(&self) -> &Arc<dyn BaseMemory> {
+    pub(super) fn m(&self) -> &Arc<dyn BaseMemory> {
         match &self.mem {
             Some(m) => m,
             None => gone(),
@@ -360,7 +360,7 @@ impl MemoryPointer {
         Ok(())
     }
 
-    fn check_align(&self, what: &str, align: u64) -> Result<()> {
+    pub(super) fn check_align(&self, what: &str, align: u64) -> Result<()> {
         if self.ptr() & (align - 1) != 0 {
             return Err(Error::invalid_argument(
                 ArgumentKind::Misaligned {
@@ -529,139 +529,6 @@ impl MemoryPointer {
             },
         }?)
     }
-
-    // -------------------------------------------------------------------------
-    // Memset
-
-    /// Sets `size` bytes to `value`, synchronously.
-    pub fn memset(&self, value: u8, size: usize) -> Result<()> {
-        self.memset_impl("memset", Fill::U8(value), size, false, None)
-    }
-
-    /// Sets `size` bytes to `value` on `stream` (`None`: the current stream).
-    pub fn memset_async(
-        &self,
-        value: u8,
-        size: usize,
-        stream: Option<&dyn AsStream>,
-    ) -> Result<()> {
-        self.memset_impl("memset_async", Fill::U8(value), size, true, stream)
-    }
-
-    /// Sets `count` 16-bit words to `value`, synchronously (pointer 2-byte aligned).
-    pub fn memset_u16(&self, value: u16, count: usize) -> Result<()> {
-        self.memset_impl("memset_u16", Fill::U16(value), count, false, None)
-    }
-
-    /// Sets `count` 16-bit words to `value` on `stream` (`None`: the current stream).
-    pub fn memset_u16_async(
-        &self,
-        value: u16,
-        count: usize,
-        stream: Option<&dyn AsStream>,
-    ) -> Result<()> {
-        self.memset_impl("memset_u16_async", Fill::U16(value), count, true, stream)
-    }
-
-    /// Sets `count` 32-bit words to `value`, synchronously (pointer 4-byte aligned).
-    pub fn memset_u32(&self, value: u32, count: usize) -> Result<()> {
-        self.memset_impl("memset_u32", Fill::U32(value), count, false, None)
-    }
-
-    /// Sets `count` 32-bit words to `value` on `stream` (`None`: the current stream).
-    pub fn memset_u32_async(
-        &self,
-        value: u32,
-        count: usize,
-        stream: Option<&dyn AsStream>,
-    ) -> Result<()> {
-        self.memset_impl("memset_u32_async", Fill::U32(value), count, true, stream)
-    }
-
-    fn memset_impl(
-        &self,
-        what: &str,
-        fill: Fill,
-        count: usize,
-        is_async: bool,
-        stream: Option<&dyn AsStream>,
-    ) -> Result<()> {
-        let width = fill.width();
-        let bytes = count.checked_mul(width).ok_or_else(|| {
-            Error::invalid_argument(
-                ArgumentKind::OutOfBounds {
-                    requested: (count as u64).saturating_mul(width as u64),
-                    available: self.size() as u64,
-                },
-                format!("{what}: {count} elements of {width} bytes overflow"),
-            )
-        })?;
-        self.check_room(what, bytes)?;
-        if count == 0 {
-            return Ok(());
-        }
-        self.check_align(what, width as u64)?;
-        // The stream it runs on (kept here while in use); `None`: the plain call.
-        let stream = if is_async {
-            let s = stream_or_current(stream);
-            make_current(s.device_id())?;
-            Some(s)
-        } else {
-            match sync_via(what)? {
-                SyncVia::Legacy => {
-                    make_current(self.device_id())?;
-                    None
-                }
-                SyncVia::Stream(s) => Some(s),
-            }
-        };
-        let p = self.ptr();
-        // SAFETY (every call below): `count` elements of `width` bytes fit behind the
-        // pointer (`check_room`), allocated as the "device ranges" comment at the top of
-        // this file says, and aligned for the width (`check_align`); `stream` keeps its
-        // stream alive, and a context was made current above.
-        let r = match (fill, stream.as_ref().map(StreamRef::as_raw)) {
-            (Fill::U8(v), None) => unsafe { result::memory::memset_d8(p, v, count) },
-            (Fill::U16(v), None) => unsafe { result::memory::memset_d16(p, v, count) },
-            (Fill::U32(v), None) => unsafe { result::memory::memset_d32(p, v, count) },
-            (Fill::U8(v), Some(s)) => unsafe { result::memory::memset_d8_async(p, v, count, s) },
-            (Fill::U16(v), Some(s)) => unsafe { result::memory::memset_d16_async(p, v, count, s) },
-            (Fill::U32(v), Some(s)) => unsafe { result::memory::memset_d32_async(p, v, count, s) },
-        };
-        match (is_async, &stream) {
-            (false, None) => r.map_err(|e| capture_error(what, e.into())),
-            (false, Some(s)) => {
-                r?;
-                synchronize(s)
-            }
-            // A graph captured on the stream sets this memory on every launch: it
-            // keeps it.
-            (true, _) => {
-                r?;
-                match &stream {
-                    Some(s) => crate::capture::note_use(s, &[self.m()]),
-                    None => Ok(()),
-                }
-            }
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Fill {
-    U8(u8),
-    U16(u16),
-    U32(u32),
-}
-
-impl Fill {
-    fn width(self) -> usize {
-        match self {
-            Fill::U8(_) => 1,
-            Fill::U16(_) => 2,
-            Fill::U32(_) => 4,
-        }
-    }
 }
 
 impl Add<usize> for &MemoryPointer {
@@ -696,7 +563,7 @@ impl Sub<usize> for MemoryPointer {
     }
 }
 
-fn stream_or_current(stream: Option<&dyn AsStream>) -> StreamRef {
+pub(super) fn stream_or_current(stream: Option<&dyn AsStream>) -> StreamRef {
     match stream {
         Some(s) => s.as_stream_ref(),
         None => get_current_stream(),

@@ -104,7 +104,7 @@ enum Kind {
 // goes back to its pool and the emptied `Arc<Owner>` (still naming its pool's core)
 // waits here for the thread's next malloc from that pool, so a cached malloc + free
 // pair allocates nothing on the heap and touches no shared count.
-crate::spare::spare_list!(Owner);
+crate::memory::recycler::spare_list!(Owner);
 
 /// The shared owner of a range of pinned memory: the allocation and the fence of
 /// the last asynchronous copy that uses it.

@@ -108,7 +108,7 @@ unsafe impl BaseMemory for PooledMemory {
 // (parked) and the emptied `Arc<PooledMemory>` waits here for the thread's next malloc
 // from the same device pool, so a cached malloc + free pair allocates nothing on the
 // heap.
-crate::spare::spare_list!(PooledMemory);
+crate::memory::recycler::spare_list!(PooledMemory);
 
 impl PooledMemory {
     /// `block` of `core` as a memory object: a recycled one of this thread's for the

@@ -1,4 +1,5 @@
-//! Per-thread spare lists of emptied `Arc` memory objects, so a cached malloc + free
+//! The per-thread recycler of memory objects: spare lists of emptied `Arc` memory
+//! objects (device pool, stream-ordered and pinned memory), so a cached malloc + free
 //! pair allocates nothing on the heap. Statics cannot be generic, so each owner type
 //! gets its own list through [`spare_list!`].
 
