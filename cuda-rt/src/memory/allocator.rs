@@ -135,7 +135,9 @@ impl Allocator {
 /// generation (bumped under the lock on every set; starts at 1 so that the threads'
 /// cached copies, made with generation 0, are read fresh once).
 static GLOBAL: RwLock<Option<Allocator>> = RwLock::new(None);
-static GENERATION: AtomicU64 = AtomicU64::new(1);
+static GENERATION: AtomicU64 = AtomicU64::new(FIRST_GENERATION);
+/// The generation before any `set_allocator`: the default pool is in effect.
+const FIRST_GENERATION: u64 = 1;
 
 thread_local! {
     /// The innermost `using_allocator` scope's allocator on this thread.
@@ -243,12 +245,18 @@ pub fn alloc(size: usize) -> Result<MemoryPointer> {
 /// pool, no scope is open and the copy is current: borrowed in place, so the common
 /// `alloc` touches no reference count (a clone and a drop of the pool's `Arc` were a
 /// third of a cached pair). `None` when that does not apply.
+///
+/// Until `set_allocator` is first called (generation 1) the allocator is the default
+/// pool, a static: then no thread-local copy is read at all.
 #[inline]
 fn with_cached_pool<R>(f: impl FnOnce(&MemoryPool) -> R) -> Option<R> {
     if DEPTH.with(Cell::get) != 0 {
         return None;
     }
     let generation = GENERATION.load(Ordering::Acquire);
+    if generation == FIRST_GENERATION {
+        return Some(f(&get_default_memory_pool()));
+    }
     CACHED.with(|c| {
         // A shared borrow: `f` may allocate again (a hook, a custom allocator), which
         // takes another shared borrow here or falls back to `get_allocator`.
