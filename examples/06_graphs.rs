@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt::prelude::*;
-use cuda_rt::{CaptureMode, LaunchConfig, RawKernel, Stream};
+use cuda_rt::{CaptureMode, DotFlags, LaunchConfig, RawKernel, Stream};
 
 const ACCUMULATE: &str = r#"
 extern "C" __global__ void accumulate(float* y, const float* x, int n) {
@@ -73,7 +73,7 @@ fn run() -> cuda_rt::Result<()> {
         graph.node_count()?,
         launches.load(Ordering::Relaxed)
     );
-    assert!(graph.to_dot()?.contains("digraph"));
+    assert!(graph.to_dot(DotFlags::empty())?.contains("digraph"));
 
     // Replays: each launch runs the whole graph, y += x, one after the other.
     graph.upload(&stream)?;

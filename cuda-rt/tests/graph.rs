@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_rt::graph::{CaptureMode, CaptureStatus, InstantiateFlags, KernelArgs, LaunchConfig};
+use cuda_rt::graph::{
+    CaptureMode, CaptureStatus, DotFlags, InstantiateFlags, KernelArgs, LaunchConfig,
+};
 use cuda_rt::memory::{ClosureAllocator, MemoryPointer};
 use cuda_rt::{
     gpu_test, ArgumentKind, AsStream, CaptureKind, Error, Event, EventFlags, Graph, Module, Stream,
@@ -408,12 +410,18 @@ gpu_test!(dot_dump_contains_the_nodes, {
     }
     let graph = s.end_capture().unwrap();
     assert_eq!(graph.node_count().unwrap(), 2);
-    let dot = graph.to_dot().unwrap();
+    let dot = graph.to_dot(DotFlags::VERBOSE).unwrap();
     assert!(dot.contains("digraph"), "{dot}");
     assert!(dot.contains("add_one"), "{dot}");
     assert!(dot.contains("axpy"), "{dot}");
+    // Without flags, the topology only: shorter, and no kernel parameters.
+    let plain = graph.to_dot(DotFlags::empty()).unwrap();
+    assert!(plain.contains("digraph"), "{plain}");
+    assert!(plain.len() < dot.len(), "{plain}");
+    let params = graph.to_dot(DotFlags::KERNEL_NODE_PARAMS).unwrap();
+    assert!(params.contains("add_one"), "{params}");
     let path = std::env::temp_dir().join(format!("cuda-rt-test-{}.dot", std::process::id()));
-    graph.debug_dot_print(&path).unwrap();
+    graph.debug_dot_print(&path, DotFlags::VERBOSE).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     assert!(text.contains("add_one"));

@@ -80,6 +80,46 @@ use crate::error::{explain_capture, ArgumentKind, CaptureKind, Error, Result, St
 use crate::stream::AsStream;
 
 bitflags::bitflags! {
+    /// What a DOT dump of a graph shows ([`Graph::debug_dot_print`], `CUgraphDebugDot_flags`).
+    /// The empty set is CuPy's default (`flags=0`): the topology with each node's kind.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct DotFlags: u32 {
+        /// Every detail below.
+        const VERBOSE = 1;
+        /// Runtime types rather than driver types, where they differ.
+        const RUNTIME_TYPES = 1 << 1;
+        /// Kernel node parameters (function, grid, block, shared memory, arguments).
+        const KERNEL_NODE_PARAMS = 1 << 2;
+        /// Memcpy node parameters.
+        const MEMCPY_NODE_PARAMS = 1 << 3;
+        /// Memset node parameters.
+        const MEMSET_NODE_PARAMS = 1 << 4;
+        /// Host node parameters.
+        const HOST_NODE_PARAMS = 1 << 5;
+        /// Event record and wait node parameters.
+        const EVENT_NODE_PARAMS = 1 << 6;
+        /// External semaphore signal node parameters.
+        const EXT_SEMAS_SIGNAL_NODE_PARAMS = 1 << 7;
+        /// External semaphore wait node parameters.
+        const EXT_SEMAS_WAIT_NODE_PARAMS = 1 << 8;
+        /// Kernel node attributes.
+        const KERNEL_NODE_ATTRIBUTES = 1 << 9;
+        /// Node handles.
+        const HANDLES = 1 << 10;
+        /// Memory allocation node parameters.
+        const MEM_ALLOC_NODE_PARAMS = 1 << 11;
+        /// Memory free node parameters.
+        const MEM_FREE_NODE_PARAMS = 1 << 12;
+        /// Batched memory operation node parameters.
+        const BATCH_MEM_OP_NODE_PARAMS = 1 << 13;
+        /// Extra topology information.
+        const EXTRA_TOPO_INFO = 1 << 14;
+        /// Conditional node parameters.
+        const CONDITIONAL_NODE_PARAMS = 1 << 15;
+    }
+}
+
+bitflags::bitflags! {
     /// How a graph is instantiated (`CUgraphInstantiate_flags`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct InstantiateFlags: u64 {
@@ -398,9 +438,10 @@ impl Graph {
         Ok(self.nodes()?.len())
     }
 
-    /// Writes the graph in Graphviz DOT format to `path`, with every detail the
-    /// driver can print (`cuGraphDebugDotPrint`, verbose), for debugging.
-    pub fn debug_dot_print(&self, path: impl AsRef<Path>) -> Result<()> {
+    /// Writes the graph in Graphviz DOT format to `path`, showing what `flags` asks for
+    /// (`cuGraphDebugDotPrint`; CuPy's `debug_dot_print(path, flags)`): the empty set
+    /// gives the topology, [`DotFlags::VERBOSE`] every detail the driver can print.
+    pub fn debug_dot_print(&self, path: impl AsRef<Path>, flags: DotFlags) -> Result<()> {
         let path = path.as_ref();
         let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
             Error::invalid_argument(
@@ -410,24 +451,19 @@ impl Graph {
         })?;
         make_current(self.device)?;
         // SAFETY: the graph is owned by `self` and live until its drop.
-        Ok(unsafe {
-            result::graph::debug_dot_print(
-                self.as_raw(),
-                &c,
-                sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.0,
-            )
-        }?)
+        Ok(unsafe { result::graph::debug_dot_print(self.as_raw(), &c, flags.bits()) }?)
     }
 
-    /// The graph in DOT format as a string (through a temporary file).
-    pub fn to_dot(&self) -> Result<String> {
+    /// The graph in DOT format as a string, showing what `flags` asks for (through a
+    /// temporary file; CuPy's `debug_dot_str`).
+    pub fn to_dot(&self, flags: DotFlags) -> Result<String> {
         static N: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
             "cuda-rt-graph-{}-{}.dot",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let r = self.debug_dot_print(&path).and_then(|()| {
+        let r = self.debug_dot_print(&path, flags).and_then(|()| {
             std::fs::read_to_string(&path).map_err(|e| {
                 Error::invalid_state(
                     StateKind::Other,
