@@ -273,6 +273,33 @@ gpu_test!(begin_capture_on_the_legacy_default_stream_is_refused, {
     assert!(e.to_string().contains("legacy default stream"), "{e}");
 });
 
+gpu_test!(is_capturing_on_the_legacy_stream_asks_the_driver, {
+    let _serial = serial();
+    cuda_rt::device::set_device_id(0).unwrap();
+    let legacy = Stream::null();
+    assert!(!legacy.is_capturing().unwrap(), "nothing captures");
+    // A blocking stream capturing in global mode: the driver answers the legacy
+    // stream's question with its implicit-synchronization error, as CuPy reports.
+    let s = Stream::new().unwrap();
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let e = legacy.is_capturing().unwrap_err();
+    let ended = s.end_capture();
+    assert!(
+        matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::LegacyStream,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    if let Err(err) = ended {
+        eprintln!("note: the question invalidated the capture: {err}");
+    }
+    assert!(!legacy.is_capturing().unwrap(), "the capture is over");
+});
+
 gpu_test!(
     synchronize_during_capture_is_a_capture_error_and_invalidates_it,
     {

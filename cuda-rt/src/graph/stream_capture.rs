@@ -1,9 +1,13 @@
 //! Capturing a stream's work into a [`Graph`]: the stream methods of capture.
 
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
 use super::{launch_repeatable_host_func, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 use crate::capture::{self, begin as begin_capture, info as capture_info};
-use crate::error::Result;
-use crate::stream::{context_for, AsStream};
+use crate::device::context::make_current;
+use crate::error::{explain_capture, Result};
+use crate::stream::{context_for, AsStream, LEGACY_DEFAULT_HANDLE};
 
 /// A stream's capture operations: begin and end capturing its work into a [`Graph`],
 /// ask whether it captures, and host functions that become graph nodes (CuPy's
@@ -56,13 +60,39 @@ pub trait StreamCaptureExt: AsStream {
     }
 
     /// The stream's capture status and, when active, the capture's id
-    /// (`cuStreamGetCaptureInfo`).
+    /// (`cuStreamGetCaptureInfo`). The driver is asked for the legacy default stream
+    /// too: while a blocking stream of its device captures in global mode it answers
+    /// with its implicit-synchronization error ([`CaptureKind::LegacyStream`]), as
+    /// CuPy reports it.
+    ///
+    /// [`CaptureKind::LegacyStream`]: crate::CaptureKind::LegacyStream
     fn capture_status(&self) -> Result<CaptureStatus> {
+        if self.as_raw() as usize == LEGACY_DEFAULT_HANDLE {
+            return legacy_capture_status(self.device_id());
+        }
         capture_info(self).map(|(s, _)| s)
     }
 }
 
 impl<S: AsStream + ?Sized> StreamCaptureExt for S {}
+
+/// The legacy default stream's capture status, as the driver reports it (not a hot
+/// path: cuda-rt's own checks skip the legacy stream, which never captures).
+fn legacy_capture_status(device: i32) -> Result<CaptureStatus> {
+    make_current(device)?;
+    // SAFETY: the legacy default stream handle is valid in every context, and the
+    // device's primary context was made current above.
+    let (st, _, _) =
+        unsafe { result::stream::get_capture_info(LEGACY_DEFAULT_HANDLE as sys::CUstream) }
+            .map_err(|e| explain_capture(e.into(), "is_capturing on the legacy default stream"))?;
+    Ok(match st {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => CaptureStatus::None,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => {
+            CaptureStatus::Invalidated
+        }
+        _ => CaptureStatus::Active { id: 0 },
+    })
+}
 
 /// Ends the capture begun on `s` and instantiates its graph with `flags`.
 fn end_capture<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Result<Graph> {
