@@ -160,6 +160,7 @@ impl Module {
     /// The kernel `name` (a C name, or a lowered C++ name). An unknown name is an error
     /// naming it and, on drivers that can list them (CUDA 12.4+), the module's kernels.
     pub fn get_function(&self, name: &str) -> Result<Function> {
+        check_kernel_name(name)?;
         let c = c_name("kernel", name)?;
         make_current(self.inner.device)?;
         // SAFETY: the module is owned by `self`, loaded until its last holder goes; its
@@ -529,6 +530,36 @@ pub fn driver_reports_param_sizes() -> bool {
 }
 
 /// A `CString` for a symbol name, or an error naming it.
+/// Refuses, before any driver call, a kernel name no module can export: a symbol is
+/// a C identifier (an `extern "C"` kernel) or a mangled name, which is one too
+/// (`[A-Za-z_][A-Za-z0-9_]*`; `$` and `.` occur in some compilers' symbols and are
+/// let through). A C++ name (a template instance, a namespace path, a signature) is
+/// not a symbol: the message says how to get one.
+pub(crate) fn check_kernel_name(name: &str) -> Result<()> {
+    let symbol_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.');
+    let first_ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || matches!(c, '_' | '$'));
+    if first_ok && name.chars().all(symbol_char) {
+        return Ok(());
+    }
+    let why = if name.is_empty() {
+        "is empty".to_owned()
+    } else if name.contains(['<', '>', ':', '(', ')', ',', ' ']) {
+        "is a C++ name, not a symbol: compile the program with it as a name expression \
+         (RawModule::from_source's name_expressions) and ask the RawModule for it by that \
+         expression, or declare the kernel extern \"C\""
+            .to_owned()
+    } else {
+        "is not a valid symbol (letters, digits and '_', not starting with a digit)".to_owned()
+    };
+    Err(Error::invalid_argument(
+        ArgumentKind::InvalidValue,
+        format!("kernel name {name:?} {why}"),
+    ))
+}
+
 fn c_name(what: &str, name: &str) -> Result<CString> {
     CString::new(name).map_err(|_| {
         Error::invalid_argument(
@@ -577,6 +608,26 @@ unsafe fn load_image(image: &[u8]) -> Result<sys::CUmodule> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn kernel_names_are_checked_before_the_driver() {
+        for ok in ["saxpy", "_Z6kernelIfEvPT_", "k2", "_k", "$k"] {
+            super::check_kernel_name(ok).unwrap();
+        }
+        for (bad, says) in [
+            ("", "is empty"),
+            ("k<float>", "name expression"),
+            ("ns::k", "name expression"),
+            ("k(float*)", "name expression"),
+            ("2k", "not a valid symbol"),
+            ("k-1", "not a valid symbol"),
+            ("k\0", "not a valid symbol"),
+        ] {
+            let e = super::check_kernel_name(bad).unwrap_err();
+            assert!(e.to_string().contains(says), "{bad:?}: {e}");
+        }
+    }
+
     use super::*;
 
     fn message(e: &Error) -> &str {
