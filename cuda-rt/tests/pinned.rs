@@ -71,6 +71,34 @@ gpu_test!(size_zero_gives_an_empty_pointer, {
     assert!(p.as_slice().unwrap().is_empty());
 });
 
+gpu_test!(pinned_pointers_move_back_within_their_allocation, {
+    let p = PinnedMemoryPointer::from(PinnedMemory::new(4096).unwrap());
+    let q = (&p + 1000).unwrap();
+    let r = (&q - 600).unwrap();
+    assert_eq!(
+        (r.ptr(), r.len(), r.offset_in_mem()),
+        (p.ptr() + 400, 3696, 400)
+    );
+    assert_eq!(q.offset_by(-1000).unwrap().ptr(), p.ptr());
+    assert_eq!(q.offset_by(96).unwrap().ptr(), p.ptr() + 1096);
+    // A slice keeps its end when moved back.
+    let s = p.slice(100, 10).unwrap();
+    let t = s.offset_back(50).unwrap();
+    assert_eq!((t.ptr(), t.len()), (p.ptr() + 50, 60));
+    let e = (&q - 1001).unwrap_err();
+    assert!(matches!(
+        e,
+        Error::InvalidArgument {
+            kind: cuda_rt::ArgumentKind::OutOfBounds {
+                requested: 1001,
+                available: 1000
+            },
+            ..
+        }
+    ));
+    assert!(p.offset_by(-1).is_err());
+});
+
 gpu_test!(offset_and_slice_stay_inside_the_range, {
     let p = PinnedMemoryPointer::from(PinnedMemory::new(4096).unwrap());
     let q = p.offset(100).unwrap();

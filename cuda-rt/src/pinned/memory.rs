@@ -291,6 +291,24 @@ impl Clone for PinnedMemoryPointer {
     }
 }
 
+/// `&p + n`: [`PinnedMemoryPointer::offset`], as CuPy's `ptr + n` (an error past
+/// the end).
+impl std::ops::Add<usize> for &PinnedMemoryPointer {
+    type Output = Result<PinnedMemoryPointer>;
+    fn add(self, n: usize) -> Result<PinnedMemoryPointer> {
+        self.offset(n)
+    }
+}
+
+/// `&p - n`: [`PinnedMemoryPointer::offset_back`], as CuPy's `ptr - n` (an error
+/// before the start of the allocation).
+impl std::ops::Sub<usize> for &PinnedMemoryPointer {
+    type Output = Result<PinnedMemoryPointer>;
+    fn sub(self, n: usize) -> Result<PinnedMemoryPointer> {
+        self.offset_back(n)
+    }
+}
+
 impl From<PinnedMemory> for PinnedMemoryPointer {
     /// A handle to the whole allocation.
     fn from(mem: PinnedMemory) -> Self {
@@ -400,6 +418,40 @@ impl PinnedMemoryPointer {
             ));
         }
         self.slice(n, self.len - n)
+    }
+
+    /// A handle `n` bytes back, within the same allocation (CuPy's `ptr - n`): the
+    /// range starts `n` bytes earlier and ends where this one does. Moving before the
+    /// start of the allocation is an error.
+    pub fn offset_back(&self, n: usize) -> Result<PinnedMemoryPointer> {
+        if n > self.offset {
+            return Err(Error::invalid_argument(
+                ArgumentKind::OutOfBounds {
+                    requested: n as u64,
+                    available: self.offset as u64,
+                },
+                format!(
+                    "pinned pointer offset -{n} is before the start of its allocation \
+                     ({} bytes back at most)",
+                    self.offset
+                ),
+            ));
+        }
+        Ok(PinnedMemoryPointer {
+            owner: self.owner.clone(),
+            offset: self.offset - n,
+            len: self.len + n,
+        })
+    }
+
+    /// A handle moved by `delta` bytes, forwards or backwards ([`offset`](Self::offset)
+    /// or [`offset_back`](Self::offset_back)).
+    pub fn offset_by(&self, delta: isize) -> Result<PinnedMemoryPointer> {
+        if delta >= 0 {
+            self.offset(delta.unsigned_abs())
+        } else {
+            self.offset_back(delta.unsigned_abs())
+        }
     }
 
     /// A handle to `len` bytes at `start` within this range.
