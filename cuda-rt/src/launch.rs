@@ -430,8 +430,42 @@ impl Function {
         config: &LaunchConfig,
         args: &[&dyn KernelArg],
     ) -> Result<()> {
+        self.check_co_resident(config)?;
         // SAFETY: the caller guarantees the arguments (see `# Safety`).
         unsafe { self.launch_typed(Kind::Cooperative, stream, config, args) }
+    }
+
+    /// The most blocks of `config`'s shape that can be resident on the device at once
+    /// (the occupancy calculator's blocks per multiprocessor times the multiprocessor
+    /// count): the largest grid a cooperative launch takes.
+    pub fn max_cooperative_grid(&self, config: &LaunchConfig) -> Result<u64> {
+        let per_sm = self.max_active_blocks_per_multiprocessor(
+            u32::try_from(config.block.count()).unwrap_or(u32::MAX),
+            config.shared_mem_bytes as usize,
+        )?;
+        let sms = crate::Device::new(self.device_id())?.multiprocessor_count()?;
+        Ok(per_sm.max(0) as u64 * sms.max(0) as u64)
+    }
+
+    /// Refuses, before the driver, a cooperative grid that cannot be co-resident.
+    fn check_co_resident(&self, config: &LaunchConfig) -> Result<()> {
+        let max = self.max_cooperative_grid(config)?;
+        let blocks = config.grid.count();
+        if blocks > max {
+            return Err(Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!(
+                    "a cooperative launch needs its whole grid resident at once: {blocks} \
+                     blocks of {} threads ({} bytes of dynamic shared memory) were asked \
+                     for, and the device holds at most {max} of them (the occupancy \
+                     calculator's blocks per multiprocessor times the multiprocessor count); \
+                     use a grid of at most {max} blocks, with a grid-stride loop",
+                    config.block.count(),
+                    config.shared_mem_bytes
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Launches with attributes through `cuLaunchKernelEx` (cluster dimensions,
@@ -460,6 +494,9 @@ impl Function {
                     attributes.len()
                 ),
             ));
+        }
+        if attributes.contains(&LaunchAttribute::Cooperative(true)) {
+            self.check_co_resident(config)?;
         }
         let mut raw = [sys::CUlaunchAttribute::default(); MAX_LAUNCH_ATTRIBUTES];
         for (r, a) in raw.iter_mut().zip(attributes) {

@@ -297,6 +297,55 @@ cuda_rt::gpu_test!(cooperative_launch_syncs_the_whole_grid, {
     assert_eq!(total2.read::<i32>(1), [b * (b + 1) / 2]);
 });
 
+cuda_rt::gpu_test!(a_cooperative_grid_too_large_to_be_resident_is_refused, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let k = RawKernel::new(GRID_SUM, "grid_sum", &[]).unwrap();
+    let cfg = LaunchConfig::new(1, 128);
+    let max = k.function().max_cooperative_grid(&cfg).unwrap();
+    let sms = cuda_rt::Device::new(0)
+        .unwrap()
+        .multiprocessor_count()
+        .unwrap() as u64;
+    let per_sm = k.max_active_blocks_per_multiprocessor(128, 0).unwrap() as u64;
+    assert_eq!(max, sms * per_sm);
+    let too_many = LaunchConfig::new(max as u32 + 1, 128);
+    let (partial, total, arrived) = (DevBuf::new(4), DevBuf::new(4), DevBuf::from_slice(&[0u32]));
+    let stream = Stream::new().unwrap();
+    // SAFETY: refused before any launch (the grid cannot be resident), so the kernel
+    // never runs on these one-element buffers.
+    let e = unsafe {
+        k.launch_cooperative(
+            &stream,
+            &too_many,
+            &[&partial.ptr, &total.ptr, &arrived.ptr],
+        )
+    }
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                kind: ArgumentKind::InvalidValue,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&format!("at most {max}")), "{e}");
+    // SAFETY: as above.
+    let e = unsafe {
+        k.launch_ex(
+            &stream,
+            &too_many,
+            &[LaunchAttribute::Cooperative(true)],
+            &[&partial.ptr, &total.ptr, &arrived.ptr],
+        )
+    }
+    .unwrap_err();
+    assert!(e.to_string().contains(&format!("at most {max}")), "{e}");
+    stream.synchronize().unwrap();
+});
+
 cuda_rt::gpu_test!(cluster_launch_groups_blocks_into_clusters, {
     cuda_rt::device::set_device_id(0).unwrap();
     if cc() < 90 {
