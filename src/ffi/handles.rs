@@ -150,3 +150,43 @@ impl<T> Table<T> {
         value.ok_or_else(|| Fail::Handle(format!("the {} handle is empty", self.what)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::status::CURT_ERROR_INVALID_HANDLE;
+
+    fn code(r: Res<Arc<u32>>) -> i32 {
+        match r {
+            Ok(_) => 0,
+            Err(e) => e.code_and_message().0,
+        }
+    }
+
+    #[test]
+    fn a_destroyed_handle_is_invalid_also_after_its_slot_is_reused() {
+        static T: Table<u32> = Table::new(9, "test");
+        let h = T.insert(7);
+        assert_eq!(*T.get(h).unwrap(), 7);
+        assert_eq!(*T.remove(h).unwrap(), 7);
+        assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(T.remove(h)), CURT_ERROR_INVALID_HANDLE);
+        let h2 = T.insert(8);
+        assert_ne!(h, h2, "the reused slot has a new generation");
+        assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(*T.get(h2).unwrap(), 8);
+    }
+
+    #[test]
+    fn null_foreign_and_made_up_handles_are_invalid() {
+        static A: Table<u32> = Table::new(10, "first");
+        static B: Table<u32> = Table::new(11, "second");
+        let h = A.insert(1);
+        assert_eq!(code(B.get(h)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(A.get(0)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(A.get(0xdead_beef)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(A.get(h + 1)), CURT_ERROR_INVALID_HANDLE);
+        let msg = B.get(h).unwrap_err().code_and_message().1;
+        assert!(msg.contains("invalid second handle"), "{msg}");
+    }
+}
