@@ -1,4 +1,5 @@
-/* cuda-rt's C ABI. Link with -lcuda_rt_c (libcuda_rt_c.so, built by `cargo build`).
+/* cuda-rt's C ABI. Link with -lcuda_rt_c (libcuda_rt_c.so, built by `cargo build`);
+ * see the README's "C" section for the compile line, pkg-config and CMake.
  *
  * Every function returns CURT_SUCCESS (0) or an error code: a positive CUDA driver
  * code (CUresult) when the driver failed, otherwise one of the negative CURT_ERROR_*
@@ -7,11 +8,20 @@
  * unwinds or aborts, wherever it is called from: also from a thread-local or
  * pthread_key_create destructor while a thread exits, or from an atexit handler. Once
  * the thread's storage is torn down (those places), calls still return their codes but
- * record no message, and curt_last_error() returns "". */
+ * record no message, and curt_last_error() returns "".
+ *
+ * Objects are handles (curt_stream_t, curt_event_t, ...): opaque values looked up in a
+ * table, never pointers. NULL, a destroyed handle, one of another kind or a made-up
+ * value is CURT_ERROR_INVALID_HANDLE, never a crash. Where a function takes a
+ * curt_stream_t, NULL means the calling thread's current stream of the current device.
+ * Out-pointers must be NULL (CURT_ERROR_INVALID_ARGUMENT) or valid; they are written
+ * only on success. Strings are NUL-terminated UTF-8. */
 #ifndef CUDA_RT_WRAPPER_H
 #define CUDA_RT_WRAPPER_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h> /* ssize_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,7 +34,38 @@ extern "C" {
 #define CURT_ERROR_COMPILE (-4)
 #define CURT_ERROR_NOT_SUPPORTED (-5)
 #define CURT_ERROR_OTHER (-6)
+#define CURT_ERROR_INVALID_HANDLE (-7)
 #define CURT_ERROR_PANIC (-99)
+
+#define CURT_STREAM_NON_BLOCKING 1
+#define CURT_EVENT_BLOCKING_SYNC 1
+#define CURT_EVENT_DISABLE_TIMING 2
+#define CURT_CAPTURE_MODE_GLOBAL 0
+#define CURT_CAPTURE_MODE_THREAD_LOCAL 1
+#define CURT_CAPTURE_MODE_RELAXED 2
+
+typedef struct curt_stream_s *curt_stream_t;
+typedef struct curt_event_s *curt_event_t;
+typedef struct curt_memory_s *curt_memory_t;   /* device memory */
+typedef struct curt_pinned_s *curt_pinned_t;   /* pinned host memory */
+typedef struct curt_module_s *curt_module_t;
+typedef struct curt_function_s *curt_function_t;
+typedef struct curt_graph_s *curt_graph_t;
+
+/* A memory pool's statistics. */
+typedef struct curt_pool_stats_t {
+    uint64_t used_bytes;       /* handed out */
+    uint64_t total_bytes;      /* reserved from the device (or host) */
+    uint64_t free_bytes;       /* cached: total - used */
+    uint64_t n_free_blocks;    /* cached blocks */
+    uint64_t peak_used_bytes;
+    uint64_t peak_total_bytes;
+} curt_pool_stats_t;
+
+/* A launch shape; each extent at least 1. */
+typedef struct curt_dim3 {
+    unsigned int x, y, z;
+} curt_dim3;
 
 /* The last error message on this thread ("" if none, or once the thread's storage is
  * torn down). Never NULL. */
@@ -44,6 +85,232 @@ int curt_device_compute_capability(int id, int *major, int *minor);
 
 /* Total memory of device `id`, in bytes. */
 int curt_device_total_memory(int id, size_t *bytes);
+
+/* ---- Devices ---------------------------------------------------------------- */
+
+/* Make device `id` current on this thread. */
+int curt_set_device(int id);
+
+/* This thread's current device. */
+int curt_get_device(int *id);
+
+/* Block until all work on the current device is done. */
+int curt_device_synchronize(void);
+
+/* Free and total memory of device `id`, in bytes. */
+int curt_device_mem_info(int id, size_t *free_bytes, size_t *total_bytes);
+
+/* Name of device `id` into `buf` (`len` > 0 bytes), NUL-terminated, cut to fit. */
+int curt_device_name(int id, char *buf, size_t len);
+
+/* ---- Device memory ---------------------------------------------------------- */
+
+/* `size` bytes from cuda-rt's caching pool on `stream`'s device, in that stream's
+ * arena (reuse without synchronisation follows the stream). Size 0: a null pointer. */
+int curt_malloc(size_t size, curt_stream_t stream, curt_memory_t *mem);
+
+/* `size` bytes with the current allocator (curt_set_allocator; the pool by default)
+ * on the current device. */
+int curt_alloc(size_t size, curt_memory_t *mem);
+
+/* `size` bytes of plain device memory (cuMemAlloc, no pool) on `device`. */
+int curt_malloc_device(int device, size_t size, curt_memory_t *mem);
+
+/* `size` bytes of managed (unified) memory on the current device. */
+int curt_malloc_managed(size_t size, curt_memory_t *mem);
+
+/* `size` bytes from the driver's stream-ordered pool, ordered on `stream`. */
+int curt_malloc_async(size_t size, curt_stream_t stream, curt_memory_t *mem);
+
+/* Free `mem` (back to its pool once queued work using it is done). The handle is dead
+ * afterwards; its address must no longer be used. */
+int curt_free(curt_memory_t mem);
+
+/* Device address of `mem` (valid until curt_free). */
+int curt_memory_ptr(curt_memory_t mem, uint64_t *ptr);
+
+/* Size of `mem` in bytes. */
+int curt_memory_size(curt_memory_t mem, size_t *size);
+
+/* Statistics of the default pool on `device`. */
+int curt_pool_stats(int device, curt_pool_stats_t *stats);
+
+/* Limit of the default pool per device, in bytes (0: none). Past it, allocation
+ * fails with CURT_ERROR_OUT_OF_MEMORY. */
+int curt_pool_set_limit(uint64_t bytes);
+
+/* The default pool's limit on the current device (0: none). */
+int curt_pool_get_limit(uint64_t *bytes);
+
+/* Release the default pool's cached free blocks to the driver. */
+int curt_pool_free_all_blocks(void);
+
+/* ---- Pinned host memory ----------------------------------------------------- */
+
+/* `size` bytes of pinned host memory from the default pinned pool. */
+int curt_pinned_malloc(size_t size, curt_pinned_t *mem);
+
+/* Free pinned memory (back to the pool once copies using it are done). */
+int curt_pinned_free(curt_pinned_t mem);
+
+/* Host address (valid until curt_pinned_free) and size (`size` may be NULL). */
+int curt_pinned_ptr(curt_pinned_t mem, void **ptr, size_t *size);
+
+/* Statistics of the default pinned pool. */
+int curt_pinned_pool_stats(curt_pool_stats_t *stats);
+
+/* Limit of the default pinned pool in bytes (0: none). */
+int curt_pinned_pool_set_limit(uint64_t bytes);
+
+/* Release the default pinned pool's cached free blocks. */
+int curt_pinned_pool_free_all_blocks(void);
+
+/* ---- Copies and memset -------------------------------------------------------
+ * Device sides are handles plus a byte offset, checked against the allocation
+ * (CURT_ERROR_INVALID_ARGUMENT past its end). Host sides are raw addresses: the caller
+ * guarantees `bytes` readable (src) or writable (dst) bytes there, untouched by
+ * others during the call (bytes 0: may be NULL). The _async forms queue on `stream`;
+ * their host buffer is free again when they return (pageable memory is staged). */
+
+int curt_memcpy_htod(curt_memory_t dst, size_t dst_offset, const void *src, size_t bytes);
+int curt_memcpy_dtoh(void *dst, curt_memory_t src, size_t src_offset, size_t bytes);
+int curt_memcpy_dtod(curt_memory_t dst, size_t dst_offset, curt_memory_t src, size_t src_offset,
+                     size_t bytes);
+int curt_memcpy_htod_async(curt_memory_t dst, size_t dst_offset, const void *src, size_t bytes,
+                           curt_stream_t stream);
+int curt_memcpy_dtoh_async(void *dst, curt_memory_t src, size_t src_offset, size_t bytes,
+                           curt_stream_t stream);
+int curt_memcpy_dtod_async(curt_memory_t dst, size_t dst_offset, curt_memory_t src,
+                           size_t src_offset, size_t bytes, curt_stream_t stream);
+/* Set `bytes` bytes at `mem` + `offset` to the low 8 bits of `value`. */
+int curt_memset(curt_memory_t mem, size_t offset, int value, size_t bytes);
+int curt_memset_async(curt_memory_t mem, size_t offset, int value, size_t bytes,
+                      curt_stream_t stream);
+
+/* ---- Streams ---------------------------------------------------------------- */
+
+/* A stream on the current device: `flags` 0 or CURT_STREAM_NON_BLOCKING, `priority`
+ * (lower is higher; clamped to the device's range). */
+int curt_stream_create(int flags, int priority, curt_stream_t *stream);
+
+/* Destroy a stream (queued work still runs). */
+int curt_stream_destroy(curt_stream_t stream);
+
+/* Block until the work queued on `stream` is done. */
+int curt_stream_synchronize(curt_stream_t stream);
+
+/* *done = 1 when the work queued on `stream` is done, else 0. */
+int curt_stream_query(curt_stream_t stream, int *done);
+
+/* Work queued on `stream` after this waits for `event`'s last record. */
+int curt_stream_wait_event(curt_stream_t stream, curt_event_t event);
+
+/* Run fn(user_data) once, on a driver thread, after the work queued before it on
+ * `stream`; later work waits for it. `fn` must not call CUDA or cuda-rt; `user_data`
+ * must stay valid until it has run. Refused while the stream captures a graph. */
+int curt_stream_launch_host_func(curt_stream_t stream, void (*fn)(void *user_data),
+                                 void *user_data);
+
+/* ---- Events ----------------------------------------------------------------- */
+
+/* An event on the current device; `flags` a mix of CURT_EVENT_*, or 0. */
+int curt_event_create(int flags, curt_event_t *event);
+
+/* Destroy an event. */
+int curt_event_destroy(curt_event_t event);
+
+/* Record `event` on `stream`. */
+int curt_event_record(curt_event_t event, curt_stream_t stream);
+
+/* *done = 1 when the work before the last record is done, else 0. */
+int curt_event_query(curt_event_t event, int *done);
+
+/* Block until the work before the last record is done. */
+int curt_event_synchronize(curt_event_t event);
+
+/* Milliseconds between two completed records (both events with timing). */
+int curt_event_elapsed_time(curt_event_t start, curt_event_t end, float *ms);
+
+/* ---- Modules, NVRTC and launch ---------------------------------------------- */
+
+/* Load a PTX, cubin or fatbin file on the current device. */
+int curt_module_load_file(const char *path, curt_module_t *module);
+
+/* Load an image of `size` bytes (PTX NUL-terminated, cubin, fatbin). */
+int curt_module_load_data(const void *image, size_t size, curt_module_t *module);
+
+/* Compile CUDA C++ `source` with NVRTC for the current device with `n_options`
+ * options, through cuda-rt's kernel cache, and load it. A compile error is
+ * CURT_ERROR_COMPILE with the log in curt_last_error(). */
+int curt_module_compile(const char *source, const char *const *options, size_t n_options,
+                        curt_module_t *module);
+
+/* Destroy a module handle (functions from it keep the module loaded). */
+int curt_module_destroy(curt_module_t module);
+
+/* The kernel `name` (extern "C" name or mangled name) of `module`. */
+int curt_module_get_function(curt_module_t module, const char *name,
+                             curt_function_t *function);
+
+/* Destroy a function handle. */
+int curt_function_destroy(curt_function_t function);
+
+/* Launch `function` on `stream` with `grid` x `block` threads and `shared_mem` bytes of
+ * dynamic shared memory. The caller guarantees: `args` holds `n_args` pointers (one
+ * per kernel parameter; the count is checked where the driver tells it), args[i]
+ * points to a value of the i-th parameter's type, and every address the kernel uses
+ * stays allocated until it has run (a kernel can do anything device memory allows). */
+int curt_launch(curt_function_t function, curt_dim3 grid, curt_dim3 block,
+                unsigned int shared_mem, curt_stream_t stream, void **args, size_t n_args);
+
+/* ---- Graphs ----------------------------------------------------------------- */
+
+/* Begin capturing `stream`'s work (not the legacy default stream), in a
+ * CURT_CAPTURE_MODE_*. */
+int curt_stream_begin_capture(curt_stream_t stream, int mode);
+
+/* End the capture; *graph is the captured graph, instantiated. */
+int curt_stream_end_capture(curt_stream_t stream, curt_graph_t *graph);
+
+/* Re-instantiate `graph` with `flags` (CUgraphInstantiate_flags bits). */
+int curt_graph_instantiate(curt_graph_t graph, uint64_t flags);
+
+/* Launch `graph` on `stream`. */
+int curt_graph_launch(curt_graph_t graph, curt_stream_t stream);
+
+/* Destroy a graph (queued launches still run). */
+int curt_graph_destroy(curt_graph_t graph);
+
+/* ---- Allocators --------------------------------------------------------------- */
+
+/* Make malloc_fn(ctx, size, device) / free_fn(ctx, ptr, device) the process-wide allocator
+ * of curt_alloc. Both may be called from any thread with `ctx` for as long as memory
+ * from them lives; a non-zero malloc result must be `size` bytes of `device` memory,
+ * valid until free; 0 means failure. Refused inside a scoped allocator. */
+int curt_set_allocator(uint64_t (*malloc_fn)(void *ctx, size_t size, int device),
+                       void (*free_fn)(void *ctx, uint64_t ptr, int device), void *ctx);
+
+/* Make the default pool the process-wide allocator again. */
+int curt_reset_allocator(void);
+
+/* Drop-in allocators: memory from cuda-rt's pool for `device`, kept in a registry by
+ * address until freed. On failure they return NULL and curt_last_error() says why
+ * (out of memory with the pool's figures, a bad device, a negative size); they never
+ * return NULL silently for a non-zero size. Size 0 returns NULL with no error. The
+ * free functions ignore NULL, and record an error (no crash) for an unknown address. */
+
+/* PyTorch CUDAPluggableAllocator alloc: on `stream`'s arena (a cudaStream_t/CUstream
+ * of `device`, or 0). The caller guarantees the stream stays alive until the memory is
+ * freed. */
+void *curt_torch_alloc(ssize_t size, int device, void *stream);
+/* PyTorch CUDAPluggableAllocator free. */
+void curt_torch_free(void *ptr, ssize_t size, int device, void *stream);
+/* CuPy CFunctionAllocator malloc (`param` unused): on the current stream of `device`. */
+void *curt_cupy_malloc(void *param, size_t size, int device);
+/* CuPy CFunctionAllocator free. */
+void curt_cupy_free(void *param, void *ptr, int device);
+/* Number of live drop-in allocations. */
+int curt_dropin_live_count(size_t *count);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite runner (copied to gpu-bin/run.sh by scripts/build-gpu.sh).
 #   bash gpu-bin/run.sh            every test binary with CUDA_RT_REQUIRE_GPU=1, the C
-#                                  smoke program, then every example (exit 0, no skip)
+#                                  smoke and API programs, then every example (exit 0, no skip)
 #   SANITIZE=1 bash gpu-bin/run.sh the same under compute-sanitizer memcheck
 #   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables)
 #   ONLY=word bash gpu-bin/run.sh  only the test and example binaries named with `word`
@@ -12,6 +12,8 @@ export CUDA_RT_REQUIRE_GPU=1
 export CUDA_RT_SHIM_DIR="$HERE/lib"
 export CUDA_RT_C_SMOKE="$HERE/c_smoke"
 export CUDA_RT_C_TEARDOWN="$HERE/c_teardown"
+export CUDA_RT_C_API="$HERE/c_api"
+export CUDA_RT_C_SAXPY="$HERE/examples/c_saxpy"
 export LD_LIBRARY_PATH="$HERE/lib:${LD_LIBRARY_PATH:-}"
 OUTDIR=${OUT:-/tmp}
 passed=0; failed=0; failed_bins=()
@@ -36,11 +38,13 @@ for bin in "$HERE"/tests/*${ONLY:-}*; do
   printf '%-50s %4d passed %3d failed (rc %d)\n' "$name" "$p" "$f" "$rc"
   if [ $rc -ne 0 ]; then failed_bins+=("$name"); grep -E "panicked|FAILED|failed|ERROR" "$log" | head -20; fi
 done
-if "$HERE/c_smoke" >"$OUTDIR/c_smoke.log" 2>&1; then
-  passed=$((passed + 1)); echo "c_smoke: passed"
-else
-  failed=$((failed + 1)); failed_bins+=(c_smoke); cat "$OUTDIR/c_smoke.log"
-fi
+for c in c_smoke c_api; do
+  if "$HERE/$c" >"$OUTDIR/$c.log" 2>&1; then
+    passed=$((passed + 1)); echo "$c: passed"
+  else
+    failed=$((failed + 1)); failed_bins+=("$c"); cat "$OUTDIR/$c.log"
+  fi
+done
 # Every example runs in full here: a non-zero exit, a timeout, or a `skipped:` line (no
 # GPU, no NVRTC, no cuBLAS...) fails it, as a skipped GPU test fails under
 # CUDA_RT_REQUIRE_GPU=1. Each takes a few seconds; EXAMPLE_TIMEOUT bounds a hang.

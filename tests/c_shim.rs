@@ -50,14 +50,22 @@ fn shim_dir() -> PathBuf {
 /// scripts/build-gpu.sh (named by the variable `prebuilt`, on machines without the
 /// sources or a C compiler).
 fn c_program(dir: &std::path::Path, name: &str, prebuilt: &str) -> PathBuf {
+    c_source(dir, &format!("tests/c/{name}.c"), prebuilt)
+}
+
+/// Compiles the C file `source` (relative to the package root) against the shim, or
+/// takes the program named by the variable `prebuilt`.
+fn c_source(dir: &std::path::Path, source: &str, prebuilt: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(prebuilt) {
         return PathBuf::from(p);
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let name = source.replace(['/', '.'], "_");
     let out = std::env::temp_dir().join(format!("cuda_rt_c_{name}_{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
-        .arg(root.join(format!("tests/c/{name}.c")))
+        .arg(root.join(source))
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror"])
         .arg("-I")
         .arg(&root)
         .arg("-pthread")
@@ -68,7 +76,7 @@ fn c_program(dir: &std::path::Path, name: &str, prebuilt: &str) -> PathBuf {
         .arg(&out)
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
-    assert!(status.success(), "compiling tests/c/{name}.c failed");
+    assert!(status.success(), "compiling {source} failed");
     out
 }
 
@@ -86,6 +94,54 @@ fn c_program_links_the_shim_and_never_crashes() {
     println!("{stdout}");
     assert!(run.status.success(), "C smoke test failed:\n{stdout}");
     assert!(stdout.contains("C SMOKE PASSED"));
+}
+
+/// Runs a C program with the shim on its library path: its stdout, after checking it
+/// exited 0 with `passed` in its output (when given).
+fn run_c(program: &std::path::Path, dir: &std::path::Path, passed: Option<&str>) -> String {
+    let run = Command::new(program)
+        .env("LD_LIBRARY_PATH", dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    println!("{stdout}{stderr}");
+    assert!(
+        run.status.success(),
+        "{} failed ({}):\n{stdout}{stderr}",
+        program.display(),
+        run.status
+    );
+    if let Some(p) = passed {
+        assert!(stdout.contains(p), "{stdout}");
+    }
+    stdout
+}
+
+#[test]
+fn c_api_program_gets_the_right_code_and_message_on_every_error_path() {
+    let dir = shim_dir();
+    let out = c_program(&dir, "api", "CUDA_RT_C_API");
+    let stdout = run_c(&out, &dir, Some("C API PASSED"));
+    assert!(!stdout.contains("FAIL "), "{stdout}");
+}
+
+#[test]
+fn c_saxpy_example_builds_and_runs_or_skips_without_a_gpu() {
+    let dir = shim_dir();
+    let out = c_source(&dir, "examples/c/saxpy.c", "CUDA_RT_C_SAXPY");
+    let stdout = run_c(&out, &dir, None);
+    if curt_is_available() == 1 {
+        assert!(stdout.contains("saxpy: 0 of 4096 wrong"), "{stdout}");
+    } else {
+        let required =
+            std::env::var("CUDA_RT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0");
+        assert!(
+            !required,
+            "CUDA_RT_REQUIRE_GPU is set but no GPU is usable: {stdout}"
+        );
+        assert!(stdout.starts_with("skipped:"), "{stdout}");
+    }
 }
 
 #[test]

@@ -1,20 +1,11 @@
-//! The exported functions. Each one goes through [`guard`], which turns a `Result` into
-//! a code, records the message and catches panics.
-//!
-//! The promise of `wrapper.h` is that no function unwinds or aborts, whenever it is
-//! called: also from a thread-local or `pthread_key_create` destructor while the thread
-//! exits, or from an `atexit` handler after the main thread's thread-locals are gone.
-//! So the last-error slot is reached only through `try_with` and `try_borrow*` (a slot
-//! that is torn down, or busy, is skipped, never a panic), every message is recorded
-//! inside the unwind guard, and [`curt_last_error`] answers `""` (a static string) when
-//! the thread has no slot any more.
+//! Codes, the thread-local last-error message and the unwind guard every export runs in.
 
 use std::any::Any;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use cuda_rt::{Device, Error};
+use cuda_rt::Error;
 
 /// Success.
 pub const CURT_SUCCESS: c_int = 0;
@@ -30,6 +21,9 @@ pub const CURT_ERROR_COMPILE: c_int = -4;
 pub const CURT_ERROR_NOT_SUPPORTED: c_int = -5;
 /// Any other error (state, capture, math library).
 pub const CURT_ERROR_OTHER: c_int = -6;
+/// A handle that is NULL where one is required, destroyed already, of another kind,
+/// or never returned by this library.
+pub const CURT_ERROR_INVALID_HANDLE: c_int = -7;
 /// A panic was caught inside cuda-rt (a bug: please report it).
 pub const CURT_ERROR_PANIC: c_int = -99;
 
@@ -47,7 +41,7 @@ thread_local! {
 /// Records `msg` as this thread's last error. Never panics: when the thread's storage
 /// is torn down (a destructor or `atexit` handler calling in) or the slot is busy, the
 /// message is dropped and only the code tells the caller what happened.
-fn set_last_error(msg: &str) {
+pub(crate) fn set_last_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
     let _ = LAST_ERROR.try_with(|l| {
         if let Ok(mut slot) = l.try_borrow_mut() {
@@ -67,7 +61,7 @@ fn discard_panic(payload: Box<dyn Any + Send>) {
 /// Runs `body` under the unwind guard: its value, or `on_panic` after recording that a
 /// panic was caught. Recording happens inside the guard as well, so even a panic while
 /// recording (none is expected) ends as a code.
-fn unwind_guard<T>(body: impl FnOnce() -> T, on_panic: T) -> T {
+pub(crate) fn unwind_guard<T>(body: impl FnOnce() -> T, on_panic: T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(v) => v,
         Err(payload) => {
@@ -98,28 +92,76 @@ pub fn error_code(e: &Error) -> c_int {
     }
 }
 
+/// Why a call failed: an error of cuda-rt, or a bad handle (which cuda-rt never sees).
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// An error of cuda-rt (also a bad argument found by the shim).
+    Rt(Error),
+    /// A bad handle, with the message.
+    Handle(String),
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        Fail::Rt(e)
+    }
+}
+
+impl Fail {
+    /// The code and the message.
+    pub(crate) fn code_and_message(&self) -> (c_int, String) {
+        match self {
+            Fail::Rt(e) => (error_code(e), e.to_string()),
+            Fail::Handle(m) => (CURT_ERROR_INVALID_HANDLE, m.clone()),
+        }
+    }
+}
+
+/// What the shim's functions return inside [`guard`].
+pub(crate) type Res<T> = std::result::Result<T, Fail>;
+
+/// A bad argument found by the shim (a NULL pointer, a bad size or flag).
+pub(crate) fn bad_arg(msg: impl Into<String>) -> Fail {
+    Fail::Rt(Error::invalid_argument(
+        cuda_rt::ArgumentKind::Null,
+        msg.into(),
+    ))
+}
+
 /// Runs `f` (which must check its pointer arguments before any other work, so a bad
 /// argument is reported as such), converting its outcome to a code and recording the
 /// message, all inside the unwind guard.
-fn guard(f: impl FnOnce() -> cuda_rt::Result<()>) -> c_int {
+pub(crate) fn guard(f: impl FnOnce() -> Res<()>) -> c_int {
     unwind_guard(
         || match f() {
             Ok(()) => CURT_SUCCESS,
             Err(e) => {
-                set_last_error(&e.to_string());
-                error_code(&e)
+                let (code, msg) = e.code_and_message();
+                set_last_error(&msg);
+                code
             }
         },
         CURT_ERROR_PANIC,
     )
 }
 
-fn out<T>(p: *mut T, name: &str) -> cuda_rt::Result<&'static mut T> {
+/// The out-pointer `p`, or an invalid argument naming it when it is NULL.
+pub(crate) fn out<T>(p: *mut T, name: &str) -> Res<&'static mut T> {
     // SAFETY: the C caller passes either null (rejected here) or a valid, aligned,
     // writable pointer, as wrapper.h documents.
-    unsafe { p.as_mut() }.ok_or_else(|| {
-        Error::invalid_argument(cuda_rt::ArgumentKind::Null, format!("{name} is NULL"))
-    })
+    unsafe { p.as_mut() }.ok_or_else(|| bad_arg(format!("{name} is NULL")))
+}
+
+/// The NUL-terminated UTF-8 string `p`, or an invalid argument naming it.
+pub(crate) fn c_str<'a>(p: *const c_char, name: &str) -> Res<&'a str> {
+    if p.is_null() {
+        return Err(bad_arg(format!("{name} is NULL")));
+    }
+    // SAFETY: non-null (checked); the C caller passes a NUL-terminated string that
+    // stays valid for the call, as wrapper.h documents.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map_err(|_| bad_arg(format!("{name} is not valid UTF-8")))
 }
 
 /// The last error message on this thread (empty if none); valid until the next call
@@ -140,63 +182,4 @@ pub extern "C" fn curt_last_error() -> *const c_char {
         },
         EMPTY.as_ptr(),
     )
-}
-
-/// 1 if CUDA is usable, else 0 (the reason is then in `curt_last_error`).
-#[no_mangle]
-pub extern "C" fn curt_is_available() -> c_int {
-    unwind_guard(
-        || match cuda_rt::availability() {
-            Ok(_) => 1,
-            Err(reason) => {
-                set_last_error(&reason.to_string());
-                0
-            }
-        },
-        0,
-    )
-}
-
-/// Writes the number of CUDA devices to `*count`.
-#[no_mangle]
-pub extern "C" fn curt_device_count(count: *mut c_int) -> c_int {
-    guard(|| {
-        let count = out(count, "count")?;
-        *count = cuda_rt::device_count()?;
-        Ok(())
-    })
-}
-
-/// Writes the driver's CUDA version (e.g. 13000) to `*version`.
-#[no_mangle]
-pub extern "C" fn curt_driver_version(version: *mut c_int) -> c_int {
-    guard(|| {
-        let version = out(version, "version")?;
-        *version = cuda_rt::env::driver_version()?.to_int();
-        Ok(())
-    })
-}
-
-/// Writes device `id`'s compute capability to `*major` and `*minor`.
-#[no_mangle]
-pub extern "C" fn curt_device_compute_capability(
-    id: c_int,
-    major: *mut c_int,
-    minor: *mut c_int,
-) -> c_int {
-    guard(|| {
-        let (major, minor) = (out(major, "major")?, out(minor, "minor")?);
-        (*major, *minor) = Device::new(id)?.compute_capability()?;
-        Ok(())
-    })
-}
-
-/// Writes device `id`'s total memory in bytes to `*bytes`.
-#[no_mangle]
-pub extern "C" fn curt_device_total_memory(id: c_int, bytes: *mut usize) -> c_int {
-    guard(|| {
-        let bytes = out(bytes, "bytes")?;
-        *bytes = Device::new(id)?.total_memory()?;
-        Ok(())
-    })
 }

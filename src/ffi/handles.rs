@@ -1,0 +1,192 @@
+//! Handles: what C holds instead of pointers to Rust objects.
+//!
+//! A handle's value is `kind << 56 | generation << 32 | (index + 1)`: an index into
+//! the table of its kind, the generation of that slot when the object went in, and the
+//! kind, so that a handle of one kind passed for another, a destroyed handle (its
+//! slot's generation moved on), or a made-up value is found out by a lookup and
+//! reported as `CURT_ERROR_INVALID_HANDLE`, never dereferenced. Objects sit in the
+//! table behind an `Arc`: a lookup clones it, so a destroy on another thread during a
+//! call only drops the table's reference.
+
+#![allow(non_camel_case_types)]
+
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use super::status::{Fail, Res};
+
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("the C shim's handles need 64-bit pointers");
+
+macro_rules! handle_types {
+    ($($s:ident, $t:ident, $what:literal;)*) => {$(
+        #[doc = concat!("The opaque type behind a ", $what, " handle; never dereferenced.")]
+        #[repr(C)]
+        pub struct $s {
+            _private: [u8; 0],
+        }
+        #[doc = concat!("A ", $what, " handle (`", stringify!($t), "` in wrapper.h).")]
+        pub type $t = *mut $s;
+    )*};
+}
+
+handle_types! {
+    curt_stream_s, curt_stream_t, "stream";
+    curt_event_s, curt_event_t, "event";
+    curt_memory_s, curt_memory_t, "device memory";
+    curt_pinned_s, curt_pinned_t, "pinned memory";
+    curt_module_s, curt_module_t, "module";
+    curt_function_s, curt_function_t, "kernel function";
+    curt_graph_s, curt_graph_t, "graph";
+}
+
+struct Slot<T> {
+    generation: u32,
+    value: Option<Arc<T>>,
+}
+
+/// One kind's table: slots, and the indices of the empty ones.
+pub(crate) struct Table<T> {
+    kind: u8,
+    what: &'static str,
+    slots: RwLock<Vec<Slot<T>>>,
+    free: Mutex<Vec<u32>>,
+}
+
+const INDEX_BITS: u32 = 32;
+const GENERATION_MASK: u64 = 0x00ff_ffff;
+
+impl<T> Table<T> {
+    pub(crate) const fn new(kind: u8, what: &'static str) -> Self {
+        Table {
+            kind,
+            what,
+            slots: RwLock::new(Vec::new()),
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn encode(&self, index: u32, generation: u32) -> u64 {
+        ((self.kind as u64) << 56)
+            | ((generation as u64 & GENERATION_MASK) << INDEX_BITS)
+            | (index as u64 + 1)
+    }
+
+    /// Puts `value` in the table and returns its handle (never 0).
+    pub(crate) fn insert(&self, value: T) -> u64 {
+        let value = Some(Arc::new(value));
+        let reuse = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+        let index = match reuse {
+            Some(i) => i,
+            None => {
+                slots.push(Slot {
+                    generation: 0,
+                    value: None,
+                });
+                (slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut slots[index as usize];
+        slot.value = value;
+        self.encode(index, slot.generation)
+    }
+
+    /// The slot index of `handle` when it is one of this table's live handles.
+    fn find(&self, slots: &[Slot<T>], handle: u64) -> Res<usize> {
+        if handle == 0 {
+            return Err(Fail::Handle(format!("the {} handle is NULL", self.what)));
+        }
+        let bad = || {
+            Fail::Handle(format!(
+                "invalid {} handle {handle:#x}: destroyed already, of another kind, or \
+                 never returned by cuda-rt",
+                self.what
+            ))
+        };
+        if (handle >> 56) as u8 != self.kind {
+            return Err(bad());
+        }
+        let index = ((handle & 0xffff_ffff) as usize)
+            .checked_sub(1)
+            .ok_or_else(bad)?;
+        let generation = ((handle >> INDEX_BITS) & GENERATION_MASK) as u32;
+        match slots.get(index) {
+            Some(s) if s.value.is_some() && s.generation & GENERATION_MASK as u32 == generation => {
+                Ok(index)
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    /// The object behind `handle`.
+    pub(crate) fn get(&self, handle: u64) -> Res<Arc<T>> {
+        let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
+        let i = self.find(&slots, handle)?;
+        slots[i]
+            .value
+            .clone()
+            .ok_or_else(|| Fail::Handle(format!("the {} handle is empty", self.what)))
+    }
+
+    /// Takes the object behind `handle` out of the table (the handle is dead from now
+    /// on) and returns it, to be dropped by the caller outside the table's lock.
+    pub(crate) fn remove(&self, handle: u64) -> Res<Arc<T>> {
+        let value = {
+            let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+            let i = self.find(&slots, handle)?;
+            let slot = &mut slots[i];
+            slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK as u32;
+            let v = slot.value.take();
+            self.free
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(i as u32);
+            v
+        };
+        value.ok_or_else(|| Fail::Handle(format!("the {} handle is empty", self.what)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::status::CURT_ERROR_INVALID_HANDLE;
+
+    fn code(r: Res<Arc<u32>>) -> i32 {
+        match r {
+            Ok(_) => 0,
+            Err(e) => e.code_and_message().0,
+        }
+    }
+
+    #[test]
+    fn a_destroyed_handle_is_invalid_also_after_its_slot_is_reused() {
+        static T: Table<u32> = Table::new(9, "test");
+        let h = T.insert(7);
+        assert_eq!(*T.get(h).unwrap(), 7);
+        assert_eq!(*T.remove(h).unwrap(), 7);
+        assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(T.remove(h)), CURT_ERROR_INVALID_HANDLE);
+        let h2 = T.insert(8);
+        assert_ne!(h, h2, "the reused slot has a new generation");
+        assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(*T.get(h2).unwrap(), 8);
+    }
+
+    #[test]
+    fn null_foreign_and_made_up_handles_are_invalid() {
+        static A: Table<u32> = Table::new(10, "first");
+        static B: Table<u32> = Table::new(11, "second");
+        let h = A.insert(1);
+        assert_eq!(code(B.get(h)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(A.get(0)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(A.get(0xdead_beef)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(A.get(h + 1)), CURT_ERROR_INVALID_HANDLE);
+        let msg = B.get(h).unwrap_err().code_and_message().1;
+        assert!(msg.contains("invalid second handle"), "{msg}");
+    }
+}

@@ -1,0 +1,179 @@
+//! Device memory: the caching pool (on a stream's arena), plain device, managed and
+//! stream-ordered allocation, and the pool's statistics and limit.
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use cuda_rt::memory::{Memory, MemoryAsyncPool};
+use cuda_rt::prelude::*;
+use cuda_rt::{get_default_memory_pool, MemoryPointer};
+
+use super::handles::{curt_memory_t, curt_stream_t, Table};
+use super::status::{guard, out, Res};
+use super::stream::stream_or_current;
+
+/// The device memory C holds.
+pub(crate) static MEMORY: Table<MemoryPointer> = Table::new(3, "memory");
+
+/// A memory pool's statistics (`curt_pool_stats_t`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct curt_pool_stats_t {
+    /// Bytes handed out.
+    pub used_bytes: u64,
+    /// Bytes reserved from the device.
+    pub total_bytes: u64,
+    /// Bytes cached (reserved, not handed out).
+    pub free_bytes: u64,
+    /// Free blocks cached.
+    pub n_free_blocks: u64,
+    /// Peak of `used_bytes`.
+    pub peak_used_bytes: u64,
+    /// Peak of `total_bytes`.
+    pub peak_total_bytes: u64,
+}
+
+fn put(mem: *mut curt_memory_t, p: Res<MemoryPointer>) -> Res<()> {
+    let slot = out(mem, "mem")?;
+    *slot = MEMORY.insert(p?) as curt_memory_t;
+    Ok(())
+}
+
+/// Allocates `size` bytes from the default pool on `stream`'s arena (NULL: the current
+/// stream), on the stream's device. Size 0 gives a handle to a null pointer.
+#[no_mangle]
+pub extern "C" fn curt_malloc(
+    size: usize,
+    stream: curt_stream_t,
+    mem: *mut curt_memory_t,
+) -> c_int {
+    guard(|| {
+        out(mem, "mem")?;
+        let s = stream_or_current(stream)?;
+        let dev = cuda_rt::Device::new(s.device_id())?;
+        let _d = dev.enter()?;
+        let _s = s.enter()?;
+        put(
+            mem,
+            Ok(get_default_memory_pool().malloc_on(s.device_id(), size)?),
+        )
+    })
+}
+
+/// Allocates `size` bytes with the current allocator (`curt_set_allocator`; the
+/// default pool unless set) on the current device and stream.
+#[no_mangle]
+pub extern "C" fn curt_alloc(size: usize, mem: *mut curt_memory_t) -> c_int {
+    guard(|| {
+        out(mem, "mem")?;
+        put(mem, Ok(cuda_rt::alloc(size)?))
+    })
+}
+
+/// Allocates `size` bytes of plain device memory (`cuMemAlloc`, no pool) on `device`.
+#[no_mangle]
+pub extern "C" fn curt_malloc_device(device: c_int, size: usize, mem: *mut curt_memory_t) -> c_int {
+    guard(|| {
+        out(mem, "mem")?;
+        let m = Memory::new_on(device, size)?;
+        put(mem, Ok(MemoryPointer::from_memory(Arc::new(m))))
+    })
+}
+
+/// Allocates `size` bytes of managed (unified) memory on the current device.
+#[no_mangle]
+pub extern "C" fn curt_malloc_managed(size: usize, mem: *mut curt_memory_t) -> c_int {
+    guard(|| {
+        out(mem, "mem")?;
+        put(mem, Ok(cuda_rt::malloc_managed(size)?))
+    })
+}
+
+/// Allocates `size` bytes from the driver's stream-ordered pool of `stream`'s device,
+/// ordered on `stream` (NULL: the current stream); freed in order on that stream.
+#[no_mangle]
+pub extern "C" fn curt_malloc_async(
+    size: usize,
+    stream: curt_stream_t,
+    mem: *mut curt_memory_t,
+) -> c_int {
+    guard(|| {
+        out(mem, "mem")?;
+        let s = stream_or_current(stream)?;
+        let pool = MemoryAsyncPool::current(s.device_id())?;
+        put(mem, Ok(pool.malloc_on(size, &s)?))
+    })
+}
+
+/// Frees `mem` (back to its pool or allocator once queued work using it is done); the
+/// handle is dead afterwards.
+#[no_mangle]
+pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
+    guard(|| {
+        drop(MEMORY.remove(mem as u64)?);
+        Ok(())
+    })
+}
+
+/// Writes `mem`'s device address to `*ptr`.
+#[no_mangle]
+pub extern "C" fn curt_memory_ptr(mem: curt_memory_t, ptr: *mut u64) -> c_int {
+    guard(|| {
+        let ptr = out(ptr, "ptr")?;
+        *ptr = MEMORY.get(mem as u64)?.ptr();
+        Ok(())
+    })
+}
+
+/// Writes `mem`'s size in bytes to `*size`.
+#[no_mangle]
+pub extern "C" fn curt_memory_size(mem: curt_memory_t, size: *mut usize) -> c_int {
+    guard(|| {
+        let size = out(size, "size")?;
+        *size = MEMORY.get(mem as u64)?.size();
+        Ok(())
+    })
+}
+
+/// Writes the default pool's statistics for `device` to `*stats`.
+#[no_mangle]
+pub extern "C" fn curt_pool_stats(device: c_int, stats: *mut curt_pool_stats_t) -> c_int {
+    guard(|| {
+        let stats = out(stats, "stats")?;
+        let s = get_default_memory_pool().device_stats(device);
+        *stats = curt_pool_stats_t {
+            used_bytes: s.used_bytes,
+            total_bytes: s.total_bytes,
+            free_bytes: s.free_bytes,
+            n_free_blocks: s.n_free_blocks,
+            peak_used_bytes: s.peak_used_bytes,
+            peak_total_bytes: s.peak_total_bytes,
+        };
+        Ok(())
+    })
+}
+
+/// Sets the default pool's limit in bytes per device (0: no limit).
+#[no_mangle]
+pub extern "C" fn curt_pool_set_limit(bytes: u64) -> c_int {
+    guard(|| Ok(get_default_memory_pool().set_limit(bytes)?))
+}
+
+/// Writes the default pool's limit in bytes (0: none) to `*bytes`.
+#[no_mangle]
+pub extern "C" fn curt_pool_get_limit(bytes: *mut u64) -> c_int {
+    guard(|| {
+        let bytes = out(bytes, "bytes")?;
+        *bytes = get_default_memory_pool().get_limit()?;
+        Ok(())
+    })
+}
+
+/// Releases the default pool's cached free blocks on every device.
+#[no_mangle]
+pub extern "C" fn curt_pool_free_all_blocks() -> c_int {
+    guard(|| {
+        get_default_memory_pool().free_all_blocks(None);
+        Ok(())
+    })
+}

@@ -1,0 +1,91 @@
+//! Pinned (page-locked) host memory from the default pinned pool.
+
+use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
+
+use cuda_rt::{get_default_pinned_memory_pool, PinnedMemoryPointer};
+
+use super::handles::{curt_pinned_t, Table};
+use super::memory::curt_pool_stats_t;
+use super::status::{guard, out};
+
+/// The pinned memory C holds.
+pub(crate) static PINNED: Table<Mutex<PinnedMemoryPointer>> = Table::new(4, "pinned memory");
+
+/// Allocates `size` bytes of pinned host memory from the default pinned pool.
+#[no_mangle]
+pub extern "C" fn curt_pinned_malloc(size: usize, mem: *mut curt_pinned_t) -> c_int {
+    guard(|| {
+        let mem = out(mem, "mem")?;
+        let p = get_default_pinned_memory_pool().malloc(size)?;
+        *mem = PINNED.insert(Mutex::new(p)) as curt_pinned_t;
+        Ok(())
+    })
+}
+
+/// Frees `mem` (back to the pool once copies using it are done); the handle is dead
+/// afterwards, and so is its address.
+#[no_mangle]
+pub extern "C" fn curt_pinned_free(mem: curt_pinned_t) -> c_int {
+    guard(|| {
+        drop(PINNED.remove(mem as u64)?);
+        Ok(())
+    })
+}
+
+/// Writes `mem`'s host address to `*ptr` (valid until `curt_pinned_free`) and its
+/// size in bytes to `*size` (when not NULL).
+#[no_mangle]
+pub extern "C" fn curt_pinned_ptr(
+    mem: curt_pinned_t,
+    ptr: *mut *mut c_void,
+    size: *mut usize,
+) -> c_int {
+    guard(|| {
+        let ptr = out(ptr, "ptr")?;
+        let m = PINNED.get(mem as u64)?;
+        let m = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *ptr = m.ptr() as *mut c_void;
+        if let Ok(size) = out(size, "size") {
+            *size = m.len();
+        }
+        Ok(())
+    })
+}
+
+/// Writes the default pinned pool's statistics to `*stats` (peaks as in
+/// `curt_pool_stats`).
+#[no_mangle]
+pub extern "C" fn curt_pinned_pool_stats(stats: *mut curt_pool_stats_t) -> c_int {
+    guard(|| {
+        let stats = out(stats, "stats")?;
+        let s = get_default_pinned_memory_pool().stats();
+        *stats = curt_pool_stats_t {
+            used_bytes: s.used_bytes,
+            total_bytes: s.total_bytes,
+            free_bytes: s.free_bytes,
+            n_free_blocks: s.n_free_blocks,
+            peak_used_bytes: s.peak_used_bytes,
+            peak_total_bytes: s.peak_total_bytes,
+        };
+        Ok(())
+    })
+}
+
+/// Sets the default pinned pool's limit in bytes (0: no limit).
+#[no_mangle]
+pub extern "C" fn curt_pinned_pool_set_limit(bytes: u64) -> c_int {
+    guard(|| {
+        get_default_pinned_memory_pool().set_limit(bytes);
+        Ok(())
+    })
+}
+
+/// Releases the default pinned pool's cached free blocks.
+#[no_mangle]
+pub extern "C" fn curt_pinned_pool_free_all_blocks() -> c_int {
+    guard(|| {
+        get_default_pinned_memory_pool().free_all_blocks();
+        Ok(())
+    })
+}
