@@ -200,13 +200,15 @@ gpu_test!(a_device_buffer_dropped_under_a_copy_is_not_reused, {
     let mut host = PinnedBuffer::<u8>::zeros(n).unwrap();
     let mut gate = Gate::close(stream.as_raw());
     let t = dev.copy_to_pinned_async(&mut host, &stream).unwrap();
+    let in_flight = !t.is_done();
     drop(dev);
-    // The copy's fence holds the device memory: the pool cannot hand it out.
+    // The copy's fence holds the device memory: the pool cannot hand it out (judged
+    // only while the copy is behind the gate: compute-sanitizer can time it out).
     let others: Vec<_> = (0..4)
         .map(|i| DeviceBuffer::from_slice(&pattern(n, 10 + i)).unwrap())
         .collect();
     assert!(
-        others.iter().all(|o| o.device_ptr() != addr),
+        !in_flight || others.iter().all(|o| o.device_ptr() != addr),
         "memory under a copy was reused"
     );
     gate.open();
@@ -226,14 +228,21 @@ gpu_test!(a_pinned_buffer_dropped_under_a_copy_is_not_reused, {
     let mut dev = DeviceBuffer::<u8>::zeros(n).unwrap();
     let mut gate = Gate::close(stream.as_raw());
     drop(dev.copy_from_pinned_async(&host, &stream).unwrap());
+    // Under compute-sanitizer the gate's host function can time out before this line:
+    // reuse is then legitimate, and only the data is judged.
+    let in_flight = !host.is_idle();
     drop(host);
     let others: Vec<_> = (0..4)
         .map(|i| PinnedBuffer::from_slice(&pattern(n, 20 + i)).unwrap())
         .collect();
-    assert!(
-        others.iter().all(|o| o.host_ptr() != addr),
-        "pinned memory under a copy was reused"
-    );
+    if in_flight {
+        assert!(
+            others.iter().all(|o| o.host_ptr() != addr),
+            "pinned memory under a copy was reused"
+        );
+    } else {
+        eprintln!("the copy finished before the drop (sanitizer?): reuse not judged");
+    }
     gate.open();
     stream.synchronize().unwrap();
     assert!(
