@@ -437,3 +437,44 @@ cuda_rt::gpu_test!(
         assert_eq!(again.stats().backend_allocs, 1);
     }
 );
+
+cuda_rt::gpu_test!(a_snapshot_lists_the_pools_segments_and_blocks, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let pool = MemoryPool::new();
+    assert!(pool.snapshot(0).segments.is_empty(), "no pool yet");
+    let s = Stream::non_blocking().unwrap();
+    let a = pool.malloc(1 << 20).unwrap();
+    let b = {
+        let _in_s = s.enter().unwrap();
+        pool.malloc(3 << 20).unwrap()
+    };
+    let snap = pool.snapshot(0);
+    let stats = pool.device_stats(0);
+    assert_eq!(snap.device, Some(0));
+    assert_eq!(snap.reserved_bytes(), stats.total_bytes);
+    assert_eq!(snap.allocated_bytes(), stats.used_bytes);
+    let used: Vec<u64> = snap
+        .segments
+        .iter()
+        .flat_map(|seg| &seg.blocks)
+        .filter(|blk| blk.in_use)
+        .map(|blk| blk.address)
+        .collect();
+    assert!(
+        used.contains(&a.ptr()) && used.contains(&b.ptr()),
+        "{snap:?}"
+    );
+    assert!(
+        snap.segments
+            .iter()
+            .any(|seg| seg.stream != snap.segments[0].stream),
+        "two streams, two arenas: {snap:?}"
+    );
+    let json = snap.to_json();
+    assert!(
+        json.contains("\"device\": 0") && json.contains("active_allocated"),
+        "{json}"
+    );
+    drop((a, b));
+    assert_eq!(pool.snapshot(0).allocated_bytes(), 0);
+});

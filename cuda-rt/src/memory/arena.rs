@@ -129,6 +129,7 @@ mod limit;
 pub(crate) mod parked;
 mod parking;
 mod pool;
+mod snapshot;
 mod stats;
 mod stream_arena;
 mod table;
@@ -141,6 +142,7 @@ pub(crate) use block::{AtomicBlock, RawBlock};
 pub use error::{FreeError, MallocError};
 pub use limit::{limit_from_fraction, parse_limit};
 pub use pool::Pool;
+pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
 pub use stats::PoolStats;
 
 /// Every size is rounded up to a multiple of this many bytes (CuPy's 512).

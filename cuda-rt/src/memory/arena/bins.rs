@@ -102,6 +102,9 @@ pub(super) struct ArenaCounters {
     pub misses: u64,
 }
 
+/// A segment's address and its chunks as `(address, size, in use)`.
+pub(super) type SegmentChunks = (u64, Vec<(u64, u64, bool)>);
+
 /// The chunks of one arena.
 #[derive(Debug)]
 pub(super) struct Bins {
@@ -579,6 +582,28 @@ impl Bins {
                 out.push((c.addr, c.size));
             }
         }
+    }
+
+    /// Every backend allocation of the arena (a segment) with its chunks in address
+    /// order: `(segment address, [(chunk address, size, in use)])`, segments sorted by
+    /// address.
+    pub fn segments(&self) -> Vec<SegmentChunks> {
+        let mut out = Vec::new();
+        for (i, c) in self.chunks.iter().enumerate() {
+            if c.state == State::Vacant || c.prev != NIL {
+                continue;
+            }
+            let mut blocks = Vec::new();
+            let mut j = i as u32;
+            while j != NIL {
+                let b = self.c(j);
+                blocks.push((b.addr, b.size, b.state == State::Used));
+                j = b.next;
+            }
+            out.push((c.addr, blocks));
+        }
+        out.sort_unstable_by_key(|(a, _)| *a);
+        out
     }
 
     /// Free chunks as `(addr, size)`, for tests and debugging.

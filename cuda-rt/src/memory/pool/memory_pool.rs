@@ -8,7 +8,7 @@ use crate::device::context::MAX_DEVICES;
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::arena::parked;
-use crate::memory::arena::{limit_from_fraction, PoolStats};
+use crate::memory::arena::{limit_from_fraction, PoolSnapshot, PoolStats};
 use crate::memory::device_memory::check_device;
 use crate::memory::hook;
 use crate::memory::MemoryPointer;
@@ -335,6 +335,19 @@ impl MemoryPool {
             .existing(device)
             .map(|c| c.pool.stats())
             .unwrap_or_default()
+    }
+
+    /// Every segment and block of device `device`'s pool now, with its stream
+    /// ([`PoolSnapshot::to_json`] gives PyTorch's snapshot shape). Empty if the device
+    /// has no pool yet. For inspection: it takes each arena's lock in turn.
+    pub fn snapshot(&self, device: i32) -> PoolSnapshot {
+        let mut snap = self
+            .pools()
+            .existing(device)
+            .map(|c| c.pool.snapshot())
+            .unwrap_or_default();
+        snap.device = Some(device);
+        snap
     }
 
     /// Resets the peaks of the current device's pool to the current values.
