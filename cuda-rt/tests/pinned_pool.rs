@@ -202,3 +202,26 @@ gpu_test!(
         assert_eq!(again.malloc(1 << 20).unwrap().ptr(), addr);
     }
 );
+
+cuda_rt::gpu_test!(a_pinned_pool_snapshot_adds_up, {
+    let pool = PinnedMemoryPool::new();
+    let a = pool.malloc(1000).unwrap();
+    let b = pool.malloc(5 << 20).unwrap();
+    let snap = pool.snapshot();
+    assert_eq!(snap.device, None);
+    assert_eq!(snap.reserved_bytes(), pool.total_bytes());
+    assert_eq!(snap.allocated_bytes(), pool.used_bytes());
+    let used: Vec<u64> = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|blk| blk.in_use)
+        .map(|blk| blk.address)
+        .collect();
+    assert!(
+        used.contains(&a.ptr()) && used.contains(&b.ptr()),
+        "{snap:?}"
+    );
+    drop((a, b));
+    assert_eq!(pool.snapshot().allocated_bytes(), 0);
+});

@@ -132,6 +132,12 @@ impl PinnedMemoryPool {
         self.core().free_all_blocks();
     }
 
+    /// Every segment and block of the pool now (`device` is `None`: host memory); see
+    /// [`PoolSnapshot::to_json`](crate::memory::arena::PoolSnapshot::to_json).
+    pub fn snapshot(&self) -> crate::memory::arena::PoolSnapshot {
+        self.core().pool().snapshot()
+    }
+
     /// Free (cached) chunks, CuPy's `n_free_blocks`.
     pub fn n_free_blocks(&self) -> u64 {
         self.core().pool().n_free_blocks()
