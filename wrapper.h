@@ -145,6 +145,12 @@ int curt_pool_get_limit(uint64_t *bytes);
 /* Release the default pool's cached free blocks to the driver. */
 int curt_pool_free_all_blocks(void);
 
+/* The default pool's segments and blocks on `device` as JSON, in the shape of
+ * PyTorch's torch.cuda.memory._snapshot(). Writes the length (without the NUL) to
+ * `*len`, and the text with its NUL to `buf` when `cap` is larger than that; otherwise
+ * fails with CURT_ERROR_INVALID_ARGUMENT (call again with `*len + 1` bytes). */
+int curt_pool_snapshot_json(int device, char *buf, size_t cap, size_t *len);
+
 /* ---- Pinned host memory ----------------------------------------------------- */
 
 /* `size` bytes of pinned host memory from the default pinned pool. */
@@ -158,6 +164,9 @@ int curt_pinned_ptr(curt_pinned_t mem, void **ptr, size_t *size);
 
 /* Statistics of the default pinned pool. */
 int curt_pinned_pool_stats(curt_pool_stats_t *stats);
+
+/* The default pinned pool's snapshot as JSON, as curt_pool_snapshot_json. */
+int curt_pinned_pool_snapshot_json(char *buf, size_t cap, size_t *len);
 
 /* Limit of the default pinned pool in bytes (0: none). */
 int curt_pinned_pool_set_limit(uint64_t bytes);

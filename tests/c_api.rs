@@ -599,3 +599,49 @@ fn gpu_c_allocator_pair_and_the_torch_and_cupy_entry_points() {
     assert!(!last_error().is_empty());
     ok(curt_stream_destroy(s));
 }
+
+/// The snapshot JSON through a buffer: too small (or NULL) says the length needed and
+/// fails; large enough gets the text. Without a GPU (or before any allocation) the
+/// device pool is empty.
+#[test]
+fn snapshots_come_back_as_json_through_a_sized_buffer() {
+    let mut len = 0usize;
+    expect(
+        curt_pool_snapshot_json(0, null_mut(), 0, &mut len),
+        CURT_ERROR_INVALID_ARGUMENT,
+        "needs",
+    );
+    assert!(len > 0);
+    let mut small = vec![0 as std::ffi::c_char; len];
+    expect(
+        curt_pool_snapshot_json(0, small.as_mut_ptr(), small.len(), &mut len),
+        CURT_ERROR_INVALID_ARGUMENT,
+        "needs",
+    );
+    let mut buf = vec![0 as std::ffi::c_char; len + 1];
+    assert_eq!(
+        curt_pool_snapshot_json(0, buf.as_mut_ptr(), buf.len(), &mut len),
+        CURT_SUCCESS,
+        "{}",
+        last_error()
+    );
+    // SAFETY: the call wrote a NUL-terminated string into `buf`.
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(text.len(), len);
+    assert!(
+        text.starts_with("{\"segments\": [") && text.ends_with("\"device_traces\": [[]]}"),
+        "{text}"
+    );
+    expect(
+        curt_pool_snapshot_json(0, buf.as_mut_ptr(), buf.len(), null_mut()),
+        CURT_ERROR_INVALID_ARGUMENT,
+        "len is NULL",
+    );
+    let mut len2 = 0usize;
+    let rc = curt_pinned_pool_snapshot_json(null_mut(), 0, &mut len2);
+    assert_eq!(rc, CURT_ERROR_INVALID_ARGUMENT, "{}", last_error());
+    assert!(len2 > 0);
+}

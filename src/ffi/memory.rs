@@ -1,7 +1,7 @@
 //! Device memory: the caching pool (on a stream's arena), plain device, managed and
 //! stream-ordered allocation, and the pool's statistics and limit.
 
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int};
 use std::sync::Arc;
 
 use cuda_rt::memory::{Memory, MemoryAsyncPool};
@@ -9,7 +9,7 @@ use cuda_rt::prelude::*;
 use cuda_rt::{get_default_memory_pool, MemoryPointer};
 
 use super::handles::{curt_memory_t, curt_stream_t, Table};
-use super::status::{guard, out, Res};
+use super::status::{guard, out, Fail, Res};
 use super::stream::stream_or_current;
 
 /// The device memory C holds.
@@ -166,6 +166,49 @@ pub extern "C" fn curt_pool_get_limit(bytes: *mut u64) -> c_int {
         let bytes = out(bytes, "bytes")?;
         *bytes = get_default_memory_pool().get_limit()?;
         Ok(())
+    })
+}
+
+/// Writes `json` NUL-terminated into `buf` of `cap` bytes and its length (without the
+/// NUL) to `*len`; when `cap` is too small (or `buf` is NULL) only `*len` is written
+/// and the call fails with CURT_ERROR_INVALID_ARGUMENT, so the caller can retry with
+/// `*len + 1` bytes.
+pub(crate) fn write_text(json: &str, buf: *mut c_char, cap: usize, len: *mut usize) -> Res<()> {
+    let len = out(len, "len")?;
+    *len = json.len();
+    if buf.is_null() || cap <= json.len() {
+        return Err(Fail::Rt(cuda_rt::Error::invalid_argument(
+            cuda_rt::ArgumentKind::OutOfBounds {
+                requested: json.len() as u64 + 1,
+                available: if buf.is_null() { 0 } else { cap as u64 },
+            },
+            format!(
+                "the text needs {} bytes (with its NUL) and the buffer holds {}",
+                json.len() + 1,
+                if buf.is_null() { 0 } else { cap }
+            ),
+        )));
+    }
+    // SAFETY: `buf` is non-null and, as wrapper.h documents, valid for `cap` bytes,
+    // more than the text and its NUL (checked above); the text does not overlap it.
+    unsafe {
+        std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
+        *buf.add(json.len()) = 0;
+    }
+    Ok(())
+}
+
+/// The default pool's snapshot on `device` as JSON (PyTorch's `_snapshot()` shape).
+#[no_mangle]
+pub extern "C" fn curt_pool_snapshot_json(
+    device: c_int,
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> c_int {
+    guard(|| {
+        let json = get_default_memory_pool().snapshot(device).to_json();
+        write_text(&json, buf, cap, len)
     })
 }
 

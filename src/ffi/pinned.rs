@@ -89,3 +89,18 @@ pub extern "C" fn curt_pinned_pool_free_all_blocks() -> c_int {
         Ok(())
     })
 }
+
+/// The default pinned pool's snapshot as JSON (PyTorch's `_snapshot()` shape).
+#[no_mangle]
+pub extern "C" fn curt_pinned_pool_snapshot_json(
+    buf: *mut std::ffi::c_char,
+    cap: usize,
+    len: *mut usize,
+) -> c_int {
+    super::status::guard(|| {
+        let json = cuda_rt::pinned::get_default_pinned_memory_pool()
+            .snapshot()
+            .to_json();
+        super::memory::write_text(&json, buf, cap, len)
+    })
+}
