@@ -14,6 +14,8 @@ export CUDA_RT_C_SMOKE="$HERE/c_smoke"
 export CUDA_RT_C_TEARDOWN="$HERE/c_teardown"
 export CUDA_RT_C_API="$HERE/c_api"
 export CUDA_RT_C_SAXPY="$HERE/examples/c_saxpy"
+# The Python module beside gpu-bin in the checkout (python/cuda_rt_alloc.py).
+export CUDA_RT_PYTHON_DIR="$HERE/../python"
 export LD_LIBRARY_PATH="$HERE/lib:${LD_LIBRARY_PATH:-}"
 OUTDIR=${OUT:-/tmp}
 passed=0; failed=0; failed_bins=()
