@@ -32,6 +32,7 @@ pub mod arena;
 mod async_pool;
 mod device_memory;
 pub(crate) mod graph_memory;
+pub mod history;
 pub mod hook;
 mod managed;
 mod memset;

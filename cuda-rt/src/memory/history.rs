@@ -1,0 +1,390 @@
+//! Allocation history: a bounded ring of the pool's events with timestamps and call
+//! sites ([`HistoryHook`], a [memory hook](super::hook)), and a picture of it
+//! ([`render_html`]): a self-contained HTML page with an SVG timeline of reserved and
+//! in-use memory and the largest blocks live at the peak, labelled with their sites.
+//!
+//! Recording is off until a [`HistoryHook`] is registered, and then costs what any
+//! hook costs; with no hook the pool's hot path tests one thread-local flag, as it
+//! always does. Hooks are per thread: the history holds the events of the threads that
+//! registered it (register one per thread, or run the workload on one thread).
+//!
+//! ```no_run
+//! # fn main() -> cuda_rt::Result<()> {
+//! use std::rc::Rc;
+//! use cuda_rt::memory::history::{render_html, HistoryHook};
+//! let history = Rc::new(HistoryHook::new(100_000));
+//! let _guard = cuda_rt::memory::hook::register_hook("history", history.clone())?;
+//! let a = cuda_rt::alloc(1 << 20)?;
+//! drop(a);
+//! std::fs::write("memory.html", render_html(&history.events(), "my workload")).unwrap();
+//! # Ok(()) }
+//! ```
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::panic::Location;
+use std::time::Instant;
+
+use super::hook::{call_site, MemoryHook};
+use crate::error::human_bytes;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HistoryAction {
+    /// The pool took a new segment from the driver.
+    SegmentAlloc,
+    /// A block was handed out.
+    Malloc,
+    /// A block went back to the pool.
+    Free,
+}
+
+impl HistoryAction {
+    fn name(self) -> &'static str {
+        match self {
+            HistoryAction::SegmentAlloc => "segment_alloc",
+            HistoryAction::Malloc => "alloc",
+            HistoryAction::Free => "free_completed",
+        }
+    }
+}
+
+/// One event of the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryEvent {
+    /// Nanoseconds since the hook was made.
+    pub time_ns: u64,
+    /// What happened.
+    pub action: HistoryAction,
+    /// The device.
+    pub device: i32,
+    /// The block's (or segment's) address.
+    pub address: u64,
+    /// Its size in bytes (rounded, as the pool holds it).
+    pub size: u64,
+    /// The line that allocated (mallocs only, when known).
+    pub site: Option<&'static Location<'static>>,
+}
+
+/// A memory hook that keeps the last `capacity` events of the pool on this thread.
+#[derive(Debug)]
+pub struct HistoryHook {
+    start: Instant,
+    capacity: usize,
+    ring: RefCell<VecDeque<HistoryEvent>>,
+    dropped: std::cell::Cell<u64>,
+}
+
+impl HistoryHook {
+    /// A recorder that keeps at most `capacity` events (the oldest go first).
+    pub fn new(capacity: usize) -> HistoryHook {
+        HistoryHook {
+            start: Instant::now(),
+            capacity: capacity.max(1),
+            ring: RefCell::new(VecDeque::new()),
+            dropped: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The events kept, oldest first.
+    pub fn events(&self) -> Vec<HistoryEvent> {
+        self.ring.borrow().iter().copied().collect()
+    }
+
+    /// How many events fell out of the ring.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.get()
+    }
+
+    fn push(&self, action: HistoryAction, device: i32, address: u64, size: usize) {
+        let e = HistoryEvent {
+            time_ns: self.start.elapsed().as_nanos() as u64,
+            action,
+            device,
+            address,
+            size: size as u64,
+            site: if action == HistoryAction::Malloc {
+                call_site()
+            } else {
+                None
+            },
+        };
+        let mut r = self.ring.borrow_mut();
+        if r.len() == self.capacity {
+            r.pop_front();
+            self.dropped.set(self.dropped.get() + 1);
+        }
+        r.push_back(e);
+    }
+
+    /// The events as JSON, close to the `device_traces` of PyTorch's snapshot:
+    /// `[{"action", "addr", "size", "time_us", "device", "frames": [{"filename", "line"}]}]`.
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("[");
+        for (i, e) in self.ring.borrow().iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            let _ = write!(
+                out,
+                "{{\"action\": \"{}\", \"addr\": {}, \"size\": {}, \"time_us\": {}, \
+                 \"device\": {}, \"frames\": [",
+                e.action.name(),
+                e.address,
+                e.size,
+                e.time_ns / 1000,
+                e.device
+            );
+            if let Some(s) = e.site {
+                let _ = write!(
+                    out,
+                    "{{\"filename\": \"{}\", \"line\": {}}}",
+                    json_escape(s.file()),
+                    s.line()
+                );
+            }
+            out.push_str("]}");
+        }
+        out.push(']');
+        out
+    }
+}
+
+impl MemoryHook for HistoryHook {
+    fn alloc_post(&self, device: i32, mem_size: usize, mem_ptr: u64) {
+        self.push(HistoryAction::SegmentAlloc, device, mem_ptr, mem_size);
+    }
+
+    fn malloc_post(&self, device: i32, _size: usize, mem_size: usize, mem_ptr: u64, _id: usize) {
+        self.push(HistoryAction::Malloc, device, mem_ptr, mem_size);
+    }
+
+    fn free_post(&self, device: i32, mem_size: usize, mem_ptr: u64, _id: usize) {
+        self.push(HistoryAction::Free, device, mem_ptr, mem_size);
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// One point of the timeline: after event `i`, `reserved` and `in_use` bytes.
+struct Point {
+    time_ns: u64,
+    reserved: u64,
+    in_use: u64,
+}
+
+const WIDTH: f64 = 1000.0;
+const HEIGHT: f64 = 360.0;
+const MARGIN: f64 = 60.0;
+/// The largest live blocks at the peak that the page lists.
+const LABELLED: usize = 10;
+
+/// A self-contained HTML page (inline SVG, no script) picturing `events`: reserved
+/// memory (segments taken from the driver; the hooks see no release, so the curve
+/// shows what was taken) and memory in use over time as two step curves, the peak of use marked, and a table of the largest blocks live at that
+/// peak with the lines that allocated them. Open it in a browser.
+pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
+    let mut points = Vec::with_capacity(events.len() + 1);
+    let (mut reserved, mut in_use) = (0u64, 0u64);
+    let mut live: BTreeMap<u64, HistoryEvent> = BTreeMap::new();
+    let (mut peak, mut peak_live) = (0u64, Vec::new());
+    let t0 = events.first().map_or(0, |e| e.time_ns);
+    points.push(Point {
+        time_ns: t0,
+        reserved: 0,
+        in_use: 0,
+    });
+    for e in events {
+        match e.action {
+            HistoryAction::SegmentAlloc => reserved += e.size,
+            HistoryAction::Malloc => {
+                in_use += e.size;
+                live.insert(e.address, *e);
+            }
+            HistoryAction::Free => {
+                in_use = in_use.saturating_sub(e.size);
+                live.remove(&e.address);
+            }
+        }
+        // A history that starts mid-run (the ring dropped its start) has blocks whose
+        // segment it never saw: reserved is at least what is in use.
+        reserved = reserved.max(in_use);
+        if in_use > peak {
+            peak = in_use;
+            peak_live = live.values().copied().collect();
+        }
+        points.push(Point {
+            time_ns: e.time_ns,
+            reserved,
+            in_use,
+        });
+    }
+    let t_end = points.last().map_or(t0, |p| p.time_ns).max(t0 + 1);
+    let y_max = points.iter().map(|p| p.reserved).max().unwrap_or(0).max(1);
+    let x = |t: u64| MARGIN + (t - t0) as f64 / (t_end - t0) as f64 * (WIDTH - 2.0 * MARGIN);
+    let y = |b: u64| HEIGHT - MARGIN + -(b as f64 / y_max as f64) * (HEIGHT - 2.0 * MARGIN);
+    let steps = |f: &dyn Fn(&Point) -> u64| {
+        let mut d = String::new();
+        let mut prev: Option<(f64, f64)> = None;
+        for p in &points {
+            let (px, py) = (x(p.time_ns), y(f(p)));
+            match prev {
+                None => {
+                    let _ = write!(d, "M{px:.1},{py:.1}");
+                }
+                Some((_, qy)) => {
+                    let _ = write!(d, " L{px:.1},{qy:.1} L{px:.1},{py:.1}");
+                }
+            }
+            prev = Some((px, py));
+        }
+        d
+    };
+    let reserved_path = steps(&|p| p.reserved);
+    let in_use_path = steps(&|p| p.in_use);
+    let peak_x = points
+        .iter()
+        .find(|p| p.in_use == peak)
+        .map_or(MARGIN, |p| x(p.time_ns));
+
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
+         viewBox=\"0 0 {WIDTH} {HEIGHT}\" font-family=\"sans-serif\" font-size=\"12\">\
+         <rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\
+         <line x1=\"{MARGIN}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#444\"/>\
+         <line x1=\"{MARGIN}\" y1=\"{MARGIN}\" x2=\"{MARGIN}\" y2=\"{b}\" stroke=\"#444\"/>\
+         <text x=\"{MARGIN}\" y=\"{ty}\">{top}</text>\
+         <text x=\"{MARGIN}\" y=\"{lb}\">0</text>\
+         <text x=\"{r}\" y=\"{lb}\" text-anchor=\"end\">{dur}</text>\
+         <path d=\"{reserved_path}\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\"/>\
+         <path d=\"{in_use_path}\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\"/>\
+         <line x1=\"{peak_x:.1}\" y1=\"{MARGIN}\" x2=\"{peak_x:.1}\" y2=\"{b}\" \
+         stroke=\"#d62728\" stroke-dasharray=\"4 3\"/>\
+         <text x=\"{peak_x:.1}\" y=\"{pk}\" fill=\"#d62728\">peak in use {peak_h}</text>\
+         <text x=\"{lx}\" y=\"20\" fill=\"#1f77b4\">reserved</text>\
+         <text x=\"{lx2}\" y=\"20\" fill=\"#d62728\">in use</text></svg>",
+        b = HEIGHT - MARGIN,
+        r = WIDTH - MARGIN,
+        ty = MARGIN - 6.0,
+        top = human_bytes(y_max),
+        lb = HEIGHT - MARGIN + 18.0,
+        dur = format_args!("{:.3} ms", (t_end - t0) as f64 / 1e6),
+        pk = MARGIN - 20.0,
+        peak_h = human_bytes(peak),
+        lx = WIDTH - 200.0,
+        lx2 = WIDTH - 120.0,
+    );
+    peak_live.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
+    let mut rows = String::new();
+    for e in peak_live.iter().take(LABELLED) {
+        let site = e.site.map_or_else(
+            || "unknown".to_owned(),
+            |s| format!("{}:{}", s.file(), s.line()),
+        );
+        let _ = write!(
+            rows,
+            "<tr><td>{}</td><td>{:#x}</td><td>{}</td><td>{}</td></tr>",
+            human_bytes(e.size),
+            e.address,
+            e.device,
+            html_escape(&site)
+        );
+    }
+    format!(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>body{{font-family:sans-serif;margin:24px}}td,th{{padding:2px 10px;\
+         text-align:left}}</style></head><body><h1>{t}</h1>\
+         <p>{n} events; peak in use {peak_h}; reserved at most {top}.</p>{svg}\
+         <h2>Largest blocks live at the peak</h2><table><tr><th>size</th><th>address</th>\
+         <th>device</th><th>allocated at</th></tr>{rows}</table></body></html>",
+        t = html_escape(title),
+        n = events.len(),
+        peak_h = human_bytes(peak),
+        top = human_bytes(y_max),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A history as a workload would leave it: segments, mallocs with sites, frees.
+    fn sample() -> Vec<HistoryEvent> {
+        let site = Location::caller();
+        let mut v = Vec::new();
+        let mut t = 0;
+        let mut ev = |action, address, size| {
+            t += 1000;
+            v.push(HistoryEvent {
+                time_ns: t,
+                action,
+                device: 0,
+                address,
+                size,
+                site: (action == HistoryAction::Malloc).then_some(site),
+            });
+        };
+        ev(HistoryAction::SegmentAlloc, 0x1000_0000, 64 << 20);
+        for i in 0..8u64 {
+            ev(
+                HistoryAction::Malloc,
+                0x1000_0000 + i * (4 << 20),
+                (i + 1) << 20,
+            );
+        }
+        for i in 0..4u64 {
+            ev(
+                HistoryAction::Free,
+                0x1000_0000 + i * (4 << 20),
+                (i + 1) << 20,
+            );
+        }
+        ev(HistoryAction::SegmentAlloc, 0x2000_0000, 32 << 20);
+        ev(HistoryAction::Malloc, 0x2000_0000, 30 << 20);
+        v
+    }
+
+    #[test]
+    fn the_ring_keeps_the_newest_events() {
+        let h = HistoryHook::new(3);
+        for i in 0..5u64 {
+            h.malloc_post(0, 512, 512, 0x1000 * i, 0);
+        }
+        let e = h.events();
+        assert_eq!(e.len(), 3);
+        assert_eq!(e[0].address, 0x2000);
+        assert_eq!(h.dropped(), 2);
+        h.free_post(0, 512, 0x4000, 0);
+        let j = h.to_json();
+        assert!(
+            j.starts_with("[{\"action\": \"alloc\"") && j.contains("free_completed"),
+            "{j}"
+        );
+    }
+
+    #[test]
+    fn the_page_pictures_the_history() {
+        let html = render_html(&sample(), "a <test> workload");
+        assert!(html.starts_with("<!DOCTYPE html>"));
+        assert!(html.contains("<svg") && html.contains("</svg>"));
+        assert!(html.contains("a &lt;test&gt; workload"));
+        // Peak in use: 1+...+8 MiB = 36 MiB before the frees; then 5+6+7+8 + 30 = 56 MiB.
+        assert!(html.contains("peak in use 56.00 MiB"), "{html}");
+        assert!(
+            html.contains("30.00 MiB") && html.contains("history.rs"),
+            "{html}"
+        );
+        assert!(render_html(&[], "empty").contains("0 events"));
+    }
+}
