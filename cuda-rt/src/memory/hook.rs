@@ -22,7 +22,7 @@
 //!
 //! # Built-in hooks
 //! [`DebugPrintHook`] writes one JSON line per event (CuPy's format);
-//! [`LineProfileHook`] sums allocated and still-in-use bytes per call site (from
+//! [`LineProfileHook`] sums allocated, newly acquired and still-in-use bytes per call site (from
 //! `#[track_caller]`: the line that called [`alloc`](super::alloc) or
 //! [`MemoryPool::malloc`](super::MemoryPool::malloc)) and prints them as a tree.
 //!
@@ -278,14 +278,17 @@ pub struct SiteBytes {
     pub allocated: u64,
     /// Of those, bytes still in use (not freed yet on this thread).
     pub in_use: u64,
+    /// Bytes the pool newly took from the driver for mallocs at this site (CuPy's
+    /// second figure per line: its `alloc` hooks); a malloc the cache served adds 0.
+    pub acquired: u64,
 }
 
 type SiteKey = (&'static str, u32, u32);
 
 #[derive(Default)]
 struct Profile {
-    /// Per call site: (allocated, in use).
-    sites: BTreeMap<SiteKey, (u64, u64)>,
+    /// Per call site: (allocated, in use, acquired from the driver).
+    sites: BTreeMap<SiteKey, (u64, u64, u64)>,
     /// Live blocks seen at malloc: (device, pointer) -> (site, size).
     live: HashMap<(i32, u64), (SiteKey, u64)>,
 }
@@ -299,6 +302,8 @@ struct Profile {
 #[derive(Default)]
 pub struct LineProfileHook {
     state: RefCell<Profile>,
+    /// Levels of the report's tree to print (0: all), as CuPy's `max_depth`.
+    max_depth: usize,
 }
 
 impl std::fmt::Debug for LineProfileHook {
@@ -315,59 +320,81 @@ impl LineProfileHook {
         Self::default()
     }
 
+    /// An empty profile whose report prints at most `max_depth` levels of the tree
+    /// (1: the root; 2: the root and the files; 0 or 3 and more: everything), as
+    /// CuPy's `LineProfileHook(max_depth=...)` limits its report.
+    pub fn with_max_depth(max_depth: usize) -> Self {
+        LineProfileHook {
+            max_depth,
+            ..Self::default()
+        }
+    }
+
     /// Every call site seen, sorted by file, line and column.
     pub fn sites(&self) -> Vec<SiteBytes> {
         self.state
             .borrow()
             .sites
             .iter()
-            .map(|(&(file, line, column), &(allocated, in_use))| SiteBytes {
-                file,
-                line,
-                column,
-                allocated,
-                in_use,
-            })
+            .map(
+                |(&(file, line, column), &(allocated, in_use, acquired))| SiteBytes {
+                    file,
+                    line,
+                    column,
+                    allocated,
+                    in_use,
+                    acquired,
+                },
+            )
             .collect()
     }
 
-    /// The tree as text, two spaces of indent per level:
+    /// The tree as text, two spaces of indent per level (as deep as
+    /// [`with_max_depth`](Self::with_max_depth) allows); `acquired` is CuPy's figure,
+    /// the bytes newly taken from the driver:
     ///
     /// ```text
-    /// _root (allocated 3.00 KiB, in use 1.00 KiB)
-    ///   src/main.rs (allocated 3.00 KiB, in use 1.00 KiB)
-    ///     src/main.rs:10:13 (allocated 2.00 KiB, in use 0 B)
-    ///     src/main.rs:11:13 (allocated 1.00 KiB, in use 1.00 KiB)
+    /// _root (allocated 3.00 KiB, acquired 2.00 KiB, in use 1.00 KiB)
+    ///   src/main.rs (allocated 3.00 KiB, acquired 2.00 KiB, in use 1.00 KiB)
+    ///     src/main.rs:10:13 (allocated 2.00 KiB, acquired 2.00 KiB, in use 0 B)
+    ///     src/main.rs:11:13 (allocated 1.00 KiB, acquired 0 B, in use 1.00 KiB)
     /// ```
     pub fn report(&self) -> String {
         let st = self.state.borrow();
-        // file -> (allocated, in use, its sites)
-        type FileNode = (u64, u64, Vec<(SiteKey, u64, u64)>);
+        // file -> (allocated, in use, acquired, its sites)
+        type FileNode = (u64, u64, u64, Vec<(SiteKey, (u64, u64, u64))>);
         let mut files: BTreeMap<&str, FileNode> = BTreeMap::new();
-        let (mut all, mut used) = (0u64, 0u64);
-        for (&key, &(a, u)) in &st.sites {
+        let mut root = (0u64, 0u64, 0u64);
+        for (&key, &(a, u, q)) in &st.sites {
             let f = files.entry(key.0).or_default();
             f.0 += a;
             f.1 += u;
-            f.2.push((key, a, u));
-            all += a;
-            used += u;
+            f.2 += q;
+            f.3.push((key, (a, u, q)));
+            root = (root.0 + a, root.1 + u, root.2 + q);
         }
-        let node = |s: &mut String, indent: usize, label: &str, a: u64, u: u64| {
+        let node = |s: &mut String, indent: usize, label: &str, (a, u, q): (u64, u64, u64)| {
             let _ = writeln!(
                 s,
-                "{:indent$}{label} (allocated {}, in use {})",
+                "{:indent$}{label} (allocated {}, acquired {}, in use {})",
                 "",
                 human_bytes(a),
+                human_bytes(q),
                 human_bytes(u)
             );
         };
+        let shows = |level: usize| self.max_depth == 0 || level <= self.max_depth;
         let mut s = String::new();
-        node(&mut s, 0, "_root", all, used);
-        for (file, (a, u, sites)) in &files {
-            node(&mut s, 2, file, *a, *u);
-            for ((file, line, col), a, u) in sites {
-                node(&mut s, 4, &format!("{file}:{line}:{col}"), *a, *u);
+        node(&mut s, 0, "_root", root);
+        for (file, (a, u, q, sites)) in &files {
+            if !shows(2) {
+                break;
+            }
+            node(&mut s, 2, file, (*a, *u, *q));
+            for ((file, line, col), bytes) in sites {
+                if shows(3) {
+                    node(&mut s, 4, &format!("{file}:{line}:{col}"), *bytes);
+                }
             }
         }
         s
@@ -380,6 +407,14 @@ impl LineProfileHook {
 }
 
 impl MemoryHook for LineProfileHook {
+    fn alloc_post(&self, _device: i32, mem_size: usize, _mem_ptr: u64) {
+        let key = call_site().map_or(("<unknown>", 0, 0), |l| (l.file(), l.line(), l.column()));
+        let Ok(mut st) = self.state.try_borrow_mut() else {
+            return;
+        };
+        st.sites.entry(key).or_default().2 += mem_size as u64;
+    }
+
     fn malloc_post(&self, device: i32, _size: usize, mem_size: usize, mem_ptr: u64, _id: usize) {
         let key = call_site().map_or(("<unknown>", 0, 0), |l| (l.file(), l.line(), l.column()));
         let Ok(mut st) = self.state.try_borrow_mut() else {
@@ -491,7 +526,9 @@ mod tests {
         // Two sites: one line allocating twice (one freed), another once.
         let site_a = Location::caller();
         {
+            // The first malloc took a new segment from the driver; the second was cached.
             let _c = enter_call_site(site_a);
+            h.alloc_post(0, 1024, 0x1000);
             h.malloc_post(0, 1000, 1024, 0x1000, 1);
             h.malloc_post(0, 1000, 1024, 0x2000, 2);
         }
@@ -505,20 +542,39 @@ mod tests {
         assert_eq!(call_site(), None, "restored after each malloc");
         let sites = h.sites();
         assert_eq!(sites.len(), 2);
-        assert_eq!((sites[0].allocated, sites[0].in_use), (2048, 1024));
-        assert_eq!((sites[1].allocated, sites[1].in_use), (512, 512));
+        assert_eq!(
+            (sites[0].allocated, sites[0].in_use, sites[0].acquired),
+            (2048, 1024, 1024)
+        );
+        assert_eq!(
+            (sites[1].allocated, sites[1].in_use, sites[1].acquired),
+            (512, 512, 0)
+        );
         let f = site_a.file();
         let expected = format!(
-            "_root (allocated 2.50 KiB, in use 1.50 KiB)\n\
-             \x20 {f} (allocated 2.50 KiB, in use 1.50 KiB)\n\
-             \x20   {f}:{}:{} (allocated 2.00 KiB, in use 1.00 KiB)\n\
-             \x20   {f}:{}:{} (allocated 512 B, in use 512 B)\n",
+            "_root (allocated 2.50 KiB, acquired 1.00 KiB, in use 1.50 KiB)\n\
+             \x20 {f} (allocated 2.50 KiB, acquired 1.00 KiB, in use 1.50 KiB)\n\
+             \x20   {f}:{}:{} (allocated 2.00 KiB, acquired 1.00 KiB, in use 1.00 KiB)\n\
+             \x20   {f}:{}:{} (allocated 512 B, acquired 0 B, in use 512 B)\n",
             site_a.line(),
             site_a.column(),
             site_b.line(),
             site_b.column(),
         );
         assert_eq!(h.report(), expected);
+        // CuPy's max_depth: the root only, then the root and the files.
+        let shallow = LineProfileHook::with_max_depth(1);
+        {
+            let _c = enter_call_site(site_a);
+            shallow.malloc_post(0, 10, 512, 0x5000, 5);
+        }
+        assert_eq!(shallow.report().lines().count(), 1);
+        let files = LineProfileHook::with_max_depth(2);
+        {
+            let _c = enter_call_site(site_a);
+            files.malloc_post(0, 10, 512, 0x5000, 5);
+        }
+        assert_eq!(files.report().lines().count(), 2);
     }
 
     #[test]
