@@ -45,183 +45,207 @@ fn expect(rc: i32, code: i32, msg: &str) {
 
 #[test]
 fn null_out_pointers_are_invalid_arguments_naming_the_argument() {
-    let a = CURT_ERROR_INVALID_ARGUMENT;
-    expect(curt_get_device(null_mut()), a, "id is NULL");
-    expect(
-        curt_device_mem_info(0, null_mut(), null_mut()),
-        a,
-        "free is NULL",
-    );
-    expect(curt_device_name(0, null_mut(), 10), a, "buf is NULL");
-    expect(curt_malloc(16, null_mut(), null_mut()), a, "mem is NULL");
-    expect(curt_alloc(16, null_mut()), a, "mem is NULL");
-    expect(curt_malloc_device(0, 16, null_mut()), a, "mem is NULL");
-    expect(curt_malloc_managed(16, null_mut()), a, "mem is NULL");
-    expect(
-        curt_malloc_async(16, null_mut(), null_mut()),
-        a,
-        "mem is NULL",
-    );
-    expect(curt_pool_stats(0, null_mut()), a, "stats is NULL");
-    expect(curt_pool_get_limit(null_mut()), a, "bytes is NULL");
-    expect(curt_pinned_malloc(16, null_mut()), a, "mem is NULL");
-    expect(curt_pinned_pool_stats(null_mut()), a, "stats is NULL");
-    expect(curt_stream_create(0, 0, null_mut()), a, "stream is NULL");
-    expect(curt_event_create(0, null_mut()), a, "event is NULL");
-    expect(
-        curt_module_load_file(c"x".as_ptr(), null_mut()),
-        a,
-        "module is NULL",
-    );
-    let mut m = null_mut();
-    expect(curt_module_load_file(null(), &mut m), a, "path is NULL");
-    expect(curt_module_load_data(null(), 4, &mut m), a, "image is NULL");
-    expect(
-        curt_module_compile(null(), null(), 0, &mut m),
-        a,
-        "source is NULL",
-    );
-    expect(
-        curt_module_compile(c"".as_ptr(), null(), 2, &mut m),
-        a,
-        "options is NULL",
-    );
-    expect(
-        curt_stream_end_capture(null_mut(), null_mut()),
-        a,
-        "graph is NULL",
-    );
-    expect(
-        curt_set_allocator(None, None, null_mut()),
-        a,
-        "malloc is NULL",
-    );
-    expect(
-        curt_stream_launch_host_func(null_mut(), None, null_mut()),
-        a,
-        "fn is NULL",
-    );
-    expect(curt_dropin_live_count(null_mut()), a, "count is NULL");
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        let a = CURT_ERROR_INVALID_ARGUMENT;
+        expect(curt_get_device(null_mut()), a, "id is NULL");
+        expect(
+            curt_device_mem_info(0, null_mut(), null_mut()),
+            a,
+            "free is NULL",
+        );
+        expect(curt_device_name(0, null_mut(), 10), a, "buf is NULL");
+        expect(curt_malloc(16, null_mut(), null_mut()), a, "mem is NULL");
+        expect(curt_alloc(16, null_mut()), a, "mem is NULL");
+        expect(curt_malloc_device(0, 16, null_mut()), a, "mem is NULL");
+        expect(curt_malloc_managed(16, null_mut()), a, "mem is NULL");
+        expect(
+            curt_malloc_async(16, null_mut(), null_mut()),
+            a,
+            "mem is NULL",
+        );
+        expect(curt_pool_stats(0, null_mut()), a, "stats is NULL");
+        expect(curt_pool_get_limit(null_mut()), a, "bytes is NULL");
+        expect(curt_pinned_malloc(16, null_mut()), a, "mem is NULL");
+        expect(curt_pinned_pool_stats(null_mut()), a, "stats is NULL");
+        expect(curt_stream_create(0, 0, null_mut()), a, "stream is NULL");
+        expect(curt_event_create(0, null_mut()), a, "event is NULL");
+        expect(
+            curt_module_load_file(c"x".as_ptr(), null_mut()),
+            a,
+            "module is NULL",
+        );
+        let mut m = null_mut();
+        expect(curt_module_load_file(null(), &mut m), a, "path is NULL");
+        expect(curt_module_load_data(null(), 4, &mut m), a, "image is NULL");
+        expect(
+            curt_module_compile(null(), null(), 0, &mut m),
+            a,
+            "source is NULL",
+        );
+        expect(
+            curt_module_compile(c"".as_ptr(), null(), 2, &mut m),
+            a,
+            "options is NULL",
+        );
+        expect(
+            curt_stream_end_capture(null_mut(), null_mut()),
+            a,
+            "graph is NULL",
+        );
+        expect(
+            curt_set_allocator(None, None, null_mut()),
+            a,
+            "malloc is NULL",
+        );
+        expect(
+            curt_stream_launch_host_func(null_mut(), None, null_mut()),
+            a,
+            "fn is NULL",
+        );
+        expect(curt_dropin_live_count(null_mut()), a, "count is NULL");
+    }
 }
 
 #[test]
 fn bad_flags_and_modes_are_invalid_arguments() {
-    let a = CURT_ERROR_INVALID_ARGUMENT;
-    let (mut s, mut e) = (null_mut(), null_mut());
-    expect(
-        curt_stream_create(4, 0, &mut s),
-        a,
-        "unknown stream flags 0x4",
-    );
-    expect(curt_event_create(8, &mut e), a, "unknown event flags 0x8");
-    expect(
-        curt_stream_begin_capture(null_mut(), 9),
-        a,
-        "unknown capture mode 9",
-    );
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        let a = CURT_ERROR_INVALID_ARGUMENT;
+        let (mut s, mut e) = (null_mut(), null_mut());
+        expect(
+            curt_stream_create(4, 0, &mut s),
+            a,
+            "unknown stream flags 0x4",
+        );
+        expect(curt_event_create(8, &mut e), a, "unknown event flags 0x8");
+        expect(
+            curt_stream_begin_capture(null_mut(), 9),
+            a,
+            "unknown capture mode 9",
+        );
+    }
 }
 
 #[test]
 fn null_and_made_up_handles_are_invalid_handles_never_crashes() {
-    let h = CURT_ERROR_INVALID_HANDLE;
-    let fake = 0x0700_0001_0000_0005_usize;
-    expect(curt_stream_destroy(null_mut()), h, "stream handle is NULL");
-    expect(curt_stream_destroy(fake as _), h, "invalid stream handle");
-    expect(curt_event_destroy(null_mut()), h, "event handle is NULL");
-    expect(
-        curt_event_record(fake as _, null_mut()),
-        h,
-        "invalid event handle",
-    );
-    let mut done = 0;
-    expect(
-        curt_event_query(12345 as _, &mut done),
-        h,
-        "invalid event handle",
-    );
-    expect(curt_free(null_mut()), h, "memory handle is NULL");
-    expect(curt_free(fake as _), h, "invalid memory handle");
-    let mut p = 0u64;
-    expect(
-        curt_memory_ptr(fake as _, &mut p),
-        h,
-        "invalid memory handle",
-    );
-    expect(curt_memset(fake as _, 0, 0, 4), h, "invalid memory handle");
-    let mut byte = 0u8;
-    expect(
-        curt_memcpy_dtoh((&mut byte as *mut u8).cast(), fake as _, 0, 1),
-        h,
-        "invalid memory handle",
-    );
-    expect(
-        curt_pinned_free(fake as _),
-        h,
-        "invalid pinned memory handle",
-    );
-    expect(curt_module_destroy(fake as _), h, "invalid module handle");
-    let mut f = null_mut();
-    expect(
-        curt_module_get_function(fake as _, c"k".as_ptr(), &mut f),
-        h,
-        "invalid module handle",
-    );
-    expect(
-        curt_function_destroy(null_mut()),
-        h,
-        "function handle is NULL",
-    );
-    let d = curt_dim3 { x: 1, y: 1, z: 1 };
-    expect(
-        curt_launch(fake as _, d, d, 0, null_mut(), null_mut(), 0),
-        h,
-        "invalid function handle",
-    );
-    expect(
-        curt_graph_launch(fake as _, null_mut()),
-        h,
-        "invalid graph handle",
-    );
-    expect(curt_graph_destroy(null_mut()), h, "graph handle is NULL");
-    // A stream handle passed where another kind is expected is not that kind.
-    expect(
-        curt_stream_wait_event(fake as _, null_mut()),
-        h,
-        "event handle is NULL",
-    );
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        let h = CURT_ERROR_INVALID_HANDLE;
+        let fake = 0x0700_0001_0000_0005_usize;
+        expect(curt_stream_destroy(null_mut()), h, "stream handle is NULL");
+        expect(curt_stream_destroy(fake as _), h, "invalid stream handle");
+        expect(curt_event_destroy(null_mut()), h, "event handle is NULL");
+        expect(
+            curt_event_record(fake as _, null_mut()),
+            h,
+            "invalid event handle",
+        );
+        let mut done = 0;
+        expect(
+            curt_event_query(12345 as _, &mut done),
+            h,
+            "invalid event handle",
+        );
+        expect(curt_free(null_mut()), h, "memory handle is NULL");
+        expect(curt_free(fake as _), h, "invalid memory handle");
+        let mut p = 0u64;
+        expect(
+            curt_memory_ptr(fake as _, &mut p),
+            h,
+            "invalid memory handle",
+        );
+        expect(curt_memset(fake as _, 0, 0, 4), h, "invalid memory handle");
+        let mut byte = 0u8;
+        expect(
+            curt_memcpy_dtoh((&mut byte as *mut u8).cast(), fake as _, 0, 1),
+            h,
+            "invalid memory handle",
+        );
+        expect(
+            curt_pinned_free(fake as _),
+            h,
+            "invalid pinned memory handle",
+        );
+        expect(curt_module_destroy(fake as _), h, "invalid module handle");
+        let mut f = null_mut();
+        expect(
+            curt_module_get_function(fake as _, c"k".as_ptr(), &mut f),
+            h,
+            "invalid module handle",
+        );
+        expect(
+            curt_function_destroy(null_mut()),
+            h,
+            "function handle is NULL",
+        );
+        let d = curt_dim3 { x: 1, y: 1, z: 1 };
+        expect(
+            curt_launch(fake as _, d, d, 0, null_mut(), null_mut(), 0),
+            h,
+            "invalid function handle",
+        );
+        expect(
+            curt_graph_launch(fake as _, null_mut()),
+            h,
+            "invalid graph handle",
+        );
+        expect(curt_graph_destroy(null_mut()), h, "graph handle is NULL");
+        // A stream handle passed where another kind is expected is not that kind.
+        expect(
+            curt_stream_wait_event(fake as _, null_mut()),
+            h,
+            "event handle is NULL",
+        );
+    }
 }
 
 #[test]
 fn dropin_allocators_never_return_null_silently_for_a_nonzero_size() {
-    assert!(
-        curt_cupy_malloc(null_mut(), 0, 0).is_null(),
-        "size 0 is NULL"
-    );
-    assert!(
-        curt_torch_alloc(0, 0, null_mut()).is_null(),
-        "size 0 is NULL"
-    );
-    let p = curt_torch_alloc(-1, 0, null_mut());
-    assert!(p.is_null());
-    assert!(
-        last_error().contains("negative size -1"),
-        "{}",
-        last_error()
-    );
-    if curt_is_available() == 0 {
-        assert!(curt_cupy_malloc(null_mut(), 256, 0).is_null());
-        assert!(!last_error().is_empty());
-        assert!(curt_torch_alloc(256, 0, null_mut()).is_null());
-        assert!(!last_error().is_empty());
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        assert!(
+            curt_cupy_malloc(null_mut(), 0, 0).is_null(),
+            "size 0 is NULL"
+        );
+        assert!(
+            curt_torch_alloc(0, 0, null_mut()).is_null(),
+            "size 0 is NULL"
+        );
+        let p = curt_torch_alloc(-1, 0, null_mut());
+        assert!(p.is_null());
+        assert!(
+            last_error().contains("negative size -1"),
+            "{}",
+            last_error()
+        );
+        if curt_is_available() == 0 {
+            assert!(curt_cupy_malloc(null_mut(), 256, 0).is_null());
+            assert!(!last_error().is_empty());
+            assert!(curt_torch_alloc(256, 0, null_mut()).is_null());
+            assert!(!last_error().is_empty());
+        }
+        // Freeing NULL or an unknown address is a recorded error at most, never a crash.
+        curt_torch_free(null_mut(), 0, 0, null_mut());
+        curt_cupy_free(null_mut(), 0x1000 as *mut c_void, 0);
+        assert!(
+            last_error().contains("0x1000 was not allocated"),
+            "{}",
+            last_error()
+        );
     }
-    // Freeing NULL or an unknown address is a recorded error at most, never a crash.
-    curt_torch_free(null_mut(), 0, 0, null_mut());
-    curt_cupy_free(null_mut(), 0x1000 as *mut c_void, 0);
-    assert!(
-        last_error().contains("0x1000 was not allocated"),
-        "{}",
-        last_error()
-    );
 }
 
 fn exported_names() -> Vec<String> {
@@ -233,10 +257,14 @@ fn exported_names() -> Vec<String> {
             let line = line.trim();
             if line == "#[no_mangle]" {
                 after_no_mangle = true;
-            } else if after_no_mangle && line.starts_with("pub extern \"C\" fn ") {
-                let rest = &line["pub extern \"C\" fn ".len()..];
-                names.push(rest[..rest.find('(').unwrap()].to_string());
-                after_no_mangle = false;
+            } else if after_no_mangle {
+                let rest = line
+                    .strip_prefix("pub extern \"C\" fn ")
+                    .or_else(|| line.strip_prefix("pub unsafe extern \"C\" fn "));
+                if let Some(rest) = rest {
+                    names.push(rest[..rest.find('(').unwrap()].to_string());
+                    after_no_mangle = false;
+                }
             }
         }
     }
@@ -353,178 +381,196 @@ fn ok(rc: i32) {
 }
 
 fn to_host(mem: curt_memory_t, n: usize) -> Vec<f32> {
-    let mut v = vec![0f32; n];
-    ok(curt_memcpy_dtoh(v.as_mut_ptr().cast(), mem, 0, n * 4));
-    v
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        let mut v = vec![0f32; n];
+        ok(curt_memcpy_dtoh(v.as_mut_ptr().cast(), mem, 0, n * 4));
+        v
+    }
 }
 
 #[test]
 fn gpu_pool_copies_memset_streams_events_and_a_destroyed_handle() {
-    if !gpu_or_skip("gpu_pool_copies_memset_streams_events_and_a_destroyed_handle") {
-        return;
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        if !gpu_or_skip("gpu_pool_copies_memset_streams_events_and_a_destroyed_handle") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        let (mut a, mut b) = (null_mut(), null_mut());
+        ok(curt_malloc(1024, s, &mut a));
+        ok(curt_malloc_device(0, 1024, &mut b));
+        let mut size = 0;
+        ok(curt_memory_size(a, &mut size));
+        assert_eq!(size, 1024);
+        let mut stats = curt_pool_stats_t::default();
+        ok(curt_pool_stats(0, &mut stats));
+        assert!(stats.used_bytes >= 1024, "{stats:?}");
+        let host: Vec<u8> = (0..=255).cycle().take(1024).collect();
+        ok(curt_memcpy_htod_async(a, 0, host.as_ptr().cast(), 1024, s));
+        ok(curt_memcpy_dtod_async(b, 0, a, 0, 1024, s));
+        ok(curt_memset_async(b, 512, 7, 256, s));
+        let (mut e0, mut e1) = (null_mut(), null_mut());
+        ok(curt_event_create(0, &mut e0));
+        ok(curt_event_create(CURT_EVENT_BLOCKING_SYNC, &mut e1));
+        ok(curt_event_record(e0, s));
+        ok(curt_memset_async(a, 0, 0, 1024, s));
+        ok(curt_event_record(e1, s));
+        ok(curt_event_synchronize(e1));
+        let mut done = 0;
+        ok(curt_event_query(e1, &mut done));
+        assert_eq!(done, 1);
+        let mut ms = -1f32;
+        ok(curt_event_elapsed_time(e0, e1, &mut ms));
+        assert!(ms >= 0.0);
+        let mut back = vec![0u8; 1024];
+        ok(curt_memcpy_dtoh(back.as_mut_ptr().cast(), b, 0, 1024));
+        let mut want = host.clone();
+        want[512..768].fill(7);
+        assert_eq!(back, want);
+        ok(curt_memcpy_dtoh(back.as_mut_ptr().cast(), a, 0, 1024));
+        assert!(back.iter().all(|&x| x == 0));
+        // Past the end is refused.
+        expect(
+            curt_memset(a, 1000, 0, 100),
+            CURT_ERROR_INVALID_ARGUMENT,
+            "",
+        );
+        // Host callback with user data.
+        extern "C" fn bump(p: *mut c_void) {
+            // SAFETY: the test passes a live AtomicU32 that outlives the callback.
+            unsafe { &*(p as *const std::sync::atomic::AtomicU32) }
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        let hits = std::sync::atomic::AtomicU32::new(0);
+        ok(curt_stream_launch_host_func(
+            s,
+            Some(bump),
+            &hits as *const _ as *mut c_void,
+        ));
+        ok(curt_stream_synchronize(s));
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        ok(curt_free(a));
+        expect(
+            curt_free(a),
+            CURT_ERROR_INVALID_HANDLE,
+            "invalid memory handle",
+        );
+        ok(curt_free(b));
+        ok(curt_event_destroy(e0));
+        ok(curt_event_destroy(e1));
+        ok(curt_stream_destroy(s));
+        expect(
+            curt_stream_synchronize(s),
+            CURT_ERROR_INVALID_HANDLE,
+            "invalid stream handle",
+        );
+        let mut pinned = null_mut();
+        ok(curt_pinned_malloc(4096, &mut pinned));
+        let (mut p, mut n) = (null_mut(), 0usize);
+        ok(curt_pinned_ptr(pinned, &mut p, &mut n));
+        assert!(!p.is_null() && n >= 4096);
+        ok(curt_pinned_free(pinned));
+        ok(curt_pool_free_all_blocks());
     }
-    ok(curt_set_device(0));
-    let mut s = null_mut();
-    ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
-    let (mut a, mut b) = (null_mut(), null_mut());
-    ok(curt_malloc(1024, s, &mut a));
-    ok(curt_malloc_device(0, 1024, &mut b));
-    let mut size = 0;
-    ok(curt_memory_size(a, &mut size));
-    assert_eq!(size, 1024);
-    let mut stats = curt_pool_stats_t::default();
-    ok(curt_pool_stats(0, &mut stats));
-    assert!(stats.used_bytes >= 1024, "{stats:?}");
-    let host: Vec<u8> = (0..=255).cycle().take(1024).collect();
-    ok(curt_memcpy_htod_async(a, 0, host.as_ptr().cast(), 1024, s));
-    ok(curt_memcpy_dtod_async(b, 0, a, 0, 1024, s));
-    ok(curt_memset_async(b, 512, 7, 256, s));
-    let (mut e0, mut e1) = (null_mut(), null_mut());
-    ok(curt_event_create(0, &mut e0));
-    ok(curt_event_create(CURT_EVENT_BLOCKING_SYNC, &mut e1));
-    ok(curt_event_record(e0, s));
-    ok(curt_memset_async(a, 0, 0, 1024, s));
-    ok(curt_event_record(e1, s));
-    ok(curt_event_synchronize(e1));
-    let mut done = 0;
-    ok(curt_event_query(e1, &mut done));
-    assert_eq!(done, 1);
-    let mut ms = -1f32;
-    ok(curt_event_elapsed_time(e0, e1, &mut ms));
-    assert!(ms >= 0.0);
-    let mut back = vec![0u8; 1024];
-    ok(curt_memcpy_dtoh(back.as_mut_ptr().cast(), b, 0, 1024));
-    let mut want = host.clone();
-    want[512..768].fill(7);
-    assert_eq!(back, want);
-    ok(curt_memcpy_dtoh(back.as_mut_ptr().cast(), a, 0, 1024));
-    assert!(back.iter().all(|&x| x == 0));
-    // Past the end is refused.
-    expect(
-        curt_memset(a, 1000, 0, 100),
-        CURT_ERROR_INVALID_ARGUMENT,
-        "",
-    );
-    // Host callback with user data.
-    extern "C" fn bump(p: *mut c_void) {
-        // SAFETY: the test passes a live AtomicU32 that outlives the callback.
-        unsafe { &*(p as *const std::sync::atomic::AtomicU32) }
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-    let hits = std::sync::atomic::AtomicU32::new(0);
-    ok(curt_stream_launch_host_func(
-        s,
-        Some(bump),
-        &hits as *const _ as *mut c_void,
-    ));
-    ok(curt_stream_synchronize(s));
-    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
-    ok(curt_free(a));
-    expect(
-        curt_free(a),
-        CURT_ERROR_INVALID_HANDLE,
-        "invalid memory handle",
-    );
-    ok(curt_free(b));
-    ok(curt_event_destroy(e0));
-    ok(curt_event_destroy(e1));
-    ok(curt_stream_destroy(s));
-    expect(
-        curt_stream_synchronize(s),
-        CURT_ERROR_INVALID_HANDLE,
-        "invalid stream handle",
-    );
-    let mut pinned = null_mut();
-    ok(curt_pinned_malloc(4096, &mut pinned));
-    let (mut p, mut n) = (null_mut(), 0usize);
-    ok(curt_pinned_ptr(pinned, &mut p, &mut n));
-    assert!(!p.is_null() && n >= 4096);
-    ok(curt_pinned_free(pinned));
-    ok(curt_pool_free_all_blocks());
 }
 
 #[test]
 fn gpu_saxpy_compiled_by_nvrtc_launched_and_replayed_from_a_graph() {
-    if !gpu_or_skip("gpu_saxpy_compiled_by_nvrtc_launched_and_replayed_from_a_graph") {
-        return;
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        if !gpu_or_skip("gpu_saxpy_compiled_by_nvrtc_launched_and_replayed_from_a_graph") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let opts = [c"-std=c++17".as_ptr()];
+        let (mut m, mut f) = (null_mut(), null_mut());
+        ok(curt_module_compile(
+            SAXPY.as_ptr(),
+            opts.as_ptr(),
+            1,
+            &mut m,
+        ));
+        ok(curt_module_get_function(m, c"saxpy".as_ptr(), &mut f));
+        let bad = CString::new("broken(").unwrap();
+        let mut m2 = null_mut();
+        expect(
+            curt_module_compile(bad.as_ptr(), null(), 0, &mut m2),
+            CURT_ERROR_COMPILE,
+            "",
+        );
+        let n = 1000usize;
+        let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let (mut dx, mut dy) = (null_mut(), null_mut());
+        ok(curt_malloc(n * 4, null_mut(), &mut dx));
+        ok(curt_malloc(n * 4, null_mut(), &mut dy));
+        ok(curt_memcpy_htod(dx, 0, x.as_ptr().cast(), n * 4));
+        ok(curt_memset(dy, 0, 0, n * 4));
+        let (mut px, mut py) = (0u64, 0u64);
+        ok(curt_memory_ptr(dx, &mut px));
+        ok(curt_memory_ptr(dy, &mut py));
+        let (mut a, mut count) = (2f32, n as i32);
+        let mut args: [*mut c_void; 4] = [
+            (&mut a as *mut f32).cast(),
+            (&mut px as *mut u64).cast(),
+            (&mut py as *mut u64).cast(),
+            (&mut count as *mut i32).cast(),
+        ];
+        let grid = curt_dim3 {
+            x: n.div_ceil(256) as u32,
+            y: 1,
+            z: 1,
+        };
+        let block = curt_dim3 { x: 256, y: 1, z: 1 };
+        ok(curt_launch(
+            f,
+            grid,
+            block,
+            0,
+            null_mut(),
+            args.as_mut_ptr(),
+            4,
+        ));
+        ok(curt_stream_synchronize(null_mut()));
+        let want: Vec<f32> = x.iter().map(|v| 2.0 * v).collect();
+        assert_eq!(to_host(dy, n), want);
+        // Capture one more saxpy into a graph, replay it twice: y = 2x + 2x + 2x + 2x... .
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        ok(curt_stream_begin_capture(s, CURT_CAPTURE_MODE_RELAXED));
+        ok(curt_launch(f, grid, block, 0, s, args.as_mut_ptr(), 4));
+        let mut g = null_mut();
+        ok(curt_stream_end_capture(s, &mut g));
+        ok(curt_graph_launch(g, s));
+        ok(curt_graph_launch(g, s));
+        ok(curt_graph_instantiate(g, 0));
+        ok(curt_graph_launch(g, s));
+        ok(curt_stream_synchronize(s));
+        let want: Vec<f32> = x.iter().map(|v| 8.0 * v).collect();
+        assert_eq!(to_host(dy, n), want);
+        ok(curt_graph_destroy(g));
+        expect(
+            curt_graph_launch(g, s),
+            CURT_ERROR_INVALID_HANDLE,
+            "invalid graph handle",
+        );
+        ok(curt_function_destroy(f));
+        ok(curt_module_destroy(m));
+        ok(curt_free(dx));
+        ok(curt_free(dy));
+        ok(curt_stream_destroy(s));
     }
-    ok(curt_set_device(0));
-    let opts = [c"-std=c++17".as_ptr()];
-    let (mut m, mut f) = (null_mut(), null_mut());
-    ok(curt_module_compile(
-        SAXPY.as_ptr(),
-        opts.as_ptr(),
-        1,
-        &mut m,
-    ));
-    ok(curt_module_get_function(m, c"saxpy".as_ptr(), &mut f));
-    let bad = CString::new("broken(").unwrap();
-    let mut m2 = null_mut();
-    expect(
-        curt_module_compile(bad.as_ptr(), null(), 0, &mut m2),
-        CURT_ERROR_COMPILE,
-        "",
-    );
-    let n = 1000usize;
-    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let (mut dx, mut dy) = (null_mut(), null_mut());
-    ok(curt_malloc(n * 4, null_mut(), &mut dx));
-    ok(curt_malloc(n * 4, null_mut(), &mut dy));
-    ok(curt_memcpy_htod(dx, 0, x.as_ptr().cast(), n * 4));
-    ok(curt_memset(dy, 0, 0, n * 4));
-    let (mut px, mut py) = (0u64, 0u64);
-    ok(curt_memory_ptr(dx, &mut px));
-    ok(curt_memory_ptr(dy, &mut py));
-    let (mut a, mut count) = (2f32, n as i32);
-    let mut args: [*mut c_void; 4] = [
-        (&mut a as *mut f32).cast(),
-        (&mut px as *mut u64).cast(),
-        (&mut py as *mut u64).cast(),
-        (&mut count as *mut i32).cast(),
-    ];
-    let grid = curt_dim3 {
-        x: n.div_ceil(256) as u32,
-        y: 1,
-        z: 1,
-    };
-    let block = curt_dim3 { x: 256, y: 1, z: 1 };
-    ok(curt_launch(
-        f,
-        grid,
-        block,
-        0,
-        null_mut(),
-        args.as_mut_ptr(),
-        4,
-    ));
-    ok(curt_stream_synchronize(null_mut()));
-    let want: Vec<f32> = x.iter().map(|v| 2.0 * v).collect();
-    assert_eq!(to_host(dy, n), want);
-    // Capture one more saxpy into a graph, replay it twice: y = 2x + 2x + 2x + 2x... .
-    let mut s = null_mut();
-    ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
-    ok(curt_stream_begin_capture(s, CURT_CAPTURE_MODE_RELAXED));
-    ok(curt_launch(f, grid, block, 0, s, args.as_mut_ptr(), 4));
-    let mut g = null_mut();
-    ok(curt_stream_end_capture(s, &mut g));
-    ok(curt_graph_launch(g, s));
-    ok(curt_graph_launch(g, s));
-    ok(curt_graph_instantiate(g, 0));
-    ok(curt_graph_launch(g, s));
-    ok(curt_stream_synchronize(s));
-    let want: Vec<f32> = x.iter().map(|v| 8.0 * v).collect();
-    assert_eq!(to_host(dy, n), want);
-    ok(curt_graph_destroy(g));
-    expect(
-        curt_graph_launch(g, s),
-        CURT_ERROR_INVALID_HANDLE,
-        "invalid graph handle",
-    );
-    ok(curt_function_destroy(f));
-    ok(curt_module_destroy(m));
-    ok(curt_free(dx));
-    ok(curt_free(dy));
-    ok(curt_stream_destroy(s));
 }
 
 static C_ALLOCS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -533,11 +579,13 @@ extern "C" fn c_malloc(ctx: *mut c_void, size: usize, device: i32) -> u64 {
     assert_eq!(ctx as usize, 0xc0ffee);
     C_ALLOCS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let mut m = null_mut();
-    if curt_malloc_device(device, size, &mut m) != CURT_SUCCESS {
+    // SAFETY: `m` is a live handle slot.
+    if unsafe { curt_malloc_device(device, size, &mut m) } != CURT_SUCCESS {
         return 0;
     }
     let mut p = 0;
-    let _ = curt_memory_ptr(m, &mut p);
+    // SAFETY: `p` is a live u64.
+    let _ = unsafe { curt_memory_ptr(m, &mut p) };
     // Keep the handle by address for c_free.
     LIVE.lock().unwrap().push((p, m as usize));
     p
@@ -555,49 +603,55 @@ static LIVE: std::sync::Mutex<Vec<(u64, usize)>> = std::sync::Mutex::new(Vec::ne
 
 #[test]
 fn gpu_c_allocator_pair_and_the_torch_and_cupy_entry_points() {
-    if !gpu_or_skip("gpu_c_allocator_pair_and_the_torch_and_cupy_entry_points") {
-        return;
-    }
-    ok(curt_set_device(0));
-    ok(curt_set_allocator(
-        Some(c_malloc),
-        Some(c_free),
-        0xc0ffee as *mut c_void,
-    ));
-    let mut m = null_mut();
-    ok(curt_alloc(4096, &mut m));
-    assert_eq!(C_ALLOCS.load(std::sync::atomic::Ordering::SeqCst), 1);
-    ok(curt_memset(m, 0, 1, 4096));
-    ok(curt_free(m));
-    assert!(LIVE.lock().unwrap().is_empty(), "freed through c_free");
-    ok(curt_reset_allocator());
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        if !gpu_or_skip("gpu_c_allocator_pair_and_the_torch_and_cupy_entry_points") {
+            return;
+        }
+        ok(curt_set_device(0));
+        ok(curt_set_allocator(
+            Some(c_malloc),
+            Some(c_free),
+            0xc0ffee as *mut c_void,
+        ));
+        let mut m = null_mut();
+        ok(curt_alloc(4096, &mut m));
+        assert_eq!(C_ALLOCS.load(std::sync::atomic::Ordering::SeqCst), 1);
+        ok(curt_memset(m, 0, 1, 4096));
+        ok(curt_free(m));
+        assert!(LIVE.lock().unwrap().is_empty(), "freed through c_free");
+        ok(curt_reset_allocator());
 
-    let mut before = 0;
-    ok(curt_dropin_live_count(&mut before));
-    let mut s = null_mut();
-    ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
-    // The raw CUstream behind the handle is what PyTorch would pass; here the legacy
-    // default stream (0) and the current stream stand in.
-    let t = curt_torch_alloc(1 << 20, 0, null_mut());
-    assert!(!t.is_null(), "{}", last_error());
-    let c = curt_cupy_malloc(null_mut(), 1 << 20, 0);
-    assert!(!c.is_null(), "{}", last_error());
-    assert_ne!(t, c);
-    let mut live = 0;
-    ok(curt_dropin_live_count(&mut live));
-    assert_eq!(live, before + 2);
-    let mut stats = curt_pool_stats_t::default();
-    ok(curt_pool_stats(0, &mut stats));
-    assert!(stats.used_bytes >= 2 << 20, "{stats:?}");
-    curt_torch_free(t, 1 << 20, 0, null_mut());
-    curt_cupy_free(null_mut(), c, 0);
-    ok(curt_dropin_live_count(&mut live));
-    assert_eq!(live, before);
-    // Out of memory is NULL with the reason, never silent.
-    let huge = curt_torch_alloc(isize::MAX / 2, 0, null_mut());
-    assert!(huge.is_null());
-    assert!(!last_error().is_empty());
-    ok(curt_stream_destroy(s));
+        let mut before = 0;
+        ok(curt_dropin_live_count(&mut before));
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        // The raw CUstream behind the handle is what PyTorch would pass; here the legacy
+        // default stream (0) and the current stream stand in.
+        let t = curt_torch_alloc(1 << 20, 0, null_mut());
+        assert!(!t.is_null(), "{}", last_error());
+        let c = curt_cupy_malloc(null_mut(), 1 << 20, 0);
+        assert!(!c.is_null(), "{}", last_error());
+        assert_ne!(t, c);
+        let mut live = 0;
+        ok(curt_dropin_live_count(&mut live));
+        assert_eq!(live, before + 2);
+        let mut stats = curt_pool_stats_t::default();
+        ok(curt_pool_stats(0, &mut stats));
+        assert!(stats.used_bytes >= 2 << 20, "{stats:?}");
+        curt_torch_free(t, 1 << 20, 0, null_mut());
+        curt_cupy_free(null_mut(), c, 0);
+        ok(curt_dropin_live_count(&mut live));
+        assert_eq!(live, before);
+        // Out of memory is NULL with the reason, never silent.
+        let huge = curt_torch_alloc(isize::MAX / 2, 0, null_mut());
+        assert!(huge.is_null());
+        assert!(!last_error().is_empty());
+        ok(curt_stream_destroy(s));
+    }
 }
 
 /// The snapshot JSON through a buffer: too small (or NULL) says the length needed and
@@ -605,43 +659,46 @@ fn gpu_c_allocator_pair_and_the_torch_and_cupy_entry_points() {
 /// device pool is empty.
 #[test]
 fn snapshots_come_back_as_json_through_a_sized_buffer() {
-    let mut len = 0usize;
-    expect(
-        curt_pool_snapshot_json(0, null_mut(), 0, &mut len),
-        CURT_ERROR_INVALID_ARGUMENT,
-        "needs",
-    );
-    assert!(len > 0);
-    let mut small = vec![0 as std::ffi::c_char; len];
-    expect(
-        curt_pool_snapshot_json(0, small.as_mut_ptr(), small.len(), &mut len),
-        CURT_ERROR_INVALID_ARGUMENT,
-        "needs",
-    );
-    let mut buf = vec![0 as std::ffi::c_char; len + 1];
-    assert_eq!(
-        curt_pool_snapshot_json(0, buf.as_mut_ptr(), buf.len(), &mut len),
-        CURT_SUCCESS,
-        "{}",
-        last_error()
-    );
-    // SAFETY: the call wrote a NUL-terminated string into `buf`.
-    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_str()
-        .unwrap()
-        .to_owned();
-    assert_eq!(text.len(), len);
-    assert!(
-        text.starts_with("{\"segments\": [") && text.ends_with("\"device_traces\": [[]]}"),
-        "{text}"
-    );
-    expect(
-        curt_pool_snapshot_json(0, buf.as_mut_ptr(), buf.len(), null_mut()),
-        CURT_ERROR_INVALID_ARGUMENT,
-        "len is NULL",
-    );
-    let mut len2 = 0usize;
-    let rc = curt_pinned_pool_snapshot_json(null_mut(), 0, &mut len2);
-    assert_eq!(rc, CURT_ERROR_INVALID_ARGUMENT, "{}", last_error());
-    assert!(len2 > 0);
+    // SAFETY: every pointer passed to the shim here is NULL (which the call
+    // refuses, the point of the check) or a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call (and, for device or host
+    // memory a queued copy uses, until the stream or event is synchronised below).
+    unsafe {
+        let mut len = 0usize;
+        expect(
+            curt_pool_snapshot_json(0, null_mut(), 0, &mut len),
+            CURT_ERROR_INVALID_ARGUMENT,
+            "needs",
+        );
+        assert!(len > 0);
+        let mut small = vec![0 as std::ffi::c_char; len];
+        expect(
+            curt_pool_snapshot_json(0, small.as_mut_ptr(), small.len(), &mut len),
+            CURT_ERROR_INVALID_ARGUMENT,
+            "needs",
+        );
+        let mut buf = vec![0 as std::ffi::c_char; len + 1];
+        assert_eq!(
+            curt_pool_snapshot_json(0, buf.as_mut_ptr(), buf.len(), &mut len),
+            CURT_SUCCESS,
+            "{}",
+            last_error()
+        );
+        // The call wrote a NUL-terminated string into `buf`.
+        let text = CStr::from_ptr(buf.as_ptr()).to_str().unwrap().to_owned();
+        assert_eq!(text.len(), len);
+        assert!(
+            text.starts_with("{\"segments\": [") && text.ends_with("\"device_traces\": [[]]}"),
+            "{text}"
+        );
+        expect(
+            curt_pool_snapshot_json(0, buf.as_mut_ptr(), buf.len(), null_mut()),
+            CURT_ERROR_INVALID_ARGUMENT,
+            "len is NULL",
+        );
+        let mut len2 = 0usize;
+        let rc = curt_pinned_pool_snapshot_json(null_mut(), 0, &mut len2);
+        assert_eq!(rc, CURT_ERROR_INVALID_ARGUMENT, "{}", last_error());
+        assert!(len2 > 0);
+    }
 }

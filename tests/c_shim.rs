@@ -16,17 +16,17 @@ fn last_error() -> String {
 
 #[test]
 fn null_out_pointer_is_an_invalid_argument_with_a_message() {
-    assert_eq!(
-        curt_device_count(std::ptr::null_mut()),
-        CURT_ERROR_INVALID_ARGUMENT
-    );
+    // SAFETY: NULL is what this test passes, and the function refuses it.
+    let rc = unsafe { curt_device_count(std::ptr::null_mut()) };
+    assert_eq!(rc, CURT_ERROR_INVALID_ARGUMENT);
     assert_eq!(last_error(), "invalid argument: count is NULL");
 }
 
 #[test]
 fn device_count_matches_availability() {
     let mut n = -1;
-    let rc = curt_device_count(&mut n);
+    // SAFETY: `n` is a live int.
+    let rc = unsafe { curt_device_count(&mut n) };
     if curt_is_available() == 1 {
         assert_eq!(rc, CURT_SUCCESS);
         assert!(n > 0);
@@ -181,12 +181,15 @@ struct CallsTheShimOnDrop;
 
 impl Drop for CallsTheShimOnDrop {
     fn drop(&mut self) {
-        let rc = curt_device_count(std::ptr::null_mut());
+        // SAFETY: NULL (refused by the function), then a live int.
+        let rc = unsafe { curt_device_count(std::ptr::null_mut()) };
         let last_error = last_error();
         let _ = curt_is_available();
         let mut n = 0;
-        let _ = curt_device_count(&mut n);
-        let _ = curt_driver_version(&mut n);
+        // SAFETY: `n` is a live int.
+        let _ = unsafe { curt_device_count(&mut n) };
+        // SAFETY: as above.
+        let _ = unsafe { curt_driver_version(&mut n) };
         let _ = curt_last_error();
         SEEN.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -213,10 +216,9 @@ fn tls_teardown_child_process() {
         // Destructors run in some order of registration; one key on each side of the
         // shim's own makes one of them run after the shim's slot is destroyed.
         REGISTERED_BEFORE_THE_SHIM.with(|_| {});
-        assert_eq!(
-            curt_device_count(std::ptr::null_mut()),
-            CURT_ERROR_INVALID_ARGUMENT
-        );
+        // SAFETY: NULL, which the function refuses.
+        let rc = unsafe { curt_device_count(std::ptr::null_mut()) };
+        assert_eq!(rc, CURT_ERROR_INVALID_ARGUMENT);
         REGISTERED_AFTER_THE_SHIM.with(|_| {});
     })
     .join()

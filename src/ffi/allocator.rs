@@ -20,8 +20,14 @@ use super::status::{bad_arg, guard, set_last_error, unwind_guard, Fail, Res};
 
 /// Makes `malloc(ctx, size, device)` / `free(ctx, ptr, device)` the process-wide
 /// allocator of `curt_alloc`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_set_allocator(
+pub unsafe extern "C" fn curt_set_allocator(
     malloc: Option<CMallocFn>,
     free: Option<CFreeFn>,
     ctx: *mut c_void,
@@ -82,8 +88,14 @@ fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
 
 /// How many allocations of the drop-in entry points are live (for tests and leak
 /// checks).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_dropin_live_count(count: *mut usize) -> c_int {
+pub unsafe extern "C" fn curt_dropin_live_count(count: *mut usize) -> c_int {
     guard(|| {
         let count = super::status::out(count, "count")?;
         *count = REGISTRY
@@ -141,8 +153,18 @@ fn free_quietly(ptr: *mut c_void) {
 
 /// PyTorch's `CUDAPluggableAllocator` alloc: `size` bytes from cuda-rt's pool for
 /// `device`, on the arena of `stream` (a `cudaStream_t`/`CUstream`, 0 the default).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn curt_torch_alloc(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     alloc_or_null(|| {
         let size = usize::try_from(size).map_err(|_| bad_arg(format!("negative size {size}")))?;
         // SAFETY: wrapper.h's contract for curt_torch_alloc: `stream` is 0 or a live
@@ -153,8 +175,14 @@ pub extern "C" fn curt_torch_alloc(size: isize, device: c_int, stream: *mut c_vo
 }
 
 /// PyTorch's `CUDAPluggableAllocator` free: gives `ptr` back to the pool.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_torch_free(
+pub unsafe extern "C" fn curt_torch_free(
     ptr: *mut c_void,
     size: isize,
     device: c_int,
@@ -166,15 +194,31 @@ pub extern "C" fn curt_torch_free(
 
 /// CuPy's `CFunctionAllocator` malloc: `size` bytes from cuda-rt's pool for `device`
 /// on this thread's current stream of that device.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_cupy_malloc(param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
+pub unsafe extern "C" fn curt_cupy_malloc(
+    param: *mut c_void,
+    size: usize,
+    device: c_int,
+) -> *mut c_void {
     let _ = param;
     alloc_or_null(|| pool_alloc(size, device, None))
 }
 
 /// CuPy's `CFunctionAllocator` free.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
+pub unsafe extern "C" fn curt_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
     let _ = (param, device);
     free_quietly(ptr);
 }

@@ -40,8 +40,14 @@ fn host_mut<'a>(p: *mut c_void, bytes: usize, name: &str) -> Res<&'a mut [u8]> {
 }
 
 /// Copies `bytes` from host `src` to `dst` + `dst_offset`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_memcpy_htod(
+pub unsafe extern "C" fn curt_memcpy_htod(
     dst: curt_memory_t,
     dst_offset: usize,
     src: *const c_void,
@@ -51,8 +57,14 @@ pub extern "C" fn curt_memcpy_htod(
 }
 
 /// Copies `bytes` from `src` + `src_offset` to host `dst`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_memcpy_dtoh(
+pub unsafe extern "C" fn curt_memcpy_dtoh(
     dst: *mut c_void,
     src: curt_memory_t,
     src_offset: usize,
@@ -74,8 +86,14 @@ pub extern "C" fn curt_memcpy_dtod(
 }
 
 /// `curt_memcpy_htod` on `stream` (NULL: the current stream).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_memcpy_htod_async(
+pub unsafe extern "C" fn curt_memcpy_htod_async(
     dst: curt_memory_t,
     dst_offset: usize,
     src: *const c_void,
@@ -90,8 +108,14 @@ pub extern "C" fn curt_memcpy_htod_async(
 }
 
 /// `curt_memcpy_dtoh` on `stream` (NULL: the current stream).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_memcpy_dtoh_async(
+pub unsafe extern "C" fn curt_memcpy_dtoh_async(
     dst: *mut c_void,
     src: curt_memory_t,
     src_offset: usize,

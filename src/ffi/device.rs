@@ -22,8 +22,14 @@ pub extern "C" fn curt_is_available() -> c_int {
 }
 
 /// Writes the number of CUDA devices to `*count`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_device_count(count: *mut c_int) -> c_int {
+pub unsafe extern "C" fn curt_device_count(count: *mut c_int) -> c_int {
     guard(|| {
         let count = out(count, "count")?;
         *count = cuda_rt::device_count()?;
@@ -32,8 +38,14 @@ pub extern "C" fn curt_device_count(count: *mut c_int) -> c_int {
 }
 
 /// Writes the driver's CUDA version (e.g. 13000) to `*version`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_driver_version(version: *mut c_int) -> c_int {
+pub unsafe extern "C" fn curt_driver_version(version: *mut c_int) -> c_int {
     guard(|| {
         let version = out(version, "version")?;
         *version = cuda_rt::env::driver_version()?.to_int();
@@ -42,8 +54,14 @@ pub extern "C" fn curt_driver_version(version: *mut c_int) -> c_int {
 }
 
 /// Writes device `id`'s compute capability to `*major` and `*minor`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_device_compute_capability(
+pub unsafe extern "C" fn curt_device_compute_capability(
     id: c_int,
     major: *mut c_int,
     minor: *mut c_int,
@@ -56,8 +74,14 @@ pub extern "C" fn curt_device_compute_capability(
 }
 
 /// Writes device `id`'s total memory in bytes to `*bytes`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_device_total_memory(id: c_int, bytes: *mut usize) -> c_int {
+pub unsafe extern "C" fn curt_device_total_memory(id: c_int, bytes: *mut usize) -> c_int {
     guard(|| {
         let bytes = out(bytes, "bytes")?;
         *bytes = Device::new(id)?.total_memory()?;
@@ -72,8 +96,14 @@ pub extern "C" fn curt_set_device(id: c_int) -> c_int {
 }
 
 /// Writes this thread's current device to `*id`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_get_device(id: *mut c_int) -> c_int {
+pub unsafe extern "C" fn curt_get_device(id: *mut c_int) -> c_int {
     guard(|| {
         *out(id, "id")? = cuda_rt::get_device_id();
         Ok(())
@@ -87,8 +117,18 @@ pub extern "C" fn curt_device_synchronize() -> c_int {
 }
 
 /// Writes device `id`'s free and total memory in bytes.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_device_mem_info(id: c_int, free: *mut usize, total: *mut usize) -> c_int {
+pub unsafe extern "C" fn curt_device_mem_info(
+    id: c_int,
+    free: *mut usize,
+    total: *mut usize,
+) -> c_int {
     guard(|| {
         let (free, total) = (out(free, "free")?, out(total, "total")?);
         (*free, *total) = Device::new(id)?.mem_info()?;
@@ -97,8 +137,14 @@ pub extern "C" fn curt_device_mem_info(id: c_int, free: *mut usize, total: *mut 
 }
 
 /// Writes device `id`'s name, NUL-terminated and cut to fit, into `buf` (`len` bytes).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_device_name(id: c_int, buf: *mut c_char, len: usize) -> c_int {
+pub unsafe extern "C" fn curt_device_name(id: c_int, buf: *mut c_char, len: usize) -> c_int {
     guard(|| {
         if buf.is_null() {
             return Err(bad_arg("buf is NULL"));

@@ -17,8 +17,14 @@ pub const CURT_EVENT_BLOCKING_SYNC: c_int = 1;
 pub const CURT_EVENT_DISABLE_TIMING: c_int = 2;
 
 /// Creates an event on the current device with `flags` (`CURT_EVENT_*`, or 0).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_event_create(flags: c_int, event: *mut curt_event_t) -> c_int {
+pub unsafe extern "C" fn curt_event_create(flags: c_int, event: *mut curt_event_t) -> c_int {
     guard(|| {
         let event = out(event, "event")?;
         if flags & !(CURT_EVENT_BLOCKING_SYNC | CURT_EVENT_DISABLE_TIMING) != 0 {
@@ -55,8 +61,14 @@ pub extern "C" fn curt_event_record(event: curt_event_t, stream: curt_stream_t) 
 }
 
 /// Writes 1 to `*done` when the work before `event`'s last record is done, else 0.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_event_query(event: curt_event_t, done: *mut c_int) -> c_int {
+pub unsafe extern "C" fn curt_event_query(event: curt_event_t, done: *mut c_int) -> c_int {
     guard(|| {
         let done = out(done, "done")?;
         *done = EVENTS.get(event as u64)?.query()? as c_int;
@@ -72,8 +84,14 @@ pub extern "C" fn curt_event_synchronize(event: curt_event_t) -> c_int {
 
 /// Writes the milliseconds between the records of `start` and `end` (both complete,
 /// both with timing) to `*ms`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_event_elapsed_time(
+pub unsafe extern "C" fn curt_event_elapsed_time(
     start: curt_event_t,
     end: curt_event_t,
     ms: *mut f32,

@@ -37,8 +37,14 @@ pub extern "C" fn curt_stream_begin_capture(stream: curt_stream_t, mode: c_int) 
 
 /// Ends the capture on `stream` and writes the captured graph, instantiated, to
 /// `*graph`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_stream_end_capture(
+pub unsafe extern "C" fn curt_stream_end_capture(
     stream: curt_stream_t,
     graph: *mut curt_graph_t,
 ) -> c_int {

@@ -41,8 +41,14 @@ fn put(mem: *mut curt_memory_t, p: Res<MemoryPointer>) -> Res<()> {
 
 /// Allocates `size` bytes from the default pool on `stream`'s arena (NULL: the current
 /// stream), on the stream's device. Size 0 gives a handle to a null pointer.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_malloc(
+pub unsafe extern "C" fn curt_malloc(
     size: usize,
     stream: curt_stream_t,
     mem: *mut curt_memory_t,
@@ -62,8 +68,14 @@ pub extern "C" fn curt_malloc(
 
 /// Allocates `size` bytes with the current allocator (`curt_set_allocator`; the
 /// default pool unless set) on the current device and stream.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_alloc(size: usize, mem: *mut curt_memory_t) -> c_int {
+pub unsafe extern "C" fn curt_alloc(size: usize, mem: *mut curt_memory_t) -> c_int {
     guard(|| {
         out(mem, "mem")?;
         put(mem, Ok(cuda_rt::alloc(size)?))
@@ -71,8 +83,18 @@ pub extern "C" fn curt_alloc(size: usize, mem: *mut curt_memory_t) -> c_int {
 }
 
 /// Allocates `size` bytes of plain device memory (`cuMemAlloc`, no pool) on `device`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_malloc_device(device: c_int, size: usize, mem: *mut curt_memory_t) -> c_int {
+pub unsafe extern "C" fn curt_malloc_device(
+    device: c_int,
+    size: usize,
+    mem: *mut curt_memory_t,
+) -> c_int {
     guard(|| {
         out(mem, "mem")?;
         let m = Memory::new_on(device, size)?;
@@ -81,8 +103,14 @@ pub extern "C" fn curt_malloc_device(device: c_int, size: usize, mem: *mut curt_
 }
 
 /// Allocates `size` bytes of managed (unified) memory on the current device.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_malloc_managed(size: usize, mem: *mut curt_memory_t) -> c_int {
+pub unsafe extern "C" fn curt_malloc_managed(size: usize, mem: *mut curt_memory_t) -> c_int {
     guard(|| {
         out(mem, "mem")?;
         put(mem, Ok(cuda_rt::malloc_managed(size)?))
@@ -91,8 +119,14 @@ pub extern "C" fn curt_malloc_managed(size: usize, mem: *mut curt_memory_t) -> c
 
 /// Allocates `size` bytes from the driver's stream-ordered pool of `stream`'s device,
 /// ordered on `stream` (NULL: the current stream); freed in order on that stream.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_malloc_async(
+pub unsafe extern "C" fn curt_malloc_async(
     size: usize,
     stream: curt_stream_t,
     mem: *mut curt_memory_t,
@@ -116,8 +150,14 @@ pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
 }
 
 /// Writes `mem`'s device address to `*ptr`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_memory_ptr(mem: curt_memory_t, ptr: *mut u64) -> c_int {
+pub unsafe extern "C" fn curt_memory_ptr(mem: curt_memory_t, ptr: *mut u64) -> c_int {
     guard(|| {
         let ptr = out(ptr, "ptr")?;
         *ptr = MEMORY.get(mem as u64)?.ptr();
@@ -126,8 +166,14 @@ pub extern "C" fn curt_memory_ptr(mem: curt_memory_t, ptr: *mut u64) -> c_int {
 }
 
 /// Writes `mem`'s size in bytes to `*size`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_memory_size(mem: curt_memory_t, size: *mut usize) -> c_int {
+pub unsafe extern "C" fn curt_memory_size(mem: curt_memory_t, size: *mut usize) -> c_int {
     guard(|| {
         let size = out(size, "size")?;
         *size = MEMORY.get(mem as u64)?.size();
@@ -136,8 +182,14 @@ pub extern "C" fn curt_memory_size(mem: curt_memory_t, size: *mut usize) -> c_in
 }
 
 /// Writes the default pool's statistics for `device` to `*stats`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_pool_stats(device: c_int, stats: *mut curt_pool_stats_t) -> c_int {
+pub unsafe extern "C" fn curt_pool_stats(device: c_int, stats: *mut curt_pool_stats_t) -> c_int {
     guard(|| {
         let stats = out(stats, "stats")?;
         let s = get_default_memory_pool().device_stats(device);
@@ -160,8 +212,14 @@ pub extern "C" fn curt_pool_set_limit(bytes: u64) -> c_int {
 }
 
 /// Writes the default pool's limit in bytes (0: none) to `*bytes`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_pool_get_limit(bytes: *mut u64) -> c_int {
+pub unsafe extern "C" fn curt_pool_get_limit(bytes: *mut u64) -> c_int {
     guard(|| {
         let bytes = out(bytes, "bytes")?;
         *bytes = get_default_memory_pool().get_limit()?;
@@ -199,8 +257,14 @@ pub(crate) fn write_text(json: &str, buf: *mut c_char, cap: usize, len: *mut usi
 }
 
 /// The default pool's snapshot on `device` as JSON (PyTorch's `_snapshot()` shape).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_pool_snapshot_json(
+pub unsafe extern "C" fn curt_pool_snapshot_json(
     device: c_int,
     buf: *mut c_char,
     cap: usize,

@@ -31,8 +31,17 @@ fn put(module: &mut curt_module_t, m: Module) {
 }
 
 /// Loads a PTX, cubin or fatbin file on the current device.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_module_load_file(path: *const c_char, module: *mut curt_module_t) -> c_int {
+pub unsafe extern "C" fn curt_module_load_file(
+    path: *const c_char,
+    module: *mut curt_module_t,
+) -> c_int {
     guard(|| {
         let (module, path) = (out(module, "module")?, c_str(path, "path")?);
         put(module, Module::load_file(path)?);
@@ -42,8 +51,14 @@ pub extern "C" fn curt_module_load_file(path: *const c_char, module: *mut curt_m
 
 /// Loads a PTX (NUL-terminated), cubin or fatbin image of `size` bytes on the current
 /// device.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_module_load_data(
+pub unsafe extern "C" fn curt_module_load_data(
     image: *const c_void,
     size: usize,
     module: *mut curt_module_t,
@@ -78,8 +93,14 @@ fn options<'a>(options: *const *const c_char, n: usize) -> Res<Vec<&'a str>> {
 /// Compiles CUDA C++ `source` with NVRTC for the current device (options such as
 /// "-std=c++17"), through the kernel cache (memory and disk), and loads it. On a
 /// compile error, `CURT_ERROR_COMPILE` and the log in `curt_last_error()`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_module_compile(
+pub unsafe extern "C" fn curt_module_compile(
     source: *const c_char,
     options_: *const *const c_char,
     n_options: usize,
@@ -105,8 +126,14 @@ pub extern "C" fn curt_module_destroy(module: curt_module_t) -> c_int {
 }
 
 /// Looks up the kernel `name` (its mangled name, or an `extern "C"` name) in `module`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_module_get_function(
+pub unsafe extern "C" fn curt_module_get_function(
     module: curt_module_t,
     name: *const c_char,
     function: *mut curt_function_t,
@@ -130,8 +157,14 @@ pub extern "C" fn curt_function_destroy(function: curt_function_t) -> c_int {
 
 /// Launches `function` on `stream` (NULL: the current stream) with `grid` x `block`
 /// threads, `shared_mem` bytes of dynamic shared memory and `n_args` arguments.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_launch(
+pub unsafe extern "C" fn curt_launch(
     function: curt_function_t,
     grid: curt_dim3,
     block: curt_dim3,

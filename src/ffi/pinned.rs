@@ -13,8 +13,14 @@ use super::status::{guard, out};
 pub(crate) static PINNED: Table<Mutex<PinnedMemoryPointer>> = Table::new(4, "pinned memory");
 
 /// Allocates `size` bytes of pinned host memory from the default pinned pool.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_pinned_malloc(size: usize, mem: *mut curt_pinned_t) -> c_int {
+pub unsafe extern "C" fn curt_pinned_malloc(size: usize, mem: *mut curt_pinned_t) -> c_int {
     guard(|| {
         let mem = out(mem, "mem")?;
         let p = get_default_pinned_memory_pool().malloc(size)?;
@@ -35,8 +41,14 @@ pub extern "C" fn curt_pinned_free(mem: curt_pinned_t) -> c_int {
 
 /// Writes `mem`'s host address to `*ptr` (valid until `curt_pinned_free`) and its
 /// size in bytes to `*size` (when not NULL).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_pinned_ptr(
+pub unsafe extern "C" fn curt_pinned_ptr(
     mem: curt_pinned_t,
     ptr: *mut *mut c_void,
     size: *mut usize,
@@ -55,8 +67,14 @@ pub extern "C" fn curt_pinned_ptr(
 
 /// Writes the default pinned pool's statistics to `*stats` (peaks as in
 /// `curt_pool_stats`).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_pinned_pool_stats(stats: *mut curt_pool_stats_t) -> c_int {
+pub unsafe extern "C" fn curt_pinned_pool_stats(stats: *mut curt_pool_stats_t) -> c_int {
     guard(|| {
         let stats = out(stats, "stats")?;
         let s = get_default_pinned_memory_pool().stats();
@@ -91,8 +109,14 @@ pub extern "C" fn curt_pinned_pool_free_all_blocks() -> c_int {
 }
 
 /// The default pinned pool's snapshot as JSON (PyTorch's `_snapshot()` shape).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_pinned_pool_snapshot_json(
+pub unsafe extern "C" fn curt_pinned_pool_snapshot_json(
     buf: *mut std::ffi::c_char,
     cap: usize,
     len: *mut usize,

@@ -28,8 +28,14 @@ pub(crate) fn stream_or_current(h: curt_stream_t) -> Res<StreamRef> {
 /// Creates a stream on the current device with `flags` (0 or
 /// `CURT_STREAM_NON_BLOCKING`) and `priority` (lower is higher priority; clamped to the
 /// device's range).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_stream_create(
+pub unsafe extern "C" fn curt_stream_create(
     flags: c_int,
     priority: c_int,
     stream: *mut curt_stream_t,
@@ -61,8 +67,14 @@ pub extern "C" fn curt_stream_synchronize(stream: curt_stream_t) -> c_int {
 }
 
 /// Writes 1 to `*done` when all work queued on `stream` is done, else 0.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_stream_query(stream: curt_stream_t, done: *mut c_int) -> c_int {
+pub unsafe extern "C" fn curt_stream_query(stream: curt_stream_t, done: *mut c_int) -> c_int {
     guard(|| {
         let done = out(done, "done")?;
         *done = stream_or_current(stream)?.query()? as c_int;
@@ -84,8 +96,14 @@ pub type CurtHostFn = extern "C" fn(user_data: *mut c_void);
 
 /// Runs `fn(user_data)` on a driver thread once the work queued before it on `stream`
 /// is done; later work waits for it. `fn` must not call CUDA or cuda-rt.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub extern "C" fn curt_stream_launch_host_func(
+pub unsafe extern "C" fn curt_stream_launch_host_func(
     stream: curt_stream_t,
     func: Option<CurtHostFn>,
     user_data: *mut c_void,
