@@ -118,13 +118,6 @@ pub(crate) fn byte_len<T: Pod>(what: &str, len: usize) -> Result<usize> {
     })
 }
 
-/// The bytes of one plain-data value.
-pub(crate) fn value_bytes<T: Pod>(v: &T) -> &[u8] {
-    // SAFETY: `T: Pod` has no padding, so all `size_of::<T>()` bytes of `*v` are
-    // initialised; the slice borrows `v`.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
-}
-
 /// A `Vec` of `len` zeroed `T`s, allocated zeroed (the allocator hands large zeroed
 /// blocks out as untouched pages, so nothing is written twice before a copy fills it).
 pub(crate) fn zeroed_vec<T: Pod>(len: usize) -> Vec<T> {
@@ -276,6 +269,5 @@ mod tests {
         assert!(v.iter().all(|&x| x == 0));
         assert!(zeroed_vec::<f32>(0).is_empty());
         assert_eq!(zeroed_vec::<[u8; 0]>(3).len(), 3);
-        assert_eq!(value_bytes(&0x0102_0304u32), &0x0102_0304u32.to_ne_bytes());
     }
 }

@@ -5,8 +5,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
 
-use super::{byte_len, range_of, same_len, value_bytes, zeroed_vec, PinnedBuffer, Transfer};
+use super::{byte_len, range_of, same_len, zeroed_vec, PinnedBuffer, Transfer};
 use crate::error::Result;
+use crate::memory::pod::as_bytes;
 use crate::memory::{MemoryPointer, Pod};
 use crate::stream::{get_current_stream, AsStream};
 
@@ -87,29 +88,6 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
         }
     }
 
-    /// Number of elements.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view has no elements.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device the memory is on.
-    pub fn device_id(&self) -> i32 {
-        self.base.device_id()
-    }
-
-    /// The device address of the first element.
-    #[inline]
-    pub fn device_ptr(&self) -> u64 {
-        self.addr
-    }
-
     /// The untyped pointer to the first element (it keeps the memory alive; its
     /// [`size`](MemoryPointer::size) runs to the end of the allocation, which may be
     /// past the view).
@@ -188,29 +166,6 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     /// A shorter exclusive borrow of the same elements.
     pub fn reborrow(&mut self) -> DeviceSliceMut<'_, T> {
         DeviceSliceMut::new(self.base, self.start, self.len)
-    }
-
-    /// Number of elements.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view has no elements.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device the memory is on.
-    pub fn device_id(&self) -> i32 {
-        self.base.device_id()
-    }
-
-    /// The device address of the first element.
-    #[inline]
-    pub fn device_ptr(&self) -> u64 {
-        self.addr
     }
 
     /// The elements in `range` (relative to this view), exclusively.
@@ -310,7 +265,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         if bytes == 0 {
             return Ok(());
         }
-        let v = value_bytes(&value);
+        let v = as_bytes(std::slice::from_ref(&value));
         let p = self.pointer()?;
         let s: Option<&dyn AsStream> = Some(stream);
         match memset_period(v) {
@@ -401,30 +356,50 @@ impl<T: Pod> AsDeviceSlice<T> for DeviceSliceMut<'_, T> {
     }
 }
 
-// SAFETY: `param_ptr` points to the view's own `addr` field, 8 readable bytes laid out
-// as the kernel's `T*` parameter, valid while `self` is borrowed.
-unsafe impl<T: Pod> crate::launch::KernelArg for DeviceSlice<'_, T> {
-    #[inline]
-    fn param_ptr(&self) -> *mut std::ffi::c_void {
-        &self.addr as *const u64 as *mut std::ffi::c_void
-    }
-    #[inline]
-    fn param_size(&self) -> usize {
-        std::mem::size_of::<u64>()
-    }
-}
+/// What both views have alike: their length, device and address, and their use as a
+/// kernel argument (the address of their first element).
+macro_rules! view_common {
+    ($($view:ident),*) => {$(
+        impl<T: Pod> $view<'_, T> {
+            /// Number of elements.
+            #[inline]
+            pub fn len(&self) -> usize {
+                self.len
+            }
 
-// SAFETY: as for `DeviceSlice`: the view's own `addr` field, 8 bytes.
-unsafe impl<T: Pod> crate::launch::KernelArg for DeviceSliceMut<'_, T> {
-    #[inline]
-    fn param_ptr(&self) -> *mut std::ffi::c_void {
-        &self.addr as *const u64 as *mut std::ffi::c_void
-    }
-    #[inline]
-    fn param_size(&self) -> usize {
-        std::mem::size_of::<u64>()
-    }
+            /// Whether the view has no elements.
+            #[inline]
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+
+            /// The device the memory is on.
+            pub fn device_id(&self) -> i32 {
+                self.base.device_id()
+            }
+
+            /// The device address of the first element.
+            #[inline]
+            pub fn device_ptr(&self) -> u64 {
+                self.addr
+            }
+        }
+
+        // SAFETY: `param_ptr` points to the view's own `addr` field, 8 readable bytes
+        // laid out as the kernel's `T*` parameter, valid while `self` is borrowed.
+        unsafe impl<T: Pod> crate::launch::KernelArg for $view<'_, T> {
+            #[inline]
+            fn param_ptr(&self) -> *mut std::ffi::c_void {
+                &self.addr as *const u64 as *mut std::ffi::c_void
+            }
+            #[inline]
+            fn param_size(&self) -> usize {
+                std::mem::size_of::<u64>()
+            }
+        }
+    )*};
 }
+view_common!(DeviceSlice, DeviceSliceMut);
 
 #[cfg(test)]
 mod tests {
