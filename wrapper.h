@@ -310,16 +310,39 @@ int curt_reset_allocator(void);
 
 /* PyTorch CUDAPluggableAllocator alloc: on `stream`'s arena (a cudaStream_t/CUstream
  * of `device`, or 0). The caller guarantees the stream stays alive until the memory is
- * freed. */
+ * freed. In a process where PyTorch's libc10.so is loaded, a failure is thrown as
+ * PyTorch's c10::Error (a Python RuntimeError with cuda-rt's message) instead of
+ * returning NULL, since PyTorch does not check for NULL. */
 void *curt_torch_alloc(ssize_t size, int device, void *stream);
 /* PyTorch CUDAPluggableAllocator free. */
 void curt_torch_free(void *ptr, ssize_t size, int device, void *stream);
-/* CuPy CFunctionAllocator malloc (`param` unused): on the current stream of `device`. */
+/* `size` bytes on the arena of `stream` (0: the legacy default stream) of `device`;
+ * NULL and curt_last_error() on failure, never thrown. Free with curt_cupy_free. */
+void *curt_dropin_alloc(size_t size, int device, void *stream);
+/* CuPy CFunctionAllocator malloc (`param` unused): on cuda-rt's current stream of
+ * `device` (CuPy's current stream is not visible here; CuPy does not check for NULL). */
 void *curt_cupy_malloc(void *param, size_t size, int device);
 /* CuPy CFunctionAllocator free. */
 void curt_cupy_free(void *param, void *ptr, int device);
 /* Number of live drop-in allocations. */
 int curt_dropin_live_count(size_t *count);
+
+/* PyTorch's other CUDAPluggableAllocator hooks (python/cuda_rt_alloc.py sets them).
+ * CUDA graphs: between begin and end, allocations on a capturing stream of `device` come
+ * from a private pool per mempool id (id0, id1), kept until released as often as begun;
+ * `filter` (a std::function*) is not called: the driver's capture status decides. */
+void curt_torch_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, void *filter);
+/* Closes the allocation window of mempool (id0, id1). */
+void curt_torch_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
+/* A graph using mempool (id0, id1) was reset: the pool goes once released by every graph. */
+void curt_torch_release_pool(int device, uint64_t id0, uint64_t id1);
+/* Bytes reserved now by the private graph pools of `device`. */
+int curt_torch_graph_pools_reserved(int device, uint64_t *bytes);
+/* torch.cuda.empty_cache(): every device's cached blocks back to the driver. */
+void curt_torch_empty_cache(void);
+/* torch.cuda.set_per_process_memory_fraction(fraction, device): the pool's limit on
+ * `device`; a bad fraction is thrown into PyTorch when loaded, else curt_last_error(). */
+void curt_torch_set_memory_fraction(double fraction, int device);
 
 #ifdef __cplusplus
 }

@@ -94,6 +94,14 @@ def _library():
             ctypes.POINTER(ctypes.c_size_t),
         ]
         lib.curt_dropin_live_count.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+        lib.curt_dropin_alloc.restype = ctypes.c_void_p
+        lib.curt_dropin_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.curt_cupy_free.restype = None
+        lib.curt_cupy_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.curt_torch_graph_pools_reserved.argtypes = [
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_uint64),
+        ]
         _lib = lib
     return _lib
 
@@ -107,34 +115,94 @@ def _check(call, code):
 def install_torch():
     """Makes cuda-rt's pool PyTorch's CUDA allocator (``CUDAPluggableAllocator`` with
     ``curt_torch_alloc`` / ``curt_torch_free``). Call it before torch allocates CUDA
-    memory. Returns the allocator object."""
+    memory. Returns the allocator object.
+
+    Also set: the CUDA-graph hooks (``torch.cuda.graph`` captures into a private
+    pool per graph, kept until the graph is released, as torch's own allocator
+    does), ``torch.cuda.empty_cache()`` and
+    ``torch.cuda.set_per_process_memory_fraction()``. An allocation that fails
+    raises torch's ``RuntimeError`` with cuda-rt's message at the operator that
+    allocated (torch does not check its allocator for NULL; cuda-rt throws torch's
+    own ``c10::Error`` instead of returning one)."""
     import torch  # noqa: PLC0415 (optional dependency)
 
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(
-        library_path(), "curt_torch_alloc", "curt_torch_free"
-    )
+    path = library_path()
+    lib = _library()
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "curt_torch_alloc", "curt_torch_free")
+    hooks = alloc._allocator
+
+    def address(name):
+        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+    for setter, name in (
+        ("set_begin_allocate_to_pool", "curt_torch_begin_allocate_to_pool"),
+        ("set_end_allocate_to_pool_fn", "curt_torch_end_allocate_to_pool"),
+        ("set_release_pool", "curt_torch_release_pool"),
+        ("set_reset_fn", "curt_torch_empty_cache"),
+        ("set_memory_fraction_fn", "curt_torch_set_memory_fraction"),
+        ("set_record_stream_fn", "curt_torch_record_stream"),
+    ):
+        if hasattr(hooks, setter) and hasattr(lib, name):
+            getattr(hooks, setter)(address(name))
     torch.cuda.memory.change_current_allocator(alloc)
     return alloc
 
 
-def install_cupy():
-    """Makes cuda-rt's pool CuPy's allocator (``CFunctionAllocator`` with
-    ``curt_cupy_malloc`` / ``curt_cupy_free``). Returns the allocator object."""
+def install_cupy(fast=False):
+    """Makes cuda-rt's pool CuPy's allocator. Returns the allocator object.
+
+    By default a ``PythonFunctionAllocator`` that passes CuPy's current stream (memory
+    comes from that stream's arena, as with CuPy's own pool) and raises CuPy's
+    ``OutOfMemoryError`` when the pool cannot allocate. ``fast=True`` installs the
+    C entry points directly (``CFunctionAllocator`` with ``curt_cupy_malloc`` /
+    ``curt_cupy_free``): no Python on the allocation path, but CuPy passes no stream
+    (memory is ordered on cuda-rt's current stream, the legacy default stream unless
+    set) and does not check for NULL, so an out-of-memory there is not raised."""
     import cupy  # noqa: PLC0415 (optional dependency)
 
     lib = _library()
-    malloc = ctypes.cast(lib.curt_cupy_malloc, ctypes.c_void_p).value
-    free = ctypes.cast(lib.curt_cupy_free, ctypes.c_void_p).value
-    alloc = cupy.cuda.memory.CFunctionAllocator(0, malloc, free, lib)
+    if fast:
+        malloc = ctypes.cast(lib.curt_cupy_malloc, ctypes.c_void_p).value
+        free = ctypes.cast(lib.curt_cupy_free, ctypes.c_void_p).value
+        alloc = cupy.cuda.memory.CFunctionAllocator(0, malloc, free, lib)
+        cupy.cuda.set_allocator(alloc.malloc)
+        return alloc
+    c_alloc, c_free = lib.curt_dropin_alloc, lib.curt_cupy_free
+    current_stream = cupy.cuda.get_current_stream
+    oom = cupy.cuda.memory.OutOfMemoryError
+
+    def malloc(size, device):
+        ptr = c_alloc(size, device, current_stream().ptr)
+        if not ptr and size:
+            message = lib.curt_last_error().decode("utf-8", "replace")
+            if "out of memory" in message.lower():
+                s = stats(device)
+                raise oom(size, s["total_bytes"], 0)
+            raise CudaRtError("curt_dropin_alloc", -1, message)
+        return ptr or 0
+
+    def free(ptr, device):
+        c_free(None, ptr, device)
+
+    alloc = cupy.cuda.memory.PythonFunctionAllocator(malloc, free)
     cupy.cuda.set_allocator(alloc.malloc)
     return alloc
 
 
 def stats(device=0):
-    """The default pool's statistics on ``device``, as a dict."""
+    """The default pool's statistics on ``device``, as a dict; ``graph_pools_bytes``
+    is what the private pools of PyTorch's captured graphs hold now."""
     s = PoolStats()
-    _check("curt_pool_stats", _library().curt_pool_stats(device, ctypes.byref(s)))
-    return {name: getattr(s, name) for name, _ in PoolStats._fields_}
+    lib = _library()
+    _check("curt_pool_stats", lib.curt_pool_stats(device, ctypes.byref(s)))
+    out = {name: getattr(s, name) for name, _ in PoolStats._fields_}
+    g = ctypes.c_uint64(0)
+    _check(
+        "curt_torch_graph_pools_reserved",
+        lib.curt_torch_graph_pools_reserved(device, ctypes.byref(g)),
+    )
+    out["graph_pools_bytes"] = g.value
+    return out
 
 
 def _text(call, fn):

@@ -260,7 +260,9 @@ fn exported_names() -> Vec<String> {
             } else if after_no_mangle {
                 let rest = line
                     .strip_prefix("pub extern \"C\" fn ")
-                    .or_else(|| line.strip_prefix("pub unsafe extern \"C\" fn "));
+                    .or_else(|| line.strip_prefix("pub unsafe extern \"C\" fn "))
+                    .or_else(|| line.strip_prefix("pub extern \"C-unwind\" fn "))
+                    .or_else(|| line.strip_prefix("pub unsafe extern \"C-unwind\" fn "));
                 if let Some(rest) = rest {
                     names.push(rest[..rest.find('(').unwrap()].to_string());
                     after_no_mangle = false;

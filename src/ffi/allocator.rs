@@ -5,16 +5,18 @@
 //! The drop-in entry points hand out raw addresses, so the memory behind them lives in
 //! a registry keyed by address, where `free` finds it: sharded (a mutex-guarded map
 //! per shard, the shard picked by a hash of the address), so threads allocating at
-//! once rarely meet on one lock.
+//! once rarely meet on one lock. PyTorch passes its stream with each request, so its
+//! memory comes from that stream's arena without touching the thread's current
+//! device or stream (`MemoryPool::malloc_on_stream`).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, PoisonError};
 
 use cuda_rt::memory::{CAllocator, CFreeFn, CMallocFn};
-use cuda_rt::prelude::*;
 use cuda_rt::stream::ExternalStream;
-use cuda_rt::{get_default_memory_pool, Allocator, Device, MemoryPointer};
+use cuda_rt::{get_default_memory_pool, Allocator, MemoryPointer};
 
 use super::status::{bad_arg, guard, set_last_error, unwind_guard, Fail, Res};
 
@@ -56,13 +58,37 @@ pub extern "C" fn curt_reset_allocator() -> c_int {
 
 const SHARDS: usize = 64;
 
-/// The memory handed out by the drop-in entry points, by address.
-static REGISTRY: [Mutex<Option<HashMap<u64, MemoryPointer>>>; SHARDS] =
-    [const { Mutex::new(None) }; SHARDS];
+/// The registry's hash of an address: pool blocks are 512-byte aligned, so the bits
+/// above are mixed by one multiplication (a keyed SipHash costs more than the pool's
+/// whole malloc, and addresses are not attacker-chosen keys).
+#[derive(Default)]
+struct AddrHasher(u64);
 
-fn shard(addr: u64) -> &'static Mutex<Option<HashMap<u64, MemoryPointer>>> {
-    // Pool blocks are 512-byte aligned: mix the bits above.
-    let h = (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, addr: u64) {
+        let x = (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = x ^ (x >> 29);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Registry = HashMap<u64, MemoryPointer, BuildHasherDefault<AddrHasher>>;
+
+/// The memory handed out by the drop-in entry points, by address.
+static REGISTRY: [Mutex<Option<Registry>>; SHARDS] = [const { Mutex::new(None) }; SHARDS];
+
+fn shard(addr: u64) -> &'static Mutex<Option<Registry>> {
+    // Another mix than the map's, so that one shard's keys still spread in its map.
+    let h = (addr >> 9).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 58;
     &REGISTRY[h as usize % SHARDS]
 }
 
@@ -71,7 +97,7 @@ fn register(p: MemoryPointer) -> *mut c_void {
     shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .get_or_insert_with(HashMap::new)
+        .get_or_insert_with(|| Registry::with_capacity_and_hasher(256, Default::default()))
         .insert(addr, p);
     addr as *mut c_void
 }
@@ -84,6 +110,22 @@ fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
         .as_mut()
         .and_then(|m| m.remove(&addr));
     p.ok_or_else(|| bad_arg(format!("{addr:#x} was not allocated by curt_torch_alloc or curt_cupy_malloc, or was freed already")))
+}
+
+/// The pool pointer behind an address handed out by the drop-in entry points, for a
+/// call that needs the object (`f` runs under the registry's shard lock: keep it short).
+#[allow(dead_code)]
+pub(crate) fn with_registered<R>(
+    ptr: *mut c_void,
+    f: impl FnOnce(&MemoryPointer) -> R,
+) -> Option<R> {
+    let addr = ptr as u64;
+    shard(addr)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(|m| m.get(&addr))
+        .map(f)
 }
 
 /// How many allocations of the drop-in entry points are live (for tests and leak
@@ -104,37 +146,45 @@ pub unsafe extern "C" fn curt_dropin_live_count(count: *mut usize) -> c_int {
                 s.lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .as_ref()
-                    .map_or(0, HashMap::len)
+                    .map_or(0, Registry::len)
             })
             .sum();
         Ok(())
     })
 }
 
-/// Runs an allocation: its pointer, or NULL with the message recorded.
-fn alloc_or_null(f: impl FnOnce() -> Res<*mut c_void>) -> *mut c_void {
+/// Runs an allocation: its pointer, or NULL with the message recorded (and returned).
+fn alloc_or_null(f: impl FnOnce() -> Res<*mut c_void>) -> (*mut c_void, Option<String>) {
     unwind_guard(
         || match f() {
-            Ok(p) => p,
+            Ok(p) => (p, None),
             Err(e) => {
                 let (_, msg) = e.code_and_message();
                 set_last_error(&msg);
-                std::ptr::null_mut()
+                (std::ptr::null_mut(), Some(msg))
             }
         },
-        std::ptr::null_mut(),
+        (std::ptr::null_mut(), None),
     )
 }
 
-fn pool_alloc(size: usize, device: i32, stream: Option<ExternalStream>) -> Res<*mut c_void> {
+/// `size` bytes from the pool on `stream`'s arena (0: the legacy default stream;
+/// `None`: this thread's current stream of `device`): a graph's private pool while
+/// PyTorch captures on that stream (see [`graph_pools`](super::graph_pools)), else
+/// the default pool.
+fn pool_alloc(size: usize, device: i32, stream: Option<*mut c_void>) -> Res<*mut c_void> {
     if size == 0 {
         return Ok(std::ptr::null_mut());
     }
-    let _d = Device::new(device)?.enter()?;
-    let p = match &stream {
-        Some(s) => {
-            let _s = s.enter()?;
-            get_default_memory_pool().malloc_on(device, size)?
+    let p = match stream {
+        Some(raw) => {
+            // SAFETY: the entry points' contract (wrapper.h): `raw` is 0 or a live
+            // stream of `device`, alive until the memory is freed. Wrapped, not owned.
+            let s = unsafe { ExternalStream::from_raw(raw.cast(), device) };
+            match super::graph_pools::route(device, raw) {
+                Some(pool) => pool.malloc_on_stream(&s, size)?,
+                None => get_default_memory_pool().malloc_on_stream(&s, size)?,
+            }
         }
         None => get_default_memory_pool().malloc_on(device, size)?,
     };
@@ -152,7 +202,11 @@ fn free_quietly(ptr: *mut c_void) {
 }
 
 /// PyTorch's `CUDAPluggableAllocator` alloc: `size` bytes from cuda-rt's pool for
-/// `device`, on the arena of `stream` (a `cudaStream_t`/`CUstream`, 0 the default).
+/// `device`, on the arena of `stream` (a `cudaStream_t`/`CUstream`, 0 the default),
+/// or from a graph's private pool while PyTorch captures on `stream`. On failure,
+/// inside a process where PyTorch is loaded, PyTorch's own error is thrown (a Python
+/// `RuntimeError` with cuda-rt's message, see `torch_error`); elsewhere NULL with the
+/// message in `curt_last_error()`.
 ///
 /// # Safety
 /// Each pointer argument is NULL (refused with an error where the function needs
@@ -160,18 +214,20 @@ fn free_quietly(ptr: *mut c_void) {
 /// duration of the call (and, for memory a copy or callback uses later, as long as
 /// `wrapper.h` says); function pointers are callable with the arguments given.
 #[no_mangle]
-pub unsafe extern "C" fn curt_torch_alloc(
+pub unsafe extern "C-unwind" fn curt_torch_alloc(
     size: isize,
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    alloc_or_null(|| {
+    let (p, failure) = alloc_or_null(|| {
         let size = usize::try_from(size).map_err(|_| bad_arg(format!("negative size {size}")))?;
-        // SAFETY: wrapper.h's contract for curt_torch_alloc: `stream` is 0 or a live
-        // stream of `device`, alive until the memory is freed. Wrapped, not owned.
-        let s = unsafe { ExternalStream::from_raw(stream.cast(), device) };
-        pool_alloc(size, device, Some(s))
-    })
+        pool_alloc(size, device, Some(stream))
+    });
+    if let Some(msg) = failure {
+        // Outside the unwind guard: in PyTorch this throws (see `torch_error`).
+        super::torch_error::raise_in_torch(&msg);
+    }
+    p
 }
 
 /// PyTorch's `CUDAPluggableAllocator` free: gives `ptr` back to the pool.
@@ -192,6 +248,23 @@ pub unsafe extern "C" fn curt_torch_free(
     free_quietly(ptr);
 }
 
+/// The drop-in allocation for callers that pass the stream and check the result
+/// themselves (`python/cuda_rt_alloc.py`'s CuPy allocator): `size` bytes on the arena of
+/// `stream` (0: the legacy default stream) of `device`; NULL with the message in
+/// `curt_last_error()` on failure (never thrown, whatever is loaded). Freed by
+/// `curt_cupy_free` or `curt_torch_free`.
+///
+/// # Safety
+/// `stream` is 0 or a live stream of `device`, alive until the memory is freed.
+#[no_mangle]
+pub unsafe extern "C" fn curt_dropin_alloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    alloc_or_null(|| pool_alloc(size, device, Some(stream))).0
+}
+
 /// CuPy's `CFunctionAllocator` malloc: `size` bytes from cuda-rt's pool for `device`
 /// on this thread's current stream of that device.
 ///
@@ -207,7 +280,7 @@ pub unsafe extern "C" fn curt_cupy_malloc(
     device: c_int,
 ) -> *mut c_void {
     let _ = param;
-    alloc_or_null(|| pool_alloc(size, device, None))
+    alloc_or_null(|| pool_alloc(size, device, None)).0
 }
 
 /// CuPy's `CFunctionAllocator` free.

@@ -25,18 +25,22 @@ mod copy;
 mod device;
 mod event;
 mod graph;
+mod graph_pools;
 mod handles;
 mod memory;
 mod module;
 mod pinned;
 mod status;
 mod stream;
+mod torch_error;
+mod torch_hooks;
 
 pub use allocator::*;
 pub use copy::*;
 pub use device::*;
 pub use event::*;
 pub use graph::*;
+pub use graph_pools::*;
 pub use handles::{
     curt_event_s, curt_event_t, curt_function_s, curt_function_t, curt_graph_s, curt_graph_t,
     curt_memory_s, curt_memory_t, curt_module_s, curt_module_t, curt_pinned_s, curt_pinned_t,
@@ -47,3 +51,4 @@ pub use module::*;
 pub use pinned::*;
 pub use status::*;
 pub use stream::*;
+pub use torch_hooks::*;

@@ -183,3 +183,13 @@ pub extern "C" fn curt_last_error() -> *const c_char {
         EMPTY.as_ptr(),
     )
 }
+
+/// This thread's last error message as a `String` (empty when there is none).
+pub(crate) fn last_error_string() -> String {
+    LAST_ERROR
+        .try_with(|l| match l.try_borrow().as_deref() {
+            Ok(Some(c)) => c.to_string_lossy().into_owned(),
+            _ => String::new(),
+        })
+        .unwrap_or_default()
+}

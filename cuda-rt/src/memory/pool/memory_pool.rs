@@ -209,10 +209,34 @@ impl MemoryPool {
         size: usize,
         site: &'static Location<'static>,
     ) -> Result<MemoryPointer> {
-        if let Some(p) = self.malloc_reparked(device, size) {
+        let key = stream_key(current_stream_handle(device));
+        if let Some(p) = self.malloc_reparked(device, size, key) {
             return Ok(p);
         }
-        self.malloc_general(device, size, site)
+        self.malloc_general(device, size, key, site)
+    }
+
+    /// [`malloc`](Self::malloc) from the arena of `stream` on the stream's device,
+    /// whatever this thread's current device and stream are: for callers that are
+    /// handed a stream with each request, as PyTorch's pluggable allocator is. Nothing
+    /// is made current for a cached block; a new segment is allocated in the device's
+    /// primary context. CuPy's `MemoryPool.malloc` has no stream argument; this is
+    /// `malloc` inside `with stream:` without entering it.
+    ///
+    /// ```no_run
+    /// use cuda_rt::{get_default_memory_pool, Stream};
+    /// let stream = Stream::new(true)?;
+    /// let p = get_default_memory_pool().malloc_on_stream(&stream, 1 << 20)?;
+    /// # Ok::<(), cuda_rt::Error>(())
+    /// ```
+    #[track_caller]
+    #[inline]
+    pub fn malloc_on_stream(&self, stream: &dyn AsStream, size: usize) -> Result<MemoryPointer> {
+        let (device, key) = (stream.device_id(), stream_key(stream.ptr()));
+        if let Some(p) = self.malloc_reparked(device, size, key) {
+            return Ok(p);
+        }
+        self.malloc_general(device, size, key, Location::caller())
     }
 
     /// The cached pair's malloc (see [`Pool::malloc_reparked`]): the block this thread
@@ -224,13 +248,12 @@ impl MemoryPool {
     ///
     /// [`Pool::malloc_reparked`]: crate::memory::arena::Pool::malloc_reparked
     #[inline]
-    fn malloc_reparked(&self, device: i32, size: usize) -> Option<MemoryPointer> {
+    fn malloc_reparked(&self, device: i32, size: usize, key: u64) -> Option<MemoryPointer> {
         let core = self.pools().existing(device)?;
         if hook::has_hooks() {
             return None;
         }
         let slot = parked::slot(core.home_id())?;
-        let key = stream_key(current_stream_handle(device));
         let block = core.pool.malloc_reparked(size, key, slot)?;
         let ptr = block.addr();
         Some(MemoryPointer::from_memory_at(
@@ -244,13 +267,13 @@ impl MemoryPool {
         &self,
         device: i32,
         size: usize,
+        key: u64,
         site: &'static Location<'static>,
     ) -> Result<MemoryPointer> {
         if size == 0 {
             return Ok(MemoryPointer::null(device));
         }
         let core = self.pools().get_or_create(device)?;
-        let key = stream_key(current_stream_handle(device));
         let r = core.malloc(
             size,
             key,

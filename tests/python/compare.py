@@ -1,0 +1,99 @@
+"""Runs a workload on the framework's own allocator and on cuda-rt's, alternately in
+fresh processes, and judges the pair.
+
+    python3 compare.py torch|cupy [--runs N] [--speed-floor F]
+
+Prints ``figure:`` lines; exits 1 with the reason when results differ, cuda-rt's
+median speed is under F (default 0.98) of the framework's, or cuda-rt reserved more
+memory at its peak. Needs ``cuda_rt_alloc`` on PYTHONPATH and ``CUDA_RT_C_LIB``.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def arg(name, default):
+    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def run(script, mode, extra=()):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.json")
+        subprocess.run([sys.executable, os.path.join(HERE, script), mode, out, *extra], check=True)
+        with open(out) as f:
+            return json.load(f)
+
+
+def fail(why):
+    print("FAILED:", why)
+    sys.exit(1)
+
+
+def torch(runs, floor):
+    native, ours = [], []
+    for _ in range(runs):
+        native.append(run("torch_workload.py", "torch"))
+        ours.append(run("torch_workload.py", "curt"))
+    for r in native + ours:
+        if not r["side_stream"]["ok"]:
+            fail(f"{r['mode']}: the side-stream section computed wrong values")
+        if not r["graph"]["ok"]:
+            fail(f"{r['mode']}: torch.cuda.graph: {r['graph']}")
+        if not r["oom"]["ok"]:
+            fail(f"{r['mode']}: an allocation past the device's memory: {r['oom']}")
+    a, b = native[0]["losses"], ours[0]["losses"]
+    diff = max(abs(x - y) for x, y in zip(a, b))
+    sn = statistics.median(r["steps_per_s"] for r in native)
+    so = statistics.median(r["steps_per_s"] for r in ours)
+    pn = max(r["peak_reserved"] for r in native)
+    po = max(r["peak_reserved"] for r in ours)
+    print(
+        f"figure: torch {native[0]['torch']} training loop, {len(a)} steps, final loss {a[-1]:.4f}, "
+        f"losses bitwise equal: {a == b} (max diff {diff:.2e}); steps/s median of {runs}: "
+        f"torch {sn:.2f}, cuda-rt {so:.2f}, ratio {so / sn:.3f} "
+        f"(runs: torch {[round(r['steps_per_s'], 2) for r in native]}, "
+        f"cuda-rt {[round(r['steps_per_s'], 2) for r in ours]}); peak reserved torch "
+        f"{pn / 2**20:.1f} MiB, cuda-rt {po / 2**20:.1f} MiB, ratio {po / pn:.3f}; "
+        f"graph capture, side stream and out-of-memory: ok (cuda-rt's error: "
+        f"{ours[0]['oom']['message']!r})"
+    )
+    if diff > 1e-3:
+        fail(f"losses differ by up to {diff}")
+    if so < floor * sn:
+        fail(f"cuda-rt at {so / sn:.3f}x torch's steps/s")
+    if po > pn:
+        fail(f"cuda-rt reserved {po} bytes at its peak, torch {pn}")
+
+
+def cupy(runs, floor):
+    native, ours = [], []
+    for _ in range(runs):
+        native.append(run("cupy_workload.py", "cupy"))
+        ours.append(run("cupy_workload.py", "curt"))
+    if native[0]["digests"] != ours[0]["digests"]:
+        fail("CuPy's results differ on cuda-rt's pool")
+    tn = statistics.median(r["median_round_s"] for r in native)
+    to = statistics.median(r["median_round_s"] for r in ours)
+    pn = max(r["peak_reserved"] for r in native)
+    po = max(r["peak_reserved"] for r in ours)
+    print(
+        f"figure: cupy {native[0]['cupy']} workload ({len(native[0]['digests'])} results equal): "
+        f"round {tn * 1e3:.2f} ms on cupy's pool, {to * 1e3:.2f} ms on cuda-rt's, speed ratio "
+        f"{tn / to:.3f}; peak reserved cupy {pn / 2**20:.1f} MiB, cuda-rt {po / 2**20:.1f} MiB, "
+        f"ratio {po / pn:.3f}"
+    )
+    if tn / to < floor:
+        fail(f"cuda-rt at {tn / to:.3f}x CuPy's speed")
+    if po > pn:
+        fail(f"cuda-rt reserved {po} bytes at its peak, CuPy {pn}")
+
+
+if __name__ == "__main__":
+    which = sys.argv[1]
+    {"torch": torch, "cupy": cupy}[which](arg("--runs", 3), arg("--speed-floor", 0.98))

@@ -1,0 +1,112 @@
+//! Real frameworks on cuda-rt's pool: a PyTorch training loop and a CuPy workload,
+//! each run on the framework's own allocator and on cuda-rt's (through
+//! `python/cuda_rt_alloc.py` and the built shim), alternately in fresh processes.
+//! Results must agree, cuda-rt must be at least as fast (0.98 of the median, for the
+//! shared machine's noise) and reserve no more memory; `tests/python/compare.py`
+//! judges and prints the figures as `figure:` lines.
+//!
+//! Skips with a printed reason where `python3`, torch/CuPy or a GPU is missing
+//! (developer machines, CI); on the GPU machine (`CUDA_RT_REQUIRE_GPU=1`) a missing
+//! GPU fails, a missing package still skips.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn shim() -> PathBuf {
+    let dir = std::env::var_os("CUDA_RT_SHIM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::current_exe()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .to_path_buf()
+        });
+    dir.join("libcuda_rt_c.so")
+}
+
+fn python_dir() -> PathBuf {
+    std::env::var_os("CUDA_RT_PYTHON_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python"))
+}
+
+/// `tests/python/compare.py`, beside the module's folder in the checkout.
+fn compare_script() -> PathBuf {
+    python_dir()
+        .join("..")
+        .join("tests")
+        .join("python")
+        .join("compare.py")
+}
+
+/// Whether `package` imports and sees a GPU: `None` (with the reason printed) when the
+/// test must skip.
+fn ready(package: &str, gpu_check: &str) -> Option<()> {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(format!("import {package}; print({gpu_check})"))
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: python3 cannot be run: {e}");
+            return None;
+        }
+    };
+    if !out.status.success() {
+        eprintln!(
+            "skipped: {package} is not installed for python3 ({})",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+        return None;
+    }
+    if String::from_utf8_lossy(&out.stdout).trim() != "True" {
+        assert!(
+            std::env::var_os("CUDA_RT_REQUIRE_GPU").is_none(),
+            "CUDA_RT_REQUIRE_GPU is set but {package} sees no GPU"
+        );
+        eprintln!("skipped: {package} sees no GPU");
+        return None;
+    }
+    Some(())
+}
+
+/// Runs `compare.py which` (three runs of each allocator, alternating; cuda-rt's
+/// median speed at least 0.98 of the framework's on this shared machine, its peak
+/// reserved memory no higher, the results equal) and prints its figures.
+fn compare(which: &str) {
+    assert!(shim().is_file(), "{} was not built", shim().display());
+    let out = Command::new("python3")
+        .arg(compare_script())
+        .arg(which)
+        .env("PYTHONPATH", python_dir())
+        .env("CUDA_RT_C_LIB", shim())
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{which} on cuda-rt's pool: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("figure:"), "{stdout}");
+}
+
+#[test]
+fn a_pytorch_training_loop_on_the_pool_matches_torchs_allocator() {
+    if ready("torch", "torch.cuda.is_available()").is_some() {
+        compare("torch");
+    }
+}
+
+#[test]
+fn a_cupy_workload_on_the_pool_matches_cupys_pool() {
+    if ready("cupy", "cupy.cuda.runtime.getDeviceCount() > 0").is_some() {
+        compare("cupy");
+    }
+}
