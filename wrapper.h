@@ -132,6 +132,57 @@ int curt_memory_ptr(curt_memory_t mem, uint64_t *ptr);
 /* Size of `mem` in bytes. */
 int curt_memory_size(curt_memory_t mem, size_t *size);
 
+/* DLPack (v1.x). The structs are dlpack.h's; include dlpack.h before this header to
+ * use its own declarations (and all of its enums). */
+#ifndef DLPACK_DLPACK_H_
+#define DLPACK_DLPACK_H_
+typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+typedef struct {
+  void *data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t *shape;
+  int64_t *strides;
+  uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
+typedef struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void *manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned *self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+#endif
+#define CURT_DL_CUDA 2
+#define CURT_DL_CUDA_HOST 3
+#define CURT_DL_CUDA_MANAGED 13
+#define CURT_DLPACK_MAJOR 1
+#define CURT_DLPACK_MINOR 1
+#define CURT_DLPACK_FLAG_READ_ONLY 1
+
+/* Exports `mem` as a compact row-major tensor of `ndim` extents and `dtype` (whole
+ * bytes per element; the shape must fit the memory). The memory stays alive until the
+ * consumer calls the tensor's deleter, whatever happens to `mem` meanwhile. */
+int curt_memory_to_dlpack(curt_memory_t mem, int32_t ndim, const int64_t *shape,
+                          DLDataType dtype, DLManagedTensor **out);
+/* The same as a DLManagedTensorVersioned (version 1.1, no flags). */
+int curt_memory_to_dlpack_versioned(curt_memory_t mem, int32_t ndim, const int64_t *shape,
+                                    DLDataType dtype, DLManagedTensorVersioned **out);
+/* Imports a kDLCUDA or kDLCUDAManaged tensor as a handle spanning its elements (strides
+ * honoured); curt_free of the handle calls the tensor's deleter once. On error the
+ * tensor stays the caller's, its deleter not called. */
+int curt_memory_from_dlpack(DLManagedTensor *tensor, curt_memory_t *mem);
+/* The same for a DLManagedTensorVersioned: major version 1; read-only tensors refused. */
+int curt_memory_from_dlpack_versioned(DLManagedTensorVersioned *tensor, curt_memory_t *mem);
+
 /* Statistics of the default pool on `device`. */
 int curt_pool_stats(int device, curt_pool_stats_t *stats);
 

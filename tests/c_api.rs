@@ -704,3 +704,75 @@ fn snapshots_come_back_as_json_through_a_sized_buffer() {
         assert!(len2 > 0);
     }
 }
+
+#[test]
+fn gpu_dlpack_export_and_import_keep_the_memory_and_call_the_deleter_once() {
+    // SAFETY: every pointer passed is a live local or a tensor the shim made; each
+    // tensor's deleter is called once, by its consumer (this test or the shim).
+    unsafe {
+        if !gpu_or_skip("gpu_dlpack_export_and_import_keep_the_memory_and_call_the_deleter_once") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let mut a = null_mut();
+        ok(curt_malloc_device(0, 4096, &mut a));
+        let host: Vec<u8> = (0..=255).cycle().take(4096).collect();
+        ok(curt_memcpy_htod(a, 0, host.as_ptr().cast(), 4096));
+        let mut ptr = 0;
+        ok(curt_memory_ptr(a, &mut ptr));
+        let f32_ = DLDataType {
+            code: 2,
+            bits: 32,
+            lanes: 1,
+        };
+        // Too big a shape for the memory: refused.
+        let mut t = null_mut();
+        expect(
+            curt_memory_to_dlpack(a, 2, [64i64, 64].as_ptr(), f32_, &mut t),
+            CURT_ERROR_INVALID_ARGUMENT,
+            "needs 16384 bytes",
+        );
+        ok(curt_memory_to_dlpack(
+            a,
+            2,
+            [32i64, 32].as_ptr(),
+            f32_,
+            &mut t,
+        ));
+        let dl = &(*t).dl_tensor;
+        assert_eq!(dl.data as u64, ptr);
+        assert_eq!(
+            (dl.device.device_type, dl.device.device_id, dl.ndim),
+            (CURT_DL_CUDA, 0, 2)
+        );
+        assert_eq!(std::slice::from_raw_parts(dl.shape, 2), &[32, 32]);
+        // The handle goes; the tensor keeps the memory.
+        ok(curt_free(a));
+        // Imported back: a handle over the same bytes, whose free calls the deleter.
+        let mut b = null_mut();
+        ok(curt_memory_from_dlpack(t, &mut b));
+        let (mut bp, mut bs) = (0, 0);
+        ok(curt_memory_ptr(b, &mut bp));
+        ok(curt_memory_size(b, &mut bs));
+        assert_eq!((bp, bs), (ptr, 4096));
+        let mut back = vec![0u8; 4096];
+        ok(curt_memcpy_dtoh(back.as_mut_ptr().cast(), b, 0, 4096));
+        assert_eq!(back, host, "the exported memory outlived its handle");
+        ok(curt_free(b)); // the deleter runs: the pool gets its block back
+
+        // The versioned struct, deleted by its consumer (here).
+        let mut c = null_mut();
+        ok(curt_malloc_device(0, 256, &mut c));
+        let mut v = null_mut();
+        ok(curt_memory_to_dlpack_versioned(
+            c,
+            1,
+            [64i64].as_ptr(),
+            f32_,
+            &mut v,
+        ));
+        assert_eq!(((*v).version.major, (*v).flags), (1, 0));
+        ok(curt_free(c));
+        ((*v).deleter.unwrap())(v);
+    }
+}

@@ -23,6 +23,7 @@
 mod allocator;
 mod copy;
 mod device;
+mod dlpack;
 mod event;
 mod graph;
 mod graph_pools;
@@ -38,6 +39,7 @@ mod torch_hooks;
 pub use allocator::*;
 pub use copy::*;
 pub use device::*;
+pub use dlpack::*;
 pub use event::*;
 pub use graph::*;
 pub use graph_pools::*;
