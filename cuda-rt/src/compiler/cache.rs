@@ -10,7 +10,9 @@
 //!
 //! The key ([`cache_key`]) is a 128-bit FNV-1a hash of the source, source name,
 //! options, name expressions, architecture, output kind and NVRTC version, each
-//! length-prefixed. A file ([`encode`] / [`decode`]) is a header (magic, format
+//! length-prefixed, and of the toolkit include folders the compile gets with a stamp
+//! of their headers' state ([`super::toolkit`]), so installing, upgrading or moving
+//! the toolkit's headers compiles again. A file ([`encode`] / [`decode`]) is a header (magic, format
 //! version, key, architecture, output kind, payload length), the payload (image, log,
 //! lowered names) and a tag: BLAKE3 in keyed mode over everything before it, keyed
 //! with the user's secret ([`CacheSecret`], 32 random bytes in [`SECRET_FILE`] in the
@@ -68,7 +70,10 @@ pub use super::cache_dir::{
     check_dir, write_file_atomically, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_LEN,
 };
 pub use super::hash::Fnv128;
-pub use entry::{cache_key, decode, encode, CacheKey, DecodeError, FORMAT_VERSION, MAGIC};
+pub use entry::{
+    cache_key, cache_key_with_includes, decode, encode, CacheKey, DecodeError, FORMAT_VERSION,
+    MAGIC,
+};
 pub use stats::KernelCacheStats;
 
 use super::nvrtc_facts::nvrtc_facts;
@@ -105,6 +110,7 @@ struct MemKey {
     source_name: Box<str>,
     options: Box<[Box<str>]>,
     name_expressions: Box<[Box<str>]>,
+    toolkit_includes: bool,
 }
 
 impl MemKey {
@@ -117,6 +123,7 @@ impl MemKey {
             source_name: program.source_name.into(),
             options: own(program.options),
             name_expressions: own(program.name_expressions),
+            toolkit_includes: program.toolkit_includes,
         }
     }
 
@@ -130,6 +137,7 @@ impl MemKey {
             && *self.source_name == *program.source_name
             && same(&self.options, program.options)
             && same(&self.name_expressions, program.name_expressions)
+            && self.toolkit_includes == program.toolkit_includes
     }
 }
 
