@@ -76,9 +76,10 @@ pub use entry::{
 };
 pub use stats::KernelCacheStats;
 
+use super::link::{device_runtime, is_relocatable, is_relocatable_cubin, link_with_device_runtime};
 use super::nvrtc_facts::nvrtc_facts;
 use super::raw::RawModule;
-use super::{Compiled, Program, Target};
+use super::{Compiled, Output, Program, Target};
 use crate::error::Result;
 
 /// Variable naming the disk cache folder.
@@ -396,7 +397,7 @@ impl KernelCache {
             return Ok(m);
         }
         let compiled = self.compile(program, target)?;
-        let module = RawModule::load(device, compiled)?;
+        let module = RawModule::load(device, linked(device, program, compiled)?)?;
         let mut map = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         let bucket = map.entry(h).or_default();
         if let Some((_, m)) = bucket
@@ -422,6 +423,24 @@ impl KernelCache {
             .find(|(k, _)| k.matches(device, program, target))
             .map(|(_, m)| m.clone())
     }
+}
+
+/// `compiled` ready to load on `device`: as it is, or, for relocatable device code
+/// (`-rdc=true`, `-dc`, or a relocatable cubin), linked with the device runtime
+/// ([`super::link`]).
+fn linked(device: i32, program: &Program<'_>, compiled: Compiled) -> Result<Compiled> {
+    let relocatable = is_relocatable(program.options)
+        || (compiled.output == Output::Cubin && is_relocatable_cubin(&compiled.image));
+    if !relocatable {
+        return Ok(compiled);
+    }
+    let devrt = device_runtime()?;
+    let image = link_with_device_runtime(device, &compiled, &devrt)?;
+    Ok(Compiled {
+        image,
+        output: Output::Cubin,
+        ..compiled
+    })
 }
 
 /// Writes `bytes` to `dir/<key>.kcache` atomically; see [`write_file_atomically`].

@@ -24,6 +24,7 @@
 pub mod cache;
 mod cache_dir;
 mod hash;
+pub mod link;
 mod nvrtc;
 pub mod nvrtc_facts;
 mod raw;
