@@ -61,16 +61,19 @@ pub(crate) fn free_in_capture(s: &StreamRef, id: u64, ptr: u64) -> bool {
     // context current. The caller hands over a block allocated in this capture, freed
     // once (its last pointer is gone).
     let after = if fork {
+        // SAFETY: see above.
         unsafe { result::stream::get_capture_dependencies(s.as_raw()) }.map(addrs)
     } else {
         Ok(Vec::new())
     };
+    // SAFETY: as above; the block is freed once, here.
     if unsafe { result::memory::free_async(ptr, s.as_raw()) }.is_err() {
         return false;
     }
     if !fork {
         return true;
     }
+    // SAFETY: as above (the lock is still held).
     let node = unsafe { result::stream::get_capture_dependencies(s.as_raw()) }.map(addrs);
     if let (Ok(after), Ok(node)) = (after, node) {
         if let (Some(e), [node]) = (
