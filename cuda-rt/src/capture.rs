@@ -47,6 +47,8 @@ use crate::stream::{
     current_stream_of, get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE,
 };
 
+pub(crate) mod fork_join;
+
 /// How a capture treats potentially unsafe CUDA calls (those that may synchronize
 /// implicitly, such as `cuMemAlloc`) made while it is under way
 /// (`CUstreamCaptureMode`).
@@ -108,6 +110,9 @@ struct Entry {
     used: HashSet<usize>,
     /// Allocations made during the capture (memory nodes).
     allocs: Vec<Arc<AllocState>>,
+    /// The free nodes of its allocations captured on forked streams, as addresses
+    /// (see [`fork_join`]).
+    side_frees: Vec<fork_join::SideFree>,
 }
 
 impl Entry {
@@ -231,6 +236,7 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
         keep: Vec::new(),
         used: HashSet::new(),
         allocs: Vec::new(),
+        side_frees: Vec::new(),
     };
     // A record left on this stream by a capture that ended outside cuda-rt is stale
     // (a stream is in one capture at most): its allocations died with that capture.
@@ -301,11 +307,21 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S) -> Result<Ended> {
     }
     // The end and the removal of the record happen under the lock, so a thread that
     // frees a capture's allocation or notes a use of memory under it (see
-    // `in_capture_locked`) sees the capture either under way or ended with its record
-    // gone. The failed graph, if any, is destroyed after: its user objects'
+    // `fork_join::free_in_capture`) sees the capture either under way or ended with its
+    // record gone. The failed graph, if any, is destroyed after: its user objects'
     // destructors run outside the lock.
     let (ended, entry) = {
         let mut c = captures();
+        if let Some(e) = c
+            .entries
+            .iter()
+            .find(|e| e.stream == handle && e.device == s.device_id())
+        {
+            // SAFETY: `s` is the live origin of this capture, which is under way (its
+            // status was asked above, and only `end` removes the record, under this
+            // lock); the noted nodes were captured into it.
+            unsafe { fork_join::join_side_frees(s.as_raw(), &e.side_frees) };
+        }
         let mut raw = std::ptr::null_mut();
         // SAFETY: the stream is live while `s` is borrowed (`AsStream`), and capturing
         // (checked above); `info` made its context current. Nothing is destroyed here,
@@ -463,15 +479,6 @@ fn note_use_slow<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> Resul
         }
     }
     Ok(())
-}
-
-/// Runs `f` with whether `s` is in the capture `id` now, under the lock that
-/// [`end`] holds while it ends a capture: the capture cannot end while `f` runs (so
-/// `f` may enqueue work on `s` into that capture). `f` must not take the lock.
-pub(crate) fn in_capture_locked<R>(s: &StreamRef, id: u64, f: impl FnOnce(bool) -> R) -> R {
-    let _c = captures();
-    let now = matches!(info(s), Ok((CaptureStatus::Active { id: c }, _)) if c == id);
-    f(now)
 }
 
 /// Adds `obj` to the keep-alive list of the capture `s` belongs to; `false` when `s`
@@ -647,21 +654,12 @@ impl AllocState {
                 // Free on the current stream when it is in the same capture (the
                 // user's place in the work), else on the stream that allocated while it
                 // still is: never on a stream outside the capture, where the address
-                // may belong to another graph's memory.
-                // The checks and the free run under the lock `end_capture` takes, so
-                // the capture cannot end in between.
-                let free_on = |s: &StreamRef| {
-                    in_capture_locked(s, *id, |now| {
-                        // SAFETY: the block was allocated in this capture and is freed
-                        // once (the phase becomes `FreedInGraph`), its last pointer
-                        // gone; the free is captured on `s`, a live stream (kept by the
-                        // `StreamRef`) in the same capture, which cannot end meanwhile
-                        // (the lock is held).
-                        now && unsafe { result::memory::free_async(self.ptr, s.as_raw()) }.is_ok()
-                    })
-                };
+                // may belong to another graph's memory. A free on a forked stream is
+                // joined back at the capture's end (`fork_join`). The block is freed
+                // once: the phase becomes `FreedInGraph` below.
                 let cur = current_stream_of(stream.device_id());
-                free_on(&cur) || free_on(stream)
+                fork_join::free_in_capture(&cur, *id, self.ptr)
+                    || fork_join::free_in_capture(stream, *id, self.ptr)
             }
             _ => return,
         };

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use cuda_rt::memory::{malloc_async, MemoryAsync, MemoryAsyncPool, MemoryPointer, ROUND_SIZE};
+use cuda_rt::memory::{
+    malloc_async, MemoryAsync, MemoryAsyncPool, MemoryPointer, NO_LIMIT, ROUND_SIZE,
+};
 use cuda_rt::{ArgumentKind, AsStream, Error, Stream};
 
 cuda_rt::gpu_test!(malloc_async_rounds_to_512_and_round_trips, {
@@ -98,7 +100,11 @@ cuda_rt::gpu_test!(pool_limit_is_the_release_threshold, {
     pool.set_limit(64 << 20).unwrap();
     assert_eq!(pool.limit().unwrap(), 64 << 20);
     pool.set_limit_fraction(0.0).unwrap();
-    assert_eq!(pool.limit().unwrap(), 0);
+    assert_eq!(
+        pool.limit().unwrap(),
+        NO_LIMIT,
+        "a fraction of 0 is no limit"
+    );
     assert!(matches!(
         pool.set_limit_fraction(1.5),
         Err(Error::InvalidArgument {
@@ -114,6 +120,36 @@ cuda_rt::gpu_test!(pool_limit_is_the_release_threshold, {
         })
     ));
 });
+
+cuda_rt::gpu_test!(
+    a_limit_of_zero_and_the_default_read_as_no_limit_as_in_cupy,
+    {
+        // CUDA_RT_GPU_MEMORY_LIMIT would set the default: this test reads the unset case.
+        if std::env::var_os(cuda_rt::memory::pool::LIMIT_ENV).is_some() {
+            eprintln!("skipped: {} is set", cuda_rt::memory::pool::LIMIT_ENV);
+            return;
+        }
+        let pool = MemoryAsyncPool::create(0).unwrap();
+        assert_eq!(pool.limit().unwrap(), NO_LIMIT, "a new pool has no limit");
+        assert_eq!(NO_LIMIT, u64::MAX);
+        pool.set_limit(1 << 20).unwrap();
+        assert_eq!(pool.limit().unwrap(), 1 << 20);
+        pool.set_limit(0).unwrap();
+        assert_eq!(pool.limit().unwrap(), NO_LIMIT, "0 is no limit");
+        // CuPy's MemoryAsyncPool() sets the device's current pool to no limit; wrapping
+        // the current pool leaves it as it is.
+        let current = MemoryAsyncPool::current(0).unwrap();
+        current.set_limit(3 << 20).unwrap();
+        assert_eq!(
+            MemoryAsyncPool::current(0).unwrap().limit().unwrap(),
+            3 << 20
+        );
+        cuda_rt::device::set_device_id(0).unwrap();
+        let cupy_like = MemoryAsyncPool::new().unwrap();
+        assert!(cupy_like.same_as(&current));
+        assert_eq!(current.limit().unwrap(), NO_LIMIT);
+    }
+);
 
 cuda_rt::gpu_test!(device_current_pool_is_the_default, {
     let a = MemoryAsyncPool::new().unwrap();

@@ -212,3 +212,81 @@ extern "C" __global__ void k(unsigned* x) {
 }"#;
     Program::new(src).compile(Target::cubin(90)).unwrap();
 });
+
+/// Dynamic parallelism: each block of `parent` launches `child`, which writes
+/// out[32 b + t] = 32 b + 3 t. Needs relocatable device code and the device runtime.
+const PARENT_CHILD: &str = r#"
+extern "C" __global__ void child(int* out, int base) {
+    out[base + threadIdx.x] = base + 3 * threadIdx.x;
+}
+extern "C" __global__ void parent(int* out) {
+    if (threadIdx.x == 0) child<<<1, 32>>>(out, blockIdx.x * 32);
+}
+"#;
+
+nvrtc_test!(rdc_compiles_to_a_relocatable_object_to_link, {
+    use cuda_rt::compiler::link::{is_relocatable, is_relocatable_cubin};
+    for opts in [&["-rdc=true"][..], &["-dc"][..]] {
+        assert!(is_relocatable(opts));
+        let c = Program::new(PARENT_CHILD)
+            .options(opts)
+            .compile(Target::cubin(90))
+            .unwrap();
+        assert!(
+            is_relocatable_cubin(&c.image),
+            "{opts:?}: an ELF of type ET_REL"
+        );
+    }
+    let plain = Program::new(SAXPY).compile(Target::cubin(90)).unwrap();
+    assert!(!is_relocatable_cubin(&plain.image));
+});
+
+nvrtc_test!(
+    a_device_side_launch_without_rdc_is_a_compile_error_saying_so,
+    {
+        let e = Program::new(PARENT_CHILD)
+            .compile(Target::cubin(90))
+            .unwrap_err();
+        assert!(e.to_string().contains("device-side kernel launch"), "{e}");
+    }
+);
+
+cuda_rt::gpu_test!(
+    dynamic_parallelism_parent_launches_a_child_that_writes_a_pattern,
+    {
+        cuda_rt::device::set_device_id(0).unwrap();
+        for opts in [&["-rdc=true"][..], &["-dc"][..]] {
+            let k = RawKernel::new(PARENT_CHILD, "parent", opts).unwrap();
+            let blocks = 8usize;
+            let out = DevBuf::new(4 * 32 * blocks);
+            // SAFETY: parent(int* out): its blocks' children write 32 ints each at 32 b,
+            // inside out's 32 * blocks ints; the parent grid completes after its children,
+            // and out is read back by a synchronous copy.
+            unsafe { k.launch(&LaunchConfig::new(blocks as u32, 32), &[&out.ptr]) }.unwrap();
+            common::sync();
+            let want: Vec<i32> = (0..blocks * 32)
+                .map(|i| (i / 32 * 32 + 3 * (i % 32)) as i32)
+                .collect();
+            assert_eq!(out.read::<i32>(blocks * 32), want, "{opts:?}");
+        }
+    }
+);
+
+cuda_rt::gpu_test!(relocatable_ptx_is_linked_with_the_device_runtime_too, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let cache = cuda_rt::KernelCache::new(None);
+    let m = RawModule::from_program(
+        &Program::new(PARENT_CHILD).options(&["-rdc=true"]),
+        Output::Ptx,
+        &cache,
+    )
+    .unwrap();
+    let k = m.get_function("parent").unwrap();
+    let out = DevBuf::new(4 * 32 * 2);
+    // SAFETY: parent(int* out): 2 blocks whose children write 32 ints each inside out's
+    // 64 ints; read back by a synchronous copy after the parent grid (and its children).
+    unsafe { k.launch(&LaunchConfig::new(2, 32), &[&out.ptr]) }.unwrap();
+    common::sync();
+    let want: Vec<i32> = (0..64i32).map(|i| i / 32 * 32 + 3 * (i % 32)).collect();
+    assert_eq!(out.read::<i32>(64), want);
+});

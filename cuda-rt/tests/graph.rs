@@ -142,6 +142,153 @@ gpu_test!(
     }
 );
 
+/// A fork whose temporaries go out of scope at the end of its block, after its join
+/// event: with `x` in, `y` out, t = x + 1 (s1's temporary); on s2, u = 3x and
+/// v = u + 1 (s2's temporaries, dropped on s2 after the join), w = v (allocated on s1
+/// before the fork); then y = t + 0.5 w = 2.5x + 1.5, and t and w drop on s1.
+fn late_free_pipeline(k: &Kernels, s1: &Stream, s2: &Stream, x: &MemoryPointer, y: &MemoryPointer) {
+    let bytes = N * 4;
+    let _on1 = s1.enter().unwrap();
+    let t = cuda_rt::alloc(bytes).unwrap();
+    t.copy_from_device_async(x, bytes, None).unwrap();
+    // SAFETY: t holds N f32, freed on s1 after every kernel that uses it.
+    unsafe { add_one(k, s1, t.ptr(), N) };
+    let w = cuda_rt::alloc(bytes).unwrap();
+    let fork = s1.record(Some(event())).unwrap();
+    s2.wait_event(&fork).unwrap();
+    {
+        let _on2 = s2.enter().unwrap();
+        let u = cuda_rt::alloc(bytes).unwrap();
+        u.copy_from_device_async(x, bytes, None).unwrap();
+        // SAFETY: u and x hold N f32; u is freed on s2 after this kernel, x outlives
+        // the work (and every launch of the graph).
+        unsafe { axpy(k, s2, u.ptr(), x.ptr(), 2.0, N) };
+        let v = cuda_rt::alloc(bytes).unwrap();
+        v.copy_from_device_async(&u, bytes, None).unwrap();
+        // SAFETY: v holds N f32, freed on s2 after this kernel.
+        unsafe { add_one(k, s2, v.ptr(), N) };
+        w.copy_from_device_async(&v, bytes, None).unwrap();
+        let join = s2.record(Some(event())).unwrap();
+        s1.wait_event(&join).unwrap();
+        // u and v drop here, s2 current: freed on s2, after the join event.
+    }
+    y.memset_async(0, bytes, None).unwrap();
+    // SAFETY: y, t and w hold N f32 each; y is the caller's, t and w are freed on s1
+    // after these kernels.
+    unsafe {
+        axpy(k, s1, y.ptr(), t.ptr(), 1.0, N);
+        axpy(k, s1, y.ptr(), w.ptr(), 0.5, N);
+    }
+}
+
+gpu_test!(
+    fork_join_capture_with_temporaries_freed_after_the_join_on_both_streams_replays_like_eager,
+    {
+        let _serial = serial();
+        let k = Kernels::load();
+        let s1 = Stream::non_blocking().unwrap();
+        let s2 = Stream::non_blocking().unwrap();
+        let x = cuda_rt::alloc(N * 4).unwrap();
+        let y = cuda_rt::alloc(N * 4).unwrap();
+        let y_eager = cuda_rt::alloc(N * 4).unwrap();
+
+        s1.begin_capture(CaptureMode::Global).unwrap();
+        late_free_pipeline(&k, &s1, &s2, &x, &y);
+        let graph = s1.end_capture().unwrap();
+        assert!(!s1.is_capturing().unwrap());
+        assert!(!s2.is_capturing().unwrap());
+        assert_eq!(
+            graph.owned_allocation_count(),
+            0,
+            "every temporary is freed inside the graph"
+        );
+
+        for i in 0..20 {
+            let input: Vec<f32> = (0..N).map(|j| (i * 5 + j) as f32 * 0.5 - 300.0).collect();
+            x.copy_from_host(&input).unwrap();
+            graph.launch(&s1).unwrap();
+            s1.synchronize().unwrap();
+            let got = read(&y, N);
+            late_free_pipeline(&k, &s1, &s2, &x, &y_eager);
+            s1.synchronize().unwrap();
+            s2.synchronize().unwrap();
+            assert_eq!(got, read(&y_eager, N), "replay {i} differs from eager");
+            for (j, (&g, &xi)) in got.iter().zip(&input).enumerate() {
+                let h = 2.5 * xi + 1.5;
+                assert!(
+                    (g - h).abs() <= 1e-3 * h.abs().max(1.0),
+                    "replay {i}[{j}]: {g} vs {h}"
+                );
+            }
+        }
+    }
+);
+
+gpu_test!(work_after_a_late_free_on_a_fork_is_still_unjoined, {
+    let _serial = serial();
+    let k = Kernels::load();
+    let s1 = Stream::non_blocking().unwrap();
+    let s2 = Stream::non_blocking().unwrap();
+    let _on1 = s1.enter().unwrap();
+    s1.begin_capture(CaptureMode::Global).unwrap();
+    let fork = s1.record(Some(event())).unwrap();
+    s2.wait_event(&fork).unwrap();
+    {
+        let _on2 = s2.enter().unwrap();
+        let u = cuda_rt::alloc(N * 4).unwrap();
+        // SAFETY: u holds N f32, freed on s2 after this kernel.
+        unsafe { add_one(&k, &s2, u.ptr(), N) };
+        let join = s2.record(Some(event())).unwrap();
+        s1.wait_event(&join).unwrap();
+        drop(u); // a late free: joined at the end
+        kernels::empty(&k, &s2); // after the join: never joined back
+    }
+    let e = s1.end_capture().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::Unjoined,
+                ..
+            }
+        ),
+        "{e}"
+    );
+});
+
+gpu_test!(
+    a_fork_never_joined_is_unjoined_even_when_its_last_work_is_a_free,
+    {
+        let _serial = serial();
+        let k = Kernels::load();
+        let s1 = Stream::non_blocking().unwrap();
+        let s2 = Stream::non_blocking().unwrap();
+        let _on1 = s1.enter().unwrap();
+        s1.begin_capture(CaptureMode::Global).unwrap();
+        let fork = s1.record(Some(event())).unwrap();
+        s2.wait_event(&fork).unwrap();
+        {
+            let _on2 = s2.enter().unwrap();
+            let u = cuda_rt::alloc(N * 4).unwrap();
+            // SAFETY: u holds N f32, freed on s2 after this kernel.
+            unsafe { add_one(&k, &s2, u.ptr(), N) };
+            // u drops here: the fork's last work is its free, and the fork is never
+            // joined back.
+        }
+        let e = s1.end_capture().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Capture {
+                    kind: CaptureKind::Unjoined,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+);
+
 gpu_test!(
     allocation_kept_after_capture_is_owned_by_the_graph_and_valid_each_replay,
     {

@@ -10,7 +10,9 @@
 //!
 //! The key ([`cache_key`]) is a 128-bit FNV-1a hash of the source, source name,
 //! options, name expressions, architecture, output kind and NVRTC version, each
-//! length-prefixed. A file ([`encode`] / [`decode`]) is a header (magic, format
+//! length-prefixed, and of the toolkit include folders the compile gets with a stamp
+//! of their headers' state ([`super::toolkit`]), so installing, upgrading or moving
+//! the toolkit's headers compiles again. A file ([`encode`] / [`decode`]) is a header (magic, format
 //! version, key, architecture, output kind, payload length), the payload (image, log,
 //! lowered names) and a tag: BLAKE3 in keyed mode over everything before it, keyed
 //! with the user's secret ([`CacheSecret`], 32 random bytes in [`SECRET_FILE`] in the
@@ -68,12 +70,16 @@ pub use super::cache_dir::{
     check_dir, write_file_atomically, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_LEN,
 };
 pub use super::hash::Fnv128;
-pub use entry::{cache_key, decode, encode, CacheKey, DecodeError, FORMAT_VERSION, MAGIC};
+pub use entry::{
+    cache_key, cache_key_with_includes, decode, encode, CacheKey, DecodeError, FORMAT_VERSION,
+    MAGIC,
+};
 pub use stats::KernelCacheStats;
 
+use super::link::{device_runtime, is_relocatable, is_relocatable_cubin, link_with_device_runtime};
 use super::nvrtc_facts::nvrtc_facts;
 use super::raw::RawModule;
-use super::{Compiled, Program, Target};
+use super::{Compiled, Output, Program, Target};
 use crate::error::Result;
 
 /// Variable naming the disk cache folder.
@@ -105,6 +111,7 @@ struct MemKey {
     source_name: Box<str>,
     options: Box<[Box<str>]>,
     name_expressions: Box<[Box<str>]>,
+    toolkit_includes: bool,
 }
 
 impl MemKey {
@@ -117,6 +124,7 @@ impl MemKey {
             source_name: program.source_name.into(),
             options: own(program.options),
             name_expressions: own(program.name_expressions),
+            toolkit_includes: program.toolkit_includes,
         }
     }
 
@@ -130,6 +138,7 @@ impl MemKey {
             && *self.source_name == *program.source_name
             && same(&self.options, program.options)
             && same(&self.name_expressions, program.name_expressions)
+            && self.toolkit_includes == program.toolkit_includes
     }
 }
 
@@ -388,7 +397,7 @@ impl KernelCache {
             return Ok(m);
         }
         let compiled = self.compile(program, target)?;
-        let module = RawModule::load(device, compiled)?;
+        let module = RawModule::load(device, linked(device, program, compiled)?)?;
         let mut map = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         let bucket = map.entry(h).or_default();
         if let Some((_, m)) = bucket
@@ -414,6 +423,24 @@ impl KernelCache {
             .find(|(k, _)| k.matches(device, program, target))
             .map(|(_, m)| m.clone())
     }
+}
+
+/// `compiled` ready to load on `device`: as it is, or, for relocatable device code
+/// (`-rdc=true`, `-dc`, or a relocatable cubin), linked with the device runtime
+/// ([`super::link`]).
+fn linked(device: i32, program: &Program<'_>, compiled: Compiled) -> Result<Compiled> {
+    let relocatable = is_relocatable(program.options)
+        || (compiled.output == Output::Cubin && is_relocatable_cubin(&compiled.image));
+    if !relocatable {
+        return Ok(compiled);
+    }
+    let devrt = device_runtime()?;
+    let image = link_with_device_runtime(device, &compiled, &devrt)?;
+    Ok(Compiled {
+        image,
+        output: Output::Cubin,
+        ..compiled
+    })
 }
 
 /// Writes `bytes` to `dir/<key>.kcache` atomically; see [`write_file_atomically`].

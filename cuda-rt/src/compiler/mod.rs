@@ -24,9 +24,11 @@
 pub mod cache;
 mod cache_dir;
 mod hash;
+pub mod link;
 mod nvrtc;
 pub mod nvrtc_facts;
 mod raw;
+pub mod toolkit;
 
 use std::sync::OnceLock;
 
@@ -132,6 +134,10 @@ pub struct Program<'a> {
     pub options: &'a [&'a str],
     /// Name expressions (e.g. `my_kernel<float>`), lowered after compiling.
     pub name_expressions: &'a [&'a str],
+    /// Whether NVRTC also gets the include folders of the CUDA toolkit and CCCL
+    /// ([`toolkit::toolkit_includes`]), after the options' own `-I` folders (so those
+    /// win). On by default.
+    pub toolkit_includes: bool,
 }
 
 impl<'a> Program<'a> {
@@ -142,6 +148,24 @@ impl<'a> Program<'a> {
             source_name: DEFAULT_SOURCE_NAME,
             options: &[],
             name_expressions: &[],
+            toolkit_includes: true,
+        }
+    }
+
+    /// With or without the toolkit's include folders (see
+    /// [`toolkit_includes`](Program::toolkit_includes)).
+    pub fn toolkit_includes(mut self, on: bool) -> Program<'a> {
+        self.toolkit_includes = on;
+        self
+    }
+
+    /// The toolkit include folders this program is compiled with: the process's
+    /// ([`toolkit::toolkit_includes`]) unless turned off.
+    pub fn include_set(&self) -> Option<&'static toolkit::IncludeSet> {
+        if self.toolkit_includes {
+            toolkit::toolkit_includes()
+        } else {
+            None
         }
     }
 
@@ -163,10 +187,24 @@ impl<'a> Program<'a> {
         self
     }
 
-    /// The options NVRTC gets: the user's, plus the target's `-arch` unless the user
-    /// gave one.
+    /// The options NVRTC gets: the user's, then `-I` for each toolkit include folder
+    /// (see [`include_set`](Program::include_set); the user's `-I` folders come first,
+    /// so they win), then the target's `-arch` unless the user gave one.
     pub fn effective_options(&self, target: Target) -> Vec<String> {
+        self.effective_options_with(target, self.include_set())
+    }
+
+    /// [`effective_options`](Program::effective_options) with the include set `includes`.
+    /// Pure.
+    pub fn effective_options_with(
+        &self,
+        target: Target,
+        includes: Option<&toolkit::IncludeSet>,
+    ) -> Vec<String> {
         let mut opts: Vec<String> = self.options.iter().map(|s| (*s).to_owned()).collect();
+        if let Some(set) = includes {
+            opts.extend(set.options());
+        }
         let has_arch = self.options.iter().any(|o| {
             o.starts_with("-arch")
                 || o.starts_with("--gpu-architecture")
@@ -299,13 +337,41 @@ mod tests {
     fn user_arch_option_replaces_the_target_one() {
         let p = Program::new("").options(&["-arch=sm_80", "-lineinfo"]);
         assert_eq!(
-            p.effective_options(Target::cubin(90)),
+            p.effective_options_with(Target::cubin(90), None),
             ["-arch=sm_80", "-lineinfo"]
         );
         let p = Program::new("").options(&["-lineinfo"]);
         assert_eq!(
-            p.effective_options(Target::ptx(90)),
+            p.effective_options_with(Target::ptx(90), None),
             ["-lineinfo", "-arch=compute_90"]
         );
+    }
+
+    #[test]
+    fn toolkit_include_folders_come_after_the_users_own() {
+        let set = toolkit::IncludeSet::new(
+            vec!["/tk/include".into(), "/tk/include/cccl".into()],
+            toolkit::PlaceSource::CudaPath,
+        );
+        let p = Program::new("").options(&["-I/mine", "-lineinfo"]);
+        assert_eq!(
+            p.effective_options_with(Target::cubin(90), Some(&set)),
+            [
+                "-I/mine",
+                "-lineinfo",
+                "-I/tk/include",
+                "-I/tk/include/cccl",
+                "-arch=sm_90"
+            ]
+        );
+    }
+
+    #[test]
+    fn toolkit_includes_can_be_turned_off() {
+        let p = Program::new("").toolkit_includes(false);
+        assert!(!p.toolkit_includes);
+        assert_eq!(p.include_set(), None);
+        assert_eq!(p.effective_options(Target::cubin(90)), ["-arch=sm_90"]);
+        assert!(Program::new("").toolkit_includes);
     }
 }

@@ -26,6 +26,22 @@ use crate::stream::{current_stream_of, get_current_stream, AsStream, StreamRef};
 /// Async-pool sizes are multiples of this many bytes (as CuPy's).
 pub const ROUND_SIZE: usize = 512;
 
+/// The limit (release threshold) that means "no limit": the pool keeps everything it
+/// holds at synchronization points and is never shrunk but by
+/// [`MemoryAsyncPool::free_all_blocks`]. CuPy's reading of a limit of 0, reported as
+/// `2**64 - 1`.
+pub const NO_LIMIT: u64 = u64::MAX;
+
+/// The release threshold a limit of `bytes` is set as: 0 is [`NO_LIMIT`], as in CuPy.
+/// Pure.
+pub fn threshold_for_limit(bytes: u64) -> u64 {
+    if bytes == 0 {
+        NO_LIMIT
+    } else {
+        bytes
+    }
+}
+
 fn round_up(size: usize) -> Result<usize> {
     size.checked_add(ROUND_SIZE - 1)
         .map(|s| s / ROUND_SIZE * ROUND_SIZE)
@@ -331,12 +347,31 @@ impl fmt::Debug for MemoryAsyncPool {
 }
 
 impl MemoryAsyncPool {
-    /// The current device's current pool (CuPy's default).
+    /// The current device's current pool (CuPy's default), with its limit set as
+    /// CuPy's `MemoryAsyncPool()` sets it: from `CUDA_RT_GPU_MEMORY_LIMIT`
+    /// ([`LIMIT_ENV`], bytes or a percentage of the device's memory, as for the
+    /// caching pool), else none ([`NO_LIMIT`]). The driver's own default threshold is
+    /// 0 (give every free byte back at each synchronization), which CuPy, and so
+    /// cuda-rt, replace. An error when the variable does not parse.
+    ///
+    /// [`LIMIT_ENV`]: crate::memory::pool::LIMIT_ENV
     pub fn new() -> Result<MemoryAsyncPool> {
-        Self::current(get_device_id())
+        let pool = Self::current(get_device_id())?;
+        pool.set_limit_from_env()?;
+        Ok(pool)
     }
 
-    /// Device `device`'s current pool (`cuDeviceGetMemPool`).
+    /// The limit from `CUDA_RT_GPU_MEMORY_LIMIT`, else none (see [`MemoryAsyncPool::new`]).
+    fn set_limit_from_env(&self) -> Result<()> {
+        use crate::memory::pool::limit_env::{device_total_memory, limit_from_env, LIMIT_ENV};
+        let value = std::env::var(LIMIT_ENV).ok();
+        let device = self.inner.device;
+        let bytes = limit_from_env(value.as_deref(), || device_total_memory(device))?;
+        self.set_limit(bytes)
+    }
+
+    /// Device `device`'s current pool (`cuDeviceGetMemPool`), as it is: its settings
+    /// (the limit among them) are left alone.
     pub fn current(device: i32) -> Result<MemoryAsyncPool> {
         let dev = Device::new(device)?;
         make_current(device)?;
@@ -345,7 +380,8 @@ impl MemoryAsyncPool {
     }
 
     /// A new pool on device `device` (`cuMemPoolCreate`), destroyed when the last clone
-    /// and the last memory from it are gone.
+    /// and the last memory from it are gone. Its limit is set as by
+    /// [`MemoryAsyncPool::new`]: `CUDA_RT_GPU_MEMORY_LIMIT`, else none.
     pub fn create(device: i32) -> Result<MemoryAsyncPool> {
         Device::new(device)?;
         make_current(device)?;
@@ -356,8 +392,9 @@ impl MemoryAsyncPool {
             // (the driver's documented default).
             ..Default::default()
         };
-        let pool = result::memory::pool_create(&props)?;
-        Ok(Self::wrap(pool, device, true))
+        let pool = Self::wrap(result::memory::pool_create(&props)?, device, true);
+        pool.set_limit_from_env()?;
+        Ok(pool)
     }
 
     fn wrap(pool: sys::CUmemoryPool, device: i32, owned: bool) -> MemoryAsyncPool {
@@ -435,13 +472,18 @@ impl MemoryAsyncPool {
         Ok(self.total_bytes()?.saturating_sub(self.used_bytes()?))
     }
 
-    /// The release threshold: bytes the pool keeps cached at synchronization points.
+    /// The limit: the release threshold, bytes the pool keeps cached at
+    /// synchronization points (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, CuPy's
+    /// `get_limit()`); [`NO_LIMIT`] (`2**64 - 1`) when there is none, as CuPy
+    /// reports it. A soft limit, as in CuPy: the driver may hold more while memory is
+    /// in use, and other users of the same pool are not bound by it.
     pub fn limit(&self) -> Result<u64> {
         self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
     }
 
-    /// Sets the release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`), CuPy's
-    /// `set_limit(size=...)`.
+    /// Sets the limit, the release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`),
+    /// CuPy's `set_limit(size=...)`: 0 means no limit and sets [`NO_LIMIT`] (the pool
+    /// is never shrunk at synchronization points), as in CuPy.
     pub fn set_limit(&self, bytes: u64) -> Result<()> {
         make_current(self.inner.device)?;
         // SAFETY: the pool is alive while `self` is (see `get`).
@@ -449,12 +491,13 @@ impl MemoryAsyncPool {
             result::memory::pool_set_attribute_u64(
                 self.as_raw(),
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                bytes,
+                threshold_for_limit(bytes),
             )
         }?)
     }
 
-    /// Sets the release threshold to a fraction (0 to 1) of the device's memory.
+    /// Sets the limit to a fraction (0 to 1) of the device's memory; 0 is no limit, as
+    /// in CuPy.
     pub fn set_limit_fraction(&self, fraction: f64) -> Result<()> {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(Error::invalid_argument(
@@ -478,7 +521,16 @@ impl MemoryAsyncPool {
 
 #[cfg(test)]
 mod tests {
-    use super::round_up;
+    use super::{round_up, threshold_for_limit, NO_LIMIT};
+
+    #[test]
+    fn a_limit_of_zero_is_no_limit_as_in_cupy() {
+        assert_eq!(NO_LIMIT, u64::MAX, "CuPy reports 2**64 - 1");
+        assert_eq!(threshold_for_limit(0), NO_LIMIT);
+        assert_eq!(threshold_for_limit(1), 1);
+        assert_eq!(threshold_for_limit(64 << 20), 64 << 20);
+        assert_eq!(threshold_for_limit(NO_LIMIT), NO_LIMIT);
+    }
 
     #[test]
     fn sizes_round_up_to_512() {

@@ -18,10 +18,15 @@
 //! What happens to such memory depends on when its last pointer drops:
 //! - during the capture: it is freed inside the graph (`cuMemFreeAsync`, a
 //!   memory-free node) on the current stream when that stream is in the same capture,
-//!   else on the stream it was allocated on while that one still is. Drop a buffer
-//!   used on a forked stream after the fork is joined back. When neither stream is in
-//!   the capture any more (it was invalidated, say), nothing is freed: the capture's
-//!   end decides, as for memory still referred to then.
+//!   else on the stream it was allocated on while that one still is. The free is
+//!   ordered after the work already captured on the stream it lands on, so drop a
+//!   buffer used on several streams where all its uses are ordered before the drop
+//!   (after the forks are joined back). A free captured on a forked stream after its
+//!   join event (a temporary going out of scope at the end of the fork's block) adds
+//!   no unjoined work: `end_capture` joins such free nodes into the origin stream
+//!   (see [`crate::capture::fork_join`]). When neither stream is in the capture any
+//!   more (it was invalidated, say), nothing is freed: the capture's end decides, as
+//!   for memory still referred to then.
 //! - if the capture ends in error: no graph comes of it and the block never existed
 //!   outside it; its address may be given to another graph's memory, so the drop
 //!   frees nothing.

@@ -44,7 +44,9 @@ mod unowned;
 
 pub use allocator::{alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator};
 pub use arena::PoolStats;
-pub use async_pool::{malloc_async, MemoryAsync, MemoryAsyncPool, ROUND_SIZE};
+pub use async_pool::{
+    malloc_async, threshold_for_limit, MemoryAsync, MemoryAsyncPool, NO_LIMIT, ROUND_SIZE,
+};
 pub use device_memory::{
     BaseMemory, CAllocator, CFreeFn, CMallocFn, ClosureAllocator, FreeFn, MallocFn, Memory,
 };

@@ -53,7 +53,7 @@
 
 mod device_backend;
 mod device_pool;
-mod limit_env;
+pub(crate) mod limit_env;
 mod memory_pool;
 mod out_of_memory;
 mod pooled_memory;

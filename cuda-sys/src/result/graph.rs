@@ -23,10 +23,10 @@ use std::sync::Arc;
 use super::stream::run_caught;
 use super::{api, check, Result};
 use crate::driver::{
-    CUcontext, CUevent, CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo,
-    CUgraphNode, CUgraphNodeType, CUhostFn, CUresult, CUstream, CUuserObject,
-    CUuserObjectRetain_flags, CUuserObject_flags, CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS,
-    CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS,
+    CUcontext, CUevent, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphExecUpdateResult,
+    CUgraphExecUpdateResultInfo, CUgraphNode, CUgraphNodeType, CUhostFn, CUresult, CUstream,
+    CUuserObject, CUuserObjectRetain_flags, CUuserObject_flags, CUDA_HOST_NODE_PARAMS,
+    CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS,
 };
 
 // ---------------------------------------------------------------------------
@@ -206,6 +206,52 @@ pub unsafe fn node_get_type(node: CUgraphNode) -> Result<CUgraphNodeType> {
     // SAFETY: `node` is live (caller); `t` is a valid out pointer.
     check(unsafe { f(node, &mut t) }, "cuGraphNodeGetType")?;
     Ok(t)
+}
+
+/// The nodes `node` depends on (`cuGraphNodeGetDependencies`, the CUDA 12.3 ABI; asked
+/// twice: the count, then the handles; the edges' data is dropped).
+///
+/// # Safety
+/// `node` is a node of a live graph (also of a graph under capture).
+pub unsafe fn node_get_dependencies(node: CUgraphNode) -> Result<Vec<CUgraphNode>> {
+    let f = api()?.cuGraphNodeGetDependencies_v2()?;
+    let mut n: usize = 0;
+    // SAFETY: `node` is live (caller); null arrays ask for the count only; `n` is a
+    // valid out pointer.
+    check(
+        unsafe { f(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut n) },
+        "cuGraphNodeGetDependencies_v2",
+    )?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut v: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // Asked for too: without it the driver refuses edges with data (a lossy query).
+    let mut edges = vec![CUgraphEdgeData::default(); n];
+    // SAFETY: `v` and `edges` have room for `n` entries; the driver writes at most `n`.
+    check(
+        unsafe { f(node, v.as_mut_ptr(), edges.as_mut_ptr(), &mut n) },
+        "cuGraphNodeGetDependencies_v2",
+    )?;
+    v.truncate(n);
+    Ok(v)
+}
+
+/// How many nodes depend on `node` (`cuGraphNodeGetDependentNodes`, the CUDA 12.3
+/// ABI, asked for the count only): 0 for a leaf of its graph.
+///
+/// # Safety
+/// `node` is a node of a live graph (also of a graph under capture).
+pub unsafe fn node_dependent_count(node: CUgraphNode) -> Result<usize> {
+    let f = api()?.cuGraphNodeGetDependentNodes_v2()?;
+    let mut n: usize = 0;
+    // SAFETY: `node` is live (caller); null arrays ask for the count only; `n` is a
+    // valid out pointer.
+    check(
+        unsafe { f(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut n) },
+        "cuGraphNodeGetDependentNodes_v2",
+    )?;
+    Ok(n)
 }
 
 // ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 //! | [`event`] | `cuEvent*`, `cuIpc*EventHandle` | `driver` |
 //! | [`module`] | `cuModule*`, `cuFunc*`, `cuOccupancy*` | `driver` |
 //! | [`launch`] | `cuLaunchKernel`, `cuLaunchCooperativeKernel`, `cuLaunchKernelEx` | `driver` |
+//! | [`link`] | `cuLink*`: the JIT linker (relocatable device code, the device runtime) | `driver` |
 //! | [`graph`] | `cuGraph*`, user objects, repeatable host nodes with Rust closures | `driver` |
 //! | [`profiler`] | `cuProfilerStart`, `cuProfilerStop` | `driver` |
 //! | [`nvrtc`] | `nvrtc*` | `nvrtc` |
@@ -91,6 +92,8 @@ pub mod event;
 pub mod graph;
 #[cfg(feature = "driver")]
 pub mod launch;
+#[cfg(feature = "driver")]
+pub mod link;
 #[cfg(feature = "driver")]
 pub mod memory;
 #[cfg(feature = "driver")]

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{api, check, DriverError, Result};
 use crate::driver::{
-    CUevent, CUgraph, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
+    CUevent, CUgraph, CUgraphEdgeData, CUgraphNode, CUresult, CUstream, CUstreamCaptureMode,
+    CUstreamCaptureStatus, CUstreamUpdateCaptureDependencies_flags,
 };
 
 /// A new stream of the current context (`cuStreamCreateWithPriority`; `flags` are
@@ -179,6 +180,70 @@ pub unsafe fn get_capture_info(stream: CUstream) -> Result<(CUstreamCaptureStatu
     };
     check(rc, "cuStreamGetCaptureInfo_v3")?;
     Ok((status, id, g))
+}
+
+/// The nodes the next work captured on `stream` would depend on: the stream's capture
+/// frontier (`cuStreamGetCaptureInfo`, the CUDA 12.3 ABI, its dependency outputs).
+/// Empty when the stream is not capturing. The driver's array is copied at once (it
+/// is valid only until the next call on the stream).
+///
+/// # Safety
+/// `stream` is a live stream or a default-stream handle (see the [module](self) docs).
+pub unsafe fn get_capture_dependencies(stream: CUstream) -> Result<Vec<CUgraphNode>> {
+    let f = api()?.cuStreamGetCaptureInfo_v3()?;
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut deps: *const CUgraphNode = std::ptr::null();
+    // Asked for too: without it the driver refuses edges with data (a lossy query).
+    let mut edges: *const CUgraphEdgeData = std::ptr::null();
+    let mut n: usize = 0;
+    // SAFETY: `stream` is live (caller); the out pointers are valid; the id and graph
+    // outputs are null ("not wanted").
+    let rc = unsafe {
+        f(
+            stream,
+            &mut status,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut deps,
+            &mut edges,
+            &mut n,
+        )
+    };
+    check(rc, "cuStreamGetCaptureInfo_v3")?;
+    if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || deps.is_null() || n == 0
+    {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the driver documents `deps` as an array of `n` nodes, valid until the
+    // next call on the stream; it is copied here, before any.
+    Ok(unsafe { std::slice::from_raw_parts(deps, n) }.to_vec())
+}
+
+/// Adds `nodes` to the capture frontier of `stream` (`cuStreamUpdateCaptureDependencies`
+/// with `CU_STREAM_ADD_CAPTURE_DEPENDENCIES`, the CUDA 12.3 ABI, no edge data): the
+/// next work captured on it (and the end of the capture, for the origin stream)
+/// depends on them too, which joins them into the stream as an event wait would.
+///
+/// # Safety
+/// `stream` is a live, capturing stream and `nodes` are nodes of its capture's graph.
+pub unsafe fn add_capture_dependencies(stream: CUstream, nodes: &[CUgraphNode]) -> Result<()> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let f = api()?.cuStreamUpdateCaptureDependencies_v2()?;
+    let mut v = nodes.to_vec();
+    // SAFETY: `stream` and `nodes` as the caller guarantees; `v` holds `v.len()` nodes
+    // (the driver reads them during the call); null edge data means default edges.
+    let rc = unsafe {
+        f(
+            stream,
+            v.as_mut_ptr(),
+            std::ptr::null(),
+            v.len(),
+            CUstreamUpdateCaptureDependencies_flags::CU_STREAM_ADD_CAPTURE_DEPENDENCIES.0,
+        )
+    };
+    check(rc, "cuStreamUpdateCaptureDependencies_v2")
 }
 
 // ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ use std::fmt;
 
 use super::super::cache_dir::{CacheSecret, TAG_LEN};
 use super::super::hash::Fnv128;
+use super::super::toolkit::IncludeSet;
 use super::super::{Compiled, Output, Program, Target};
 
 /// The disk cache key of a program.
@@ -26,8 +27,24 @@ impl CacheKey {
     }
 }
 
-/// The key of `program` compiled for `target` by NVRTC `nvrtc_version`. Pure.
+/// The key of `program` compiled for `target` by NVRTC `nvrtc_version`, with the
+/// toolkit include folders it gets in this process ([`Program::include_set`], found
+/// once): [`cache_key_with_includes`] of those.
 pub fn cache_key(program: &Program<'_>, target: Target, nvrtc_version: (i32, i32)) -> CacheKey {
+    cache_key_with_includes(program, target, nvrtc_version, program.include_set())
+}
+
+/// The key of `program` compiled for `target` by NVRTC `nvrtc_version` with the toolkit
+/// include folders `includes`: a program compiled with no include set has the key it
+/// had before include folders were added; with one, the folders and their stamp
+/// ([`IncludeSet::key_bytes`]) are hashed in too, so the key changes when the folders,
+/// or the headers in them, change. Pure.
+pub fn cache_key_with_includes(
+    program: &Program<'_>,
+    target: Target,
+    nvrtc_version: (i32, i32),
+    includes: Option<&IncludeSet>,
+) -> CacheKey {
     let mut h = Fnv128::new();
     h.field(b"cuda-rt kernel cache key v1");
     h.field(program.source.as_bytes());
@@ -44,6 +61,10 @@ pub fn cache_key(program: &Program<'_>, target: Target, nvrtc_version: (i32, i32
     h.write(&[output_byte(target.output)]);
     h.write(&nvrtc_version.0.to_le_bytes());
     h.write(&nvrtc_version.1.to_le_bytes());
+    if let Some(set) = includes {
+        h.field(b"toolkit include folders");
+        h.field(&set.key_bytes());
+    }
     CacheKey(h.finish())
 }
 
@@ -211,7 +232,7 @@ mod tests {
     #[test]
     fn cache_key_is_stable_across_builds() {
         let p = Program::new("extern \"C\" __global__ void k() {}").options(&["-O3"]);
-        let k = cache_key(&p, Target::cubin(90), (13, 0));
+        let k = cache_key_with_includes(&p, Target::cubin(90), (13, 0), None);
         // A fixed value, computed independently (Python) from the documented layout:
         // changing it invalidates every user's disk cache.
         assert_eq!(k.to_hex(), "9beb27f2cc1d8f7a4a72e0170780c523");
@@ -220,11 +241,52 @@ mod tests {
     }
 
     #[test]
+    fn cache_key_changes_with_the_include_set() {
+        use super::super::super::toolkit::PlaceSource;
+        let p = Program::new("#include <cub/cub.cuh>");
+        let t = Target::cubin(90);
+        let set = |dirs: &[&str], stamp: u128| IncludeSet {
+            dirs: dirs.iter().map(std::path::PathBuf::from).collect(),
+            source: PlaceSource::CudaPath,
+            stamp,
+        };
+        let none = cache_key_with_includes(&p, t, (13, 0), None);
+        let a = cache_key_with_includes(&p, t, (13, 0), Some(&set(&["/tk/include"], 1)));
+        assert_ne!(none, a);
+        assert_eq!(
+            a,
+            cache_key_with_includes(&p, t, (13, 0), Some(&set(&["/tk/include"], 1)))
+        );
+        assert_ne!(
+            a,
+            cache_key_with_includes(&p, t, (13, 0), Some(&set(&["/tk/include"], 2))),
+            "headers changed in place"
+        );
+        assert_ne!(
+            a,
+            cache_key_with_includes(
+                &p,
+                t,
+                (13, 0),
+                Some(&set(&["/tk/include", "/tk/include/cccl"], 1))
+            ),
+            "another folder"
+        );
+        assert_ne!(
+            a,
+            cache_key_with_includes(&p, t, (13, 0), Some(&set(&["/other/include"], 1))),
+            "another installation"
+        );
+        // Turned off on the program: the key of no include set.
+        assert_eq!(cache_key(&p.toolkit_includes(false), t, (13, 0)), none);
+    }
+
+    #[test]
     fn cache_key_changes_with_every_input() {
         let base = Program::new("src")
             .options(&["-a"])
             .name_expressions(&["f<int>"]);
-        let k = |p: &Program<'_>, t: Target, v: (i32, i32)| cache_key(p, t, v);
+        let k = |p: &Program<'_>, t: Target, v: (i32, i32)| cache_key_with_includes(p, t, v, None);
         let k0 = k(&base, Target::cubin(90), (13, 0));
         assert_ne!(k0, k(&base.options(&["-b"]), Target::cubin(90), (13, 0)));
         assert_ne!(

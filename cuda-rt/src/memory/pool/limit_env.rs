@@ -28,7 +28,7 @@ pub(crate) fn limit_from_env(
     })
 }
 
-pub(super) fn device_total_memory(device: i32) -> Result<u64> {
+pub(crate) fn device_total_memory(device: i32) -> Result<u64> {
     crate::device::context::init()?;
     let dev = cuda_sys::result::device::get(device)?;
     Ok(cuda_sys::result::device::total_mem(dev)? as u64)
