@@ -5,6 +5,8 @@
 #   SANITIZE=1 bash gpu-bin/run.sh the same under compute-sanitizer memcheck
 #   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables)
 #   ONLY=word bash gpu-bin/run.sh  only the test and example binaries named with `word`
+#   SKIP=word bash gpu-bin/run.sh  all but the test binaries named with `word` (e.g. the
+#                                  framework workloads under the sanitizer)
 # Ends with one line: `N passed, N failed`.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +30,7 @@ run() {
 }
 for bin in "$HERE"/tests/*${ONLY:-}*; do
   name=$(basename "$bin")
+  if [ -n "${SKIP:-}" ] && [[ "$name" == *"$SKIP"* ]]; then echo "$name: left out (SKIP=$SKIP)"; continue; fi
   log="$OUTDIR/test-$name.log"
   run "$bin" --test-threads="${TEST_THREADS:-4}" >"$log" 2>&1
   rc=$?
