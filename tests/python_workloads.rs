@@ -110,3 +110,24 @@ fn a_cupy_workload_on_the_pool_matches_cupys_pool() {
         compare("cupy");
     }
 }
+
+#[test]
+fn dlpack_hands_memory_to_torch_and_takes_torchs_tensors() {
+    if ready("torch", "torch.cuda.is_available()").is_none() {
+        return;
+    }
+    assert!(shim().is_file(), "{} was not built", shim().display());
+    let script = compare_script().with_file_name("dlpack_torch.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .env("PYTHONPATH", python_dir())
+        .env("CUDA_RT_C_LIB", shim())
+        .output()
+        .expect("python3 runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && text.contains("ok"), "{text}");
+}
