@@ -60,6 +60,12 @@ typedef struct curt_pool_stats_t {
     uint64_t n_free_blocks;    /* cached blocks */
     uint64_t peak_used_bytes;
     uint64_t peak_total_bytes;
+    uint64_t mallocs;          /* mallocs served */
+    uint64_t frees;            /* blocks given back */
+    uint64_t cache_hits;       /* mallocs served from the cache */
+    uint64_t cache_misses;     /* mallocs with no cached fit */
+    uint64_t backend_allocs;   /* allocations asked of the driver */
+    uint64_t backend_frees;    /* allocations given back to the driver */
 } curt_pool_stats_t;
 
 /* A launch shape; each extent at least 1. */

@@ -54,6 +54,12 @@ class PoolStats(ctypes.Structure):
         ("n_free_blocks", ctypes.c_uint64),
         ("peak_used_bytes", ctypes.c_uint64),
         ("peak_total_bytes", ctypes.c_uint64),
+        ("mallocs", ctypes.c_uint64),
+        ("frees", ctypes.c_uint64),
+        ("cache_hits", ctypes.c_uint64),
+        ("cache_misses", ctypes.c_uint64),
+        ("backend_allocs", ctypes.c_uint64),
+        ("backend_frees", ctypes.c_uint64),
     ]
 
 

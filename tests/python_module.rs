@@ -57,7 +57,9 @@ fn the_python_module_reads_stats_and_snapshots() {
 import cuda_rt_alloc as c
 s = c.stats(0)
 assert set(s) == {"used_bytes", "total_bytes", "free_bytes", "n_free_blocks",
-                  "peak_used_bytes", "peak_total_bytes", "graph_pools_bytes"}, s
+                  "peak_used_bytes", "peak_total_bytes", "mallocs", "frees",
+                  "cache_hits", "cache_misses", "backend_allocs", "backend_frees",
+                  "graph_pools_bytes"}, s
 snap = c.snapshot(0)
 assert "segments" in snap and "device_traces" in snap, snap
 assert isinstance(c.pinned_snapshot()["segments"], list)

@@ -31,6 +31,37 @@ pub struct curt_pool_stats_t {
     pub peak_used_bytes: u64,
     /// Peak of `total_bytes`.
     pub peak_total_bytes: u64,
+    /// Mallocs served (cache hits and misses).
+    pub mallocs: u64,
+    /// Blocks given back.
+    pub frees: u64,
+    /// Mallocs served from the cache.
+    pub cache_hits: u64,
+    /// Mallocs that found no cached fit.
+    pub cache_misses: u64,
+    /// Allocations asked of the driver (`cuMemAlloc` or the pool's backend).
+    pub backend_allocs: u64,
+    /// Allocations given back to the driver.
+    pub backend_frees: u64,
+}
+
+impl From<cuda_rt::memory::PoolStats> for curt_pool_stats_t {
+    fn from(s: cuda_rt::memory::PoolStats) -> Self {
+        curt_pool_stats_t {
+            used_bytes: s.used_bytes,
+            total_bytes: s.total_bytes,
+            free_bytes: s.free_bytes,
+            n_free_blocks: s.n_free_blocks,
+            peak_used_bytes: s.peak_used_bytes,
+            peak_total_bytes: s.peak_total_bytes,
+            mallocs: s.mallocs,
+            frees: s.frees,
+            cache_hits: s.cache_hits,
+            cache_misses: s.cache_misses,
+            backend_allocs: s.backend_allocs,
+            backend_frees: s.backend_frees,
+        }
+    }
 }
 
 fn put(mem: *mut curt_memory_t, p: Res<MemoryPointer>) -> Res<()> {
@@ -193,14 +224,7 @@ pub unsafe extern "C" fn curt_pool_stats(device: c_int, stats: *mut curt_pool_st
     guard(|| {
         let stats = out(stats, "stats")?;
         let s = get_default_memory_pool().device_stats(device);
-        *stats = curt_pool_stats_t {
-            used_bytes: s.used_bytes,
-            total_bytes: s.total_bytes,
-            free_bytes: s.free_bytes,
-            n_free_blocks: s.n_free_blocks,
-            peak_used_bytes: s.peak_used_bytes,
-            peak_total_bytes: s.peak_total_bytes,
-        };
+        *stats = s.into();
         Ok(())
     })
 }

@@ -78,14 +78,7 @@ pub unsafe extern "C" fn curt_pinned_pool_stats(stats: *mut curt_pool_stats_t) -
     guard(|| {
         let stats = out(stats, "stats")?;
         let s = get_default_pinned_memory_pool().stats();
-        *stats = curt_pool_stats_t {
-            used_bytes: s.used_bytes,
-            total_bytes: s.total_bytes,
-            free_bytes: s.free_bytes,
-            n_free_blocks: s.n_free_blocks,
-            peak_used_bytes: s.peak_used_bytes,
-            peak_total_bytes: s.peak_total_bytes,
-        };
+        *stats = s.into();
         Ok(())
     })
 }

@@ -74,6 +74,7 @@ def torch(runs, floor):
         f"(runs: torch {[round(r['steps_per_s'], 2) for r in native]}, "
         f"cuda-rt {[round(r['steps_per_s'], 2) for r in ours]}); peak reserved torch "
         f"{pn / 2**20:.1f} MiB, cuda-rt {po / 2**20:.1f} MiB, ratio {po / pn:.3f}; "
+        f"allocator counters torch {native[0]['allocator']}, cuda-rt {ours[0]['allocator']}; "
         f"graph capture, side stream and out-of-memory: ok (cuda-rt's error: "
         f"{ours[0]['oom']['message']!r})"
     )

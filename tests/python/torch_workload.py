@@ -37,9 +37,19 @@ def main():
         s = cuda_rt_alloc.stats(0)
         result["peak_reserved"] = s["peak_total_bytes"]
         result["peak_used"] = s["peak_used_bytes"]
+        result["allocator"] = {
+            k: s[k] for k in ("mallocs", "cache_misses", "backend_allocs", "backend_frees")
+        }
     else:
         result["peak_reserved"] = torch.cuda.max_memory_reserved()
         result["peak_used"] = torch.cuda.max_memory_allocated()
+        m = torch.cuda.memory_stats()
+        result["allocator"] = {
+            "mallocs": m.get("allocation.all.allocated", 0),
+            "segments": m.get("segment.all.allocated", 0),
+            "segment_frees": m.get("segment.all.freed", 0),
+            "retries": m.get("num_alloc_retries", 0),
+        }
     with open(out, "w") as f:
         json.dump(result, f)
 
