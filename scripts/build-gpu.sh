@@ -40,7 +40,10 @@ for line in sys.stdin:
 }
 
 echo "tests:";    collect tests test test --no-run
-echo "benches:";  collect benches bench bench --no-run
+# NO_BENCH=1 leaves the bench binaries out (the tree that travels must stay under 64 MiB).
+if [ "${NO_BENCH:-0}" != 1 ]; then
+  echo "benches:";  collect benches bench bench --no-run
+fi
 echo "examples:"; collect examples example build --examples
 cargo build -p cuda-rt-c --profile gpu
 # Where cargo builds (CARGO_TARGET_DIR or the workspace's target/).
