@@ -260,3 +260,35 @@ fn shim_calls_from_thread_local_destructors_neither_panic_nor_abort() {
     );
     assert!(stdout.contains("TLS TEARDOWN PASSED"), "{stdout}{stderr}");
 }
+
+#[test]
+fn c_api_program_links_the_static_library_too() {
+    // The static library sits beside the shared one where cargo builds them (not on
+    // the GPU machine, whose prebuilt programs link the shared one).
+    if std::env::var_os("CUDA_RT_C_API").is_some() {
+        eprintln!("skipped: prebuilt programs in use (the static library is tested where built)");
+        return;
+    }
+    let dir = shim_dir();
+    let lib = dir.join("libcuda_rt_c.a");
+    assert!(lib.exists(), "{} not built", lib.display());
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("cuda_rt_c_api_static_{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .arg(root.join("tests/c/api.c"))
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(&root)
+        .arg(&lib)
+        .args(["-pthread", "-ldl", "-lm", "-o"])
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
+    assert!(status.success(), "linking tests/c/api.c with libcuda_rt_c.a failed");
+    // No LD_LIBRARY_PATH: nothing of the shim is loaded at run time.
+    let run = Command::new(&out).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let _ = std::fs::remove_file(&out);
+    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("C API PASSED"), "{stdout}");
+}
