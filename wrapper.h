@@ -132,6 +132,12 @@ int curt_memory_ptr(curt_memory_t mem, uint64_t *ptr);
 /* Size of `mem` in bytes. */
 int curt_memory_size(curt_memory_t mem, size_t *size);
 
+/* Mark `mem` as used by `stream` (NULL: the current stream; PyTorch's record_stream):
+ * once freed, its memory is not reused before the work queued on `stream` until the
+ * free has completed (an event recorded at the free, polled by the pool; no host
+ * synchronisation). Nothing for `mem`'s own stream or for memory that is not pooled. */
+int curt_pool_record_stream(curt_memory_t mem, curt_stream_t stream);
+
 /* Statistics of the default pool on `device`. */
 int curt_pool_stats(int device, curt_pool_stats_t *stats);
 
@@ -314,6 +320,10 @@ int curt_reset_allocator(void);
 void *curt_torch_alloc(ssize_t size, int device, void *stream);
 /* PyTorch CUDAPluggableAllocator free. */
 void curt_torch_free(void *ptr, ssize_t size, int device, void *stream);
+/* PyTorch CUDAPluggableAllocator record_stream hook: memory of curt_torch_alloc at `ptr`
+ * is used by `stream` (a cudaStream_t of its device, or 0, alive until the memory is
+ * freed): once freed it is reused only after `stream`'s work up to the free. */
+void curt_torch_record_stream(void *ptr, void *stream);
 /* CuPy CFunctionAllocator malloc (`param` unused): on the current stream of `device`. */
 void *curt_cupy_malloc(void *param, size_t size, int device);
 /* CuPy CFunctionAllocator free. */

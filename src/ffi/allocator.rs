@@ -222,3 +222,20 @@ pub unsafe extern "C" fn curt_cupy_free(param: *mut c_void, ptr: *mut c_void, de
     let _ = (param, device);
     free_quietly(ptr);
 }
+
+/// The memory the drop-in entry points handed out at `ptr` (a clone of its pointer,
+/// so the caller works outside the registry's lock), for `record_stream.rs`.
+pub(crate) fn dropin_pointer(ptr: *mut c_void) -> Res<MemoryPointer> {
+    let addr = ptr as u64;
+    let p = shard(addr)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(|m| m.get(&addr).cloned());
+    p.ok_or_else(|| {
+        bad_arg(format!(
+            "{addr:#x} was not allocated by curt_torch_alloc or curt_cupy_malloc, or was \
+             freed already"
+        ))
+    })
+}

@@ -29,6 +29,7 @@ mod handles;
 mod memory;
 mod module;
 mod pinned;
+mod record_stream;
 mod status;
 mod stream;
 
@@ -45,5 +46,6 @@ pub use handles::{
 pub use memory::*;
 pub use module::*;
 pub use pinned::*;
+pub use record_stream::*;
 pub use status::*;
 pub use stream::*;

@@ -478,7 +478,7 @@ mod tests {
                                 "handed out while awaiting"
                             );
                         }
-                        if rng % 3 == 0 {
+                        if rng.is_multiple_of(3) {
                             pool.free(b).unwrap();
                         } else {
                             let f = backend.new_fence();
@@ -492,7 +492,7 @@ mod tests {
                             )
                             .unwrap();
                         }
-                        if rng % 5 == 0 {
+                        if rng.is_multiple_of(5) {
                             // The "stream" passes the oldest fences.
                             let mut p = pending.lock().unwrap();
                             let n = p.len() / 2;

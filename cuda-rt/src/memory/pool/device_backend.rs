@@ -1,5 +1,6 @@
-//! The backends of a device's pool: `cuMemAlloc` / `cuMemFree` ([`DeviceBackend`]),
-//! and any backend with the allocation hooks around it ([`HookedBackend`]).
+//! The backends of a device's pool: `cuMemAlloc` / `cuMemFree` ([`DeviceBackend`],
+//! whose fences are events), and any backend with the allocation hooks around it
+//! ([`HookedBackend`]).
 
 use cuda_sys::driver as sys;
 use cuda_sys::result;
@@ -8,6 +9,8 @@ use crate::device::context::make_current;
 use crate::error::Error;
 use crate::memory::arena::{Backend, BackendError};
 use crate::memory::hook;
+
+use super::stream_uses::FENCE_FLAGS;
 
 /// `cuMemAlloc` / `cuMemFree` on one device (its primary context made current).
 #[derive(Debug)]
@@ -35,6 +38,24 @@ impl Backend for DeviceBackend {
             // is handed out any more.
             let _ = unsafe { result::memory::free(addr) };
         }
+    }
+
+    // Fences are events of this device recorded by `stream_uses`, owned by the pool
+    // from `free_raw_after` until `fence_release`.
+
+    fn fence_done(&self, fence: u64) -> bool {
+        // An error (a failed context) counts as done: no work runs there any more.
+        // SAFETY: the fence is a live event (above) until its release.
+        unsafe { result::event::query(fence as usize as sys::CUevent) }.unwrap_or(true)
+    }
+
+    fn fence_wait(&self, fence: u64) {
+        // SAFETY: as in `fence_done`.
+        let _ = unsafe { result::event::synchronize(fence as usize as sys::CUevent) };
+    }
+
+    fn fence_release(&self, fence: u64) {
+        crate::event::give_raw(self.device, FENCE_FLAGS, fence as usize);
     }
 }
 
@@ -64,5 +85,17 @@ impl<B: Backend> Backend for HookedBackend<B> {
     #[inline]
     fn free(&self, addr: u64, size: usize) {
         self.backend.free(addr, size)
+    }
+
+    fn fence_done(&self, fence: u64) -> bool {
+        self.backend.fence_done(fence)
+    }
+
+    fn fence_wait(&self, fence: u64) {
+        self.backend.fence_wait(fence)
+    }
+
+    fn fence_release(&self, fence: u64) {
+        self.backend.fence_release(fence)
     }
 }
