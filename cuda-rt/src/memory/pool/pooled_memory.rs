@@ -113,19 +113,33 @@ unsafe impl BaseMemory for PooledMemory {
             return;
         }
         fence(Ordering::Acquire);
+        if self.uses.any() {
+            return self.recycle_after_streams();
+        }
         if let Some(raw) = self.block.take() {
             let id = Arc::as_ptr(&self) as usize;
-            if self.uses.any() {
-                self.core.free_after_streams(raw, id, &self.uses);
-                if self.core.after_free() {
-                    return;
-                }
-            } else if self.core.park_raw(raw, id, || self.core.home()) {
+            if self.core.park_raw(raw, id, || self.core.home()) {
                 // The pool's handles are gone: let the object (and the device pool) go.
                 return;
             }
         }
         spare::put(self);
+    }
+}
+
+impl PooledMemory {
+    /// [`recycle`](BaseMemory::recycle) of a block that other streams used: kept off
+    /// the hot path, which pays only the test of `uses`.
+    #[cold]
+    #[inline(never)]
+    fn recycle_after_streams(self: Arc<Self>) {
+        if let Some(raw) = self.block.take() {
+            let id = Arc::as_ptr(&self) as usize;
+            self.core.free_after_streams(raw, id, &self.uses);
+        }
+        if !self.core.after_free() {
+            spare::put(self);
+        }
     }
 }
 
