@@ -49,8 +49,9 @@
 //! - `device_pool`: one device's pool (the arena pool with the hook dispatch) and
 //!   how pooled memory refers to it.
 //! - `pooled_memory`: [`PooledMemory`] and the recycling of emptied objects.
-//! - `device_backend`: `cuMemAlloc` / `cuMemFree`, and the allocation hooks around a
-//!   backend.
+//! - `device_backend`: the memory a pool caches ([`PoolAllocator`]: `cuMemAlloc` by
+//!   default, managed, stream-ordered, a user function pair), and the allocation
+//!   hooks around a backend.
 //! - `stream_key`: the arena key of the current stream; `limit_env`: [`LIMIT_ENV`].
 //! - `stream_uses`: the other streams recorded on a block
 //!   ([`MemoryPointer::record_stream`](crate::memory::MemoryPointer::record_stream))
@@ -69,6 +70,7 @@ mod pooled_memory;
 mod stream_key;
 mod stream_uses;
 
+pub use device_backend::PoolAllocator;
 pub use limit_env::LIMIT_ENV;
 pub use memory_pool::{get_default_memory_pool, MemoryPool};
 pub(crate) use out_of_memory::pool_malloc_error;
