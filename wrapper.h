@@ -189,6 +189,12 @@ int curt_memory_from_dlpack(DLManagedTensor *tensor, curt_memory_t *mem);
 /* The same for a DLManagedTensorVersioned: major version 1; read-only tensors refused. */
 int curt_memory_from_dlpack_versioned(DLManagedTensorVersioned *tensor, curt_memory_t *mem);
 
+/* Mark `mem` as used by `stream` (NULL: the current stream; PyTorch's record_stream):
+ * once freed, its memory is not reused before the work queued on `stream` until the
+ * free has completed (an event recorded at the free, polled by the pool; no host
+ * synchronisation). Nothing for `mem`'s own stream or for memory that is not pooled. */
+int curt_pool_record_stream(curt_memory_t mem, curt_stream_t stream);
+
 /* Statistics of the default pool on `device`. */
 int curt_pool_stats(int device, curt_pool_stats_t *stats);
 
@@ -376,6 +382,10 @@ void curt_torch_free(void *ptr, ssize_t size, int device, void *stream);
 /* `size` bytes on the arena of `stream` (0: the legacy default stream) of `device`;
  * NULL and curt_last_error() on failure, never thrown. Free with curt_cupy_free. */
 void *curt_dropin_alloc(size_t size, int device, void *stream);
+/* PyTorch CUDAPluggableAllocator record_stream hook: memory of curt_torch_alloc at `ptr`
+ * is used by `stream` (a cudaStream_t of its device, or 0, alive until the memory is
+ * freed): once freed it is reused only after `stream`'s work up to the free. */
+void curt_torch_record_stream(void *ptr, void *stream);
 /* CuPy CFunctionAllocator malloc (`param` unused): on cuda-rt's current stream of
  * `device` (CuPy's current stream is not visible here; CuPy does not check for NULL). */
 void *curt_cupy_malloc(void *param, size_t size, int device);

@@ -156,6 +156,11 @@ fn null_and_made_up_handles_are_invalid_handles_never_crashes() {
             h,
             "invalid event handle",
         );
+        expect(
+            curt_pool_record_stream(fake as _, null_mut()),
+            h,
+            "invalid memory handle",
+        );
         expect(curt_free(null_mut()), h, "memory handle is NULL");
         expect(curt_free(fake as _), h, "invalid memory handle");
         let mut p = 0u64;
@@ -237,6 +242,13 @@ fn dropin_allocators_never_return_null_silently_for_a_nonzero_size() {
             assert!(curt_torch_alloc(256, 0, null_mut()).is_null());
             assert!(!last_error().is_empty());
         }
+        // Recording a stream on an unknown address is a recorded error, never a crash.
+        curt_torch_record_stream(0x2000 as *mut c_void, null_mut());
+        assert!(
+            last_error().contains("0x2000 was not allocated"),
+            "{}",
+            last_error()
+        );
         // Freeing NULL or an unknown address is a recorded error at most, never a crash.
         curt_torch_free(null_mut(), 0, 0, null_mut());
         curt_cupy_free(null_mut(), 0x1000 as *mut c_void, 0);
@@ -653,6 +665,50 @@ fn gpu_c_allocator_pair_and_the_torch_and_cupy_entry_points() {
         assert!(huge.is_null());
         assert!(!last_error().is_empty());
         ok(curt_stream_destroy(s));
+    }
+}
+
+/// `record_stream` through the shim: on a `curt_malloc` handle, and through PyTorch's
+/// hook on memory of `curt_torch_alloc`; each records one event on the other stream
+/// when the memory is freed (the default pool's statistics count it).
+#[test]
+fn gpu_record_stream_through_the_shim_and_the_torch_hook() {
+    // SAFETY: every pointer passed to the shim here is NULL or a live local of the
+    // type wrapper.h names; the streams live until the end, past every free.
+    unsafe {
+        if !gpu_or_skip("gpu_record_stream_through_the_shim_and_the_torch_hook") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let fences = || {
+            cuda_rt::get_default_memory_pool()
+                .device_stats(0)
+                .stream_fences
+        };
+        // PyTorch's hook: the raw stream handle, as torch passes a cudaStream_t.
+        let side = cuda_rt::stream::Stream::non_blocking().unwrap();
+        let raw = cuda_rt::AsStream::as_raw(&side);
+        let t = curt_torch_alloc(1 << 20, 0, null_mut());
+        assert!(!t.is_null(), "{}", last_error());
+        let before = fences();
+        curt_torch_record_stream(t, raw.cast());
+        curt_torch_free(t, 1 << 20, 0, null_mut());
+        assert_eq!(fences(), before + 1, "one event recorded at the free");
+
+        // A curt_malloc handle and a curt stream handle.
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        let mut m = null_mut();
+        ok(curt_malloc(1 << 20, null_mut(), &mut m));
+        ok(curt_memset(m, 0, 7, 1 << 20));
+        ok(curt_pool_record_stream(m, s));
+        // The memory's own stream (the current one): nothing to record.
+        ok(curt_pool_record_stream(m, null_mut()));
+        ok(curt_free(m));
+        assert_eq!(fences(), before + 2);
+        ok(curt_stream_synchronize(s));
+        ok(curt_stream_destroy(s));
+        cuda_rt::AsStream::synchronize(&side).unwrap();
     }
 }
 

@@ -284,11 +284,18 @@ fn c_api_program_links_the_static_library_too() {
         .arg(&out)
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
-    assert!(status.success(), "linking tests/c/api.c with libcuda_rt_c.a failed");
+    assert!(
+        status.success(),
+        "linking tests/c/api.c with libcuda_rt_c.a failed"
+    );
     // No LD_LIBRARY_PATH: nothing of the shim is loaded at run time.
     let run = Command::new(&out).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     let _ = std::fs::remove_file(&out);
-    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     assert!(stdout.contains("C API PASSED"), "{stdout}");
 }

@@ -112,22 +112,6 @@ fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
     p.ok_or_else(|| bad_arg(format!("{addr:#x} was not allocated by curt_torch_alloc or curt_cupy_malloc, or was freed already")))
 }
 
-/// The pool pointer behind an address handed out by the drop-in entry points, for a
-/// call that needs the object (`f` runs under the registry's shard lock: keep it short).
-#[allow(dead_code)]
-pub(crate) fn with_registered<R>(
-    ptr: *mut c_void,
-    f: impl FnOnce(&MemoryPointer) -> R,
-) -> Option<R> {
-    let addr = ptr as u64;
-    shard(addr)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .and_then(|m| m.get(&addr))
-        .map(f)
-}
-
 /// How many allocations of the drop-in entry points are live (for tests and leak
 /// checks).
 ///
@@ -294,4 +278,21 @@ pub unsafe extern "C" fn curt_cupy_malloc(
 pub unsafe extern "C" fn curt_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
     let _ = (param, device);
     free_quietly(ptr);
+}
+
+/// The memory the drop-in entry points handed out at `ptr` (a clone of its pointer,
+/// so the caller works outside the registry's lock), for `record_stream.rs`.
+pub(crate) fn dropin_pointer(ptr: *mut c_void) -> Res<MemoryPointer> {
+    let addr = ptr as u64;
+    let p = shard(addr)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(|m| m.get(&addr).cloned());
+    p.ok_or_else(|| {
+        bad_arg(format!(
+            "{addr:#x} was not allocated by curt_torch_alloc or curt_cupy_malloc, or was \
+             freed already"
+        ))
+    })
 }

@@ -31,6 +31,7 @@ mod handles;
 mod memory;
 mod module;
 mod pinned;
+mod record_stream;
 mod status;
 mod stream;
 mod torch_error;
@@ -51,6 +52,7 @@ pub use handles::{
 pub use memory::*;
 pub use module::*;
 pub use pinned::*;
+pub use record_stream::*;
 pub use status::*;
 pub use stream::*;
 pub use torch_hooks::*;

@@ -157,6 +157,13 @@ impl<T: Pod> DeviceBuffer<T> {
         self.mem
     }
 
+    /// Marks the buffer's memory as used by work queued on `stream`, so that once it
+    /// is freed it is not reused before that work has completed (see
+    /// [`MemoryPointer::record_stream`]).
+    pub fn record_stream<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
+        self.mem.record_stream(stream)
+    }
+
     /// The whole buffer as a shared view.
     #[inline]
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {

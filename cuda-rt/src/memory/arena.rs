@@ -91,6 +91,14 @@
 //! frees instead of 0). It is off by default because on a GPU `cuMemFree`
 //! synchronizes the device, a cost a malloc should not hide.
 //!
+//! # Blocks used by other streams
+//! An arena hands a freed block out again to work ordered on its own stream. A block
+//! that other streams used goes back with [`Pool::free_after`] and the fences the
+//! owner recorded on them (events): it *awaits* (counted as freed, not reusable,
+//! not merged) until the backend says every fence is done. A miss polls its arena's
+//! awaiting blocks before growing (queries, no wait); only out of memory and the
+//! pool's drop wait for them. A block freed without fences never meets this code.
+//!
 //! # Ownership and drop
 //! A [`Block`] is a plain token of integers (no reference count: an `Arc` per block
 //! would put a shared atomic on every hit): give it back with [`Pool::free`]. A block
@@ -109,6 +117,9 @@
 //!   best-fit index inside it; `table`: the pool's arenas by index.
 //! - `block`: [`Block`] and its integer forms; `error`: what can go wrong.
 //! - `parked`: the per-thread parking slots; `parking`: the pool's side of them.
+//! - `awaiting`: blocks given back while other streams may still use them
+//!   ([`Pool::free_after`], PyTorch's `record_stream`), reused once their fences
+//!   are done.
 //! - `backend`: [`Backend`] and the host and fake backends; `limit`: parsing and
 //!   printing limits.
 //! - `barrier`: the process-wide memory barrier (`membarrier`) that lets a parked free
@@ -119,6 +130,7 @@
 #![deny(unsafe_code)]
 
 mod arena_lookup;
+mod awaiting;
 mod backend;
 pub(crate) mod barrier;
 mod bins;
@@ -134,6 +146,7 @@ mod stats;
 mod stream_arena;
 mod table;
 
+pub use awaiting::StreamFence;
 pub use backend::{Backend, BackendError};
 #[cfg(any(test, feature = "test-util"))]
 pub use backend::{BackendCounters, FakeBackend, HostBackend};

@@ -15,6 +15,7 @@ use crate::device::context::make_current;
 use crate::device::device_count;
 use crate::error::{Error, OutOfMemory, OutOfMemoryCause, Result, StateKind};
 use crate::memory::MemoryPointer;
+use crate::stream::StreamRef;
 
 /// A range of device-accessible memory that lives as long as the object:
 /// what a [`MemoryPointer`](crate::memory::MemoryPointer) points into.
@@ -39,6 +40,17 @@ pub unsafe trait BaseMemory: Send + Sync + fmt::Debug + 'static {
     #[inline]
     fn recycle(self: Arc<Self>) {
         drop(self);
+    }
+
+    /// Marks the memory as used by work queued on `stream` (PyTorch's
+    /// `record_stream`): once the memory is released, it is not given to anyone else
+    /// before the work `stream` had queued at the release has completed. The default
+    /// does nothing: right for memory whose release waits for the device anyway
+    /// (`cuMemFree`); a pooled block ([`MemoryPool`](crate::memory::MemoryPool))
+    /// records an event on `stream` when it is freed.
+    fn record_stream(&self, stream: &StreamRef) -> Result<()> {
+        let _ = stream;
+        Ok(())
     }
 }
 

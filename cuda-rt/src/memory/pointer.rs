@@ -254,6 +254,23 @@ impl MemoryPointer {
         self.m()
     }
 
+    /// Marks the memory as used by work queued on `stream` (PyTorch's
+    /// `Tensor.record_stream`): when its last pointer goes, the memory is not handed
+    /// to anyone else before the work queued on `stream` up to then has completed.
+    /// Call it when the memory, allocated on one stream, is used by another, instead
+    /// of synchronising: for pool memory an event is recorded on each such stream at
+    /// the free and the pool polls it (no host synchronisation in the steady state;
+    /// see [`PoolStats::awaiting_blocks`](crate::memory::arena::PoolStats::awaiting_blocks)).
+    /// Recording the stream the memory was allocated on does nothing; so does any
+    /// stream for memory whose release waits for the device anyway (`cuMemFree`).
+    /// The stream is kept alive until the free.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a stream of another device than the memory's.
+    pub fn record_stream<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
+        self.m().record_stream(&stream.as_stream_ref())
+    }
+
     /// The memory object (a null one only while the pointer is being dropped).
     #[inline]
     pub(super) fn m(&self) -> &Arc<dyn BaseMemory> {

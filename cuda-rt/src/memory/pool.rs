@@ -14,6 +14,12 @@
 //!   memory), read when the device's pool is created.
 //! - Out of memory (limit or driver) is [`Error::OutOfMemory`] with the rounded
 //!   request, in-use, cached and limit bytes, and the driver's error if it refused.
+//! - Cross-stream use: [`MemoryPointer::record_stream`](crate::memory::MemoryPointer::record_stream)
+//!   (PyTorch's `record_stream`) marks a block as used by another stream; when it is
+//!   freed an event is recorded on each such stream and the block is handed out
+//!   again only once they have completed (polled by a malloc that misses, never
+//!   waited for in the steady state; see [`arena`](super::arena)). A block with no
+//!   recorded stream costs nothing more: one flag read at its free.
 //! - Hooks ([`super::hook`]) registered on the calling thread run around
 //!   mallocs and frees; with none, the cost is one thread-local test.
 //!
@@ -43,9 +49,13 @@
 //! - `device_pool`: one device's pool (the arena pool with the hook dispatch) and
 //!   how pooled memory refers to it.
 //! - `pooled_memory`: [`PooledMemory`] and the recycling of emptied objects.
-//! - `device_backend`: `cuMemAlloc` / `cuMemFree`, and the allocation hooks around a
-//!   backend.
+//! - `device_backend`: the memory a pool caches ([`PoolAllocator`]: `cuMemAlloc` by
+//!   default, managed, stream-ordered, a user function pair), and the allocation
+//!   hooks around a backend.
 //! - `stream_key`: the arena key of the current stream; `limit_env`: [`LIMIT_ENV`].
+//! - `stream_uses`: the other streams recorded on a block
+//!   ([`MemoryPointer::record_stream`](crate::memory::MemoryPointer::record_stream))
+//!   and the events recorded on them when it is freed.
 //! - `out_of_memory`: a failed malloc as the crate's error (shared with the pinned
 //!   pools).
 //!
@@ -58,7 +68,9 @@ mod memory_pool;
 mod out_of_memory;
 mod pooled_memory;
 mod stream_key;
+mod stream_uses;
 
+pub use device_backend::PoolAllocator;
 pub use limit_env::LIMIT_ENV;
 pub use memory_pool::{get_default_memory_pool, MemoryPool};
 pub(crate) use out_of_memory::pool_malloc_error;

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use super::allocator::{PinnedFunctions, PinnedMemoryAllocator};
 use super::bytes;
 use super::fence::{Fence, Pending};
 use super::pool_core::{PinnedCore, PinnedFlags};
@@ -27,6 +28,8 @@ pub struct PinnedMemory {
     addr: u64,
     size: usize,
     flags: PinnedFlags,
+    /// The user's pair that allocated it (`None`: `cuMemHostAlloc`).
+    functions: Option<PinnedFunctions>,
 }
 
 impl PinnedMemory {
@@ -43,11 +46,33 @@ impl PinnedMemory {
                 addr: 0,
                 size: 0,
                 flags,
+                functions: None,
             });
         }
         context::make_current(crate::device::get_device_id())?;
         let addr = super::host_alloc(size, flags.bits())?;
-        Ok(PinnedMemory { addr, size, flags })
+        Ok(PinnedMemory {
+            addr,
+            size,
+            flags,
+            functions: None,
+        })
+    }
+
+    /// `size` bytes from the user's pair `functions` (freed with its `free` on drop).
+    /// Its flags are empty (the pair's are unknown). `size == 0` allocates nothing.
+    pub fn with_functions(size: usize, functions: &PinnedFunctions) -> Result<PinnedMemory> {
+        let addr = if size == 0 {
+            0
+        } else {
+            functions.malloc(size)?
+        };
+        Ok(PinnedMemory {
+            addr,
+            size,
+            flags: PinnedFlags::empty(),
+            functions: (size != 0).then(|| functions.clone()),
+        })
     }
 
     /// The host address (0 for size 0).
@@ -83,7 +108,11 @@ impl PinnedMemory {
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
-        if self.addr != 0 {
+        if let Some(f) = &self.functions {
+            // From the user's pair (`with_functions`), freed once, here, after the copy
+            // in flight (as below).
+            f.free(self.addr, self.size);
+        } else if self.addr != 0 {
             // SAFETY: `addr` came from cuMemHostAlloc (`with_flags`) and is freed once,
             // here; an `Owner` holding this memory waited for the copy in flight on it
             // before dropping it.
@@ -829,10 +858,14 @@ fn misaligned<T>(addr: u64, len: usize) -> Error {
 /// Allocates `size` bytes of pinned memory from the current pinned allocator: the
 /// default [`PinnedMemoryPool`](super::PinnedMemoryPool) unless
 /// [`set_pinned_memory_allocator`](super::set_pinned_memory_allocator) chose another
-/// pool or none (then each call is one `cuMemHostAlloc`).
+/// pool, none (then each call is one `cuMemHostAlloc`), or a user's function pair
+/// (one call of it).
 pub fn alloc_pinned_memory(size: usize) -> Result<PinnedMemoryPointer> {
-    super::with_current_allocator(|pool| match pool {
-        Some(p) => p.malloc(size),
-        None => PinnedMemory::new(size).map(PinnedMemoryPointer::from),
+    super::with_current_allocator(|a| match a {
+        PinnedMemoryAllocator::Pool(p) => p.malloc(size),
+        PinnedMemoryAllocator::Unpooled => PinnedMemory::new(size).map(PinnedMemoryPointer::from),
+        PinnedMemoryAllocator::Functions(f) => {
+            PinnedMemory::with_functions(size, f).map(PinnedMemoryPointer::from)
+        }
     })
 }

@@ -42,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+mod allocator;
 mod bytes;
 mod fence;
 mod host_copy;
@@ -55,6 +56,9 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 
+pub use allocator::{
+    PinnedAllocator, PinnedFreeFn, PinnedFunctions, PinnedMallocFn, PinnedMemoryAllocator,
+};
 pub use memory::{alloc_pinned_memory, PinnedMemory, PinnedMemoryPointer};
 pub use pool::PinnedMemoryPool;
 pub use pool_core::PinnedFlags;
@@ -78,53 +82,69 @@ pub fn get_default_pinned_memory_pool() -> PinnedMemoryPool {
 
 /// The allocator [`alloc_pinned_memory`] uses: `None` before any call to
 /// [`set_pinned_memory_allocator`] (meaning the default pool).
-static ALLOCATOR: RwLock<Option<Option<PinnedMemoryPool>>> = RwLock::new(None);
+static ALLOCATOR: RwLock<Option<PinnedMemoryAllocator>> = RwLock::new(None);
 /// Bumped by each [`set_pinned_memory_allocator`]; threads cache the allocator of the
 /// generation they last saw, so an allocation takes no lock.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    static CACHED: RefCell<(u64, Option<PinnedMemoryPool>)> = const { RefCell::new((0, None)) };
+    static CACHED: RefCell<(u64, Option<PinnedMemoryAllocator>)> = const { RefCell::new((0, None)) };
 }
 
 /// Sets the allocator of [`alloc_pinned_memory`] for every thread (CuPy's
-/// `set_pinned_memory_allocator`): `Some(pool)` allocates from `pool`, `None`
-/// allocates each time with `cuMemHostAlloc` (no pooling).
-pub fn set_pinned_memory_allocator(allocator: Option<PinnedMemoryPool>) {
+/// `set_pinned_memory_allocator`): a pool (`pool` or `Some(pool)`) allocates from
+/// it, `None` allocates each time with `cuMemHostAlloc` (no pooling), and a
+/// [`PinnedFunctions`] pair allocates each time with the user's functions.
+///
+/// ```no_run
+/// use cuda_rt::pinned::{self, PinnedMemoryPool};
+/// pinned::set_pinned_memory_allocator(PinnedMemoryPool::new());
+/// pinned::set_pinned_memory_allocator(None); // no pooling
+/// ```
+pub fn set_pinned_memory_allocator(allocator: impl Into<PinnedMemoryAllocator>) {
     let mut a = ALLOCATOR.write().unwrap_or_else(PoisonError::into_inner);
-    *a = Some(allocator);
+    *a = Some(allocator.into());
     GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
-/// The pool [`alloc_pinned_memory`] allocates from now (`None`: no pooling).
+/// The pool [`alloc_pinned_memory`] allocates from now (`None`: no pooling, or a
+/// user's function pair; see [`get_pinned_memory_allocator_kind`]).
 pub fn get_pinned_memory_allocator() -> Option<PinnedMemoryPool> {
-    with_current_allocator(|p| p.cloned())
+    with_current_allocator(|a| match a {
+        PinnedMemoryAllocator::Pool(p) => Some(p.clone()),
+        _ => None,
+    })
 }
 
-fn read_allocator() -> Option<PinnedMemoryPool> {
+/// What [`alloc_pinned_memory`] allocates with now.
+pub fn get_pinned_memory_allocator_kind() -> PinnedMemoryAllocator {
+    with_current_allocator(PinnedMemoryAllocator::clone)
+}
+
+fn read_allocator() -> PinnedMemoryAllocator {
     let a = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
     match &*a {
-        None => Some(get_default_pinned_memory_pool()),
+        None => PinnedMemoryAllocator::Pool(get_default_pinned_memory_pool()),
         Some(p) => p.clone(),
     }
 }
 
 /// Runs `f` with the current allocator, from this thread's cache when no
 /// [`set_pinned_memory_allocator`] happened since it was filled.
-pub(crate) fn with_current_allocator<R>(f: impl Fn(Option<&PinnedMemoryPool>) -> R) -> R {
+pub(crate) fn with_current_allocator<R>(f: impl Fn(&PinnedMemoryAllocator) -> R) -> R {
     let generation = GENERATION.load(Ordering::Acquire);
     let r = CACHED.try_with(|c| {
         let mut c = c.try_borrow_mut().ok()?;
         if c.0 != generation {
-            *c = (generation, read_allocator());
+            *c = (generation, Some(read_allocator()));
         }
         // No clone of the pool (a shared atomic count): `f` runs on the cached one.
-        Some(f(c.1.as_ref()))
+        c.1.as_ref().map(&f)
     });
     match r {
         Ok(Some(r)) => r,
         // Thread exiting, or `f` re-entered: read the shared setting.
-        _ => f(read_allocator().as_ref()),
+        _ => f(&read_allocator()),
     }
 }
 

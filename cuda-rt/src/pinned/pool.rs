@@ -35,6 +35,7 @@
 
 use std::sync::Arc;
 
+use super::allocator::PinnedAllocator;
 use super::memory::PinnedMemoryPointer;
 use super::pool_core::{Core, PinnedBackend, PinnedCore, PinnedFlags};
 use crate::error::{Error, Result};
@@ -92,16 +93,33 @@ impl PinnedMemoryPool {
 
     /// An empty pool whose memory is allocated with `flags`.
     pub fn with_flags(flags: PinnedFlags) -> Self {
+        Self::with_allocator(PinnedAllocator::HostAlloc(flags))
+    }
+
+    /// An empty pool that caches memory from `allocator` (CuPy's
+    /// `PinnedMemoryPool(allocator)`): `cuMemHostAlloc` with flags, or a user's
+    /// function pair. Rounding, waste bound, in-flight protection and statistics are
+    /// the same.
+    pub fn with_allocator(allocator: PinnedAllocator) -> Self {
         PinnedMemoryPool {
             handle: Arc::new(Handle {
-                core: Arc::new(Core::new(PinnedBackend { flags })),
+                core: Arc::new(Core::new(PinnedBackend { source: allocator })),
             }),
         }
     }
 
-    /// The flags the pool allocates with.
+    /// The allocator whose memory the pool caches.
+    pub fn allocator(&self) -> &PinnedAllocator {
+        &self.core().pool().backend().source
+    }
+
+    /// The flags the pool allocates with (empty for a user's function pair, whose
+    /// flags the pool does not know).
     pub fn flags(&self) -> PinnedFlags {
-        self.core().pool().backend().flags
+        match self.allocator() {
+            PinnedAllocator::HostAlloc(f) => *f,
+            PinnedAllocator::Functions(_) => PinnedFlags::empty(),
+        }
     }
 
     /// `size` bytes of pinned memory (a block of `size` rounded up to 512 bytes).

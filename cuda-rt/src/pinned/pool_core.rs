@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
+use super::allocator::PinnedAllocator;
 use super::fence::{Fence, Pending};
 use crate::device::context;
 use crate::error::Error;
@@ -41,18 +42,31 @@ impl Default for PinnedFlags {
     }
 }
 
-/// `cuMemHostAlloc` / `cuMemFreeHost` as a pool [`Backend`], in the current device's
-/// context (portable memory is usable from every context anyway).
+/// A pinned pool's [`PinnedAllocator`] as a pool [`Backend`]: `cuMemHostAlloc` /
+/// `cuMemFreeHost` in the current device's context (portable memory is usable from
+/// every context anyway), or the user's function pair.
 #[derive(Debug)]
 pub(crate) struct PinnedBackend {
     /// What every allocation of the pool is made with.
-    pub(super) flags: PinnedFlags,
+    pub(super) source: PinnedAllocator,
 }
 
 impl Backend for PinnedBackend {
     fn alloc(&self, size: usize) -> std::result::Result<u64, BackendError> {
-        let r = context::make_current(crate::device::get_device_id())
-            .and_then(|()| super::host_alloc(size, self.flags.bits()));
+        let r = match &self.source {
+            PinnedAllocator::HostAlloc(flags) => {
+                context::make_current(crate::device::get_device_id())
+                    .and_then(|()| super::host_alloc(size, flags.bits()))
+            }
+            PinnedAllocator::Functions(f) => match f.malloc(size) {
+                Ok(a) => Ok(a),
+                // A null or out of memory: the pool releases its cache and retries.
+                Err(Error::InvalidState { .. } | Error::OutOfMemory(_)) => {
+                    return Err(BackendError::OutOfMemory(None))
+                }
+                Err(e) => Err(e),
+            },
+        };
         match r {
             Ok(a) => Ok(a),
             Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
@@ -62,12 +76,20 @@ impl Backend for PinnedBackend {
         }
     }
 
-    fn free(&self, addr: u64, _size: usize) {
-        // Nothing to do about a failure at this point (a context torn down at exit).
-        // SAFETY: the pool frees only what `alloc` gave it (cuMemHostAlloc), once, and
-        // only once no block of it is handed out and the fences of the copies that used
-        // it are done (its deferred list).
-        let _ = unsafe { result::memory::free_host(addr as usize as *mut std::ffi::c_void) };
+    fn free(&self, addr: u64, size: usize) {
+        match &self.source {
+            PinnedAllocator::HostAlloc(_) => {
+                // Nothing to do about a failure at this point (a context torn down at
+                // exit).
+                // SAFETY: the pool frees only what `alloc` gave it (cuMemHostAlloc), once,
+                // and only once no block of it is handed out and the fences of the copies
+                // that used it are done (its deferred list).
+                let _ =
+                    unsafe { result::memory::free_host(addr as usize as *mut std::ffi::c_void) };
+            }
+            // As above: once, after the copies that used it.
+            PinnedAllocator::Functions(f) => f.free(addr, size),
+        }
     }
 }
 

@@ -2,13 +2,10 @@
 //! `(pool id, key) -> arena index`, then the pool's table (creating the arena on the
 //! first use of a key).
 
-use std::cell::Cell;
-use std::sync::atomic::AtomicU64;
-
-use super::bins::Bins;
 use super::error::TOO_MANY_ARENAS;
-use super::stream_arena::{Arena, ArenaLock};
+use super::stream_arena::Arena;
 use super::{Backend, MallocError, Pool};
+use std::cell::Cell;
 
 const CACHE_SLOTS: usize = 4;
 
@@ -58,12 +55,7 @@ impl<B: Backend> Pool<B> {
         let too_many = || MallocError::TooMany(TOO_MANY_ARENAS);
         let index = self
             .arenas
-            .get_or_create(key, |index| Arena {
-                key,
-                index,
-                bins: ArenaLock::new(Bins::new()),
-                changes: AtomicU64::new(0),
-            })
+            .get_or_create(key, |index| Arena::new(key, index))
             .map_err(|_| too_many())?;
         let arena = self.arenas.get(index).ok_or_else(too_many)?;
         ARENA_CACHE.with(|slots| {

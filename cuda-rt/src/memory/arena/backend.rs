@@ -65,6 +65,29 @@ pub trait Backend: Send + Sync {
     /// Gives back an allocation made by [`alloc`](Backend::alloc); `size` is the size
     /// it was allocated with. Each allocation is freed exactly once.
     fn free(&self, addr: u64, size: usize);
+
+    /// Whether the work behind `fence` has completed, without blocking. A fence is an
+    /// opaque token that the pool's owner recorded (a CUDA event recorded on a stream
+    /// that used a block) and gave to [`Pool::free_after`](super::Pool::free_after);
+    /// the pool hands the block out again only once every fence of it is done. The
+    /// default (a backend with no fences) says `true`.
+    fn fence_done(&self, fence: u64) -> bool {
+        let _ = fence;
+        true
+    }
+
+    /// Blocks until the work behind `fence` has completed (a host synchronisation:
+    /// the pool does it only when it must, before reporting out of memory, and when
+    /// it is dropped).
+    fn fence_wait(&self, fence: u64) {
+        let _ = fence;
+    }
+
+    /// The pool is done with `fence` (it completed, or was waited for): called once
+    /// per fence given to the pool.
+    fn fence_release(&self, fence: u64) {
+        let _ = fence;
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -74,6 +97,15 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn free(&self, addr: u64, size: usize) {
         (**self).free(addr, size)
     }
+    fn fence_done(&self, fence: u64) -> bool {
+        (**self).fence_done(fence)
+    }
+    fn fence_wait(&self, fence: u64) {
+        (**self).fence_wait(fence)
+    }
+    fn fence_release(&self, fence: u64) {
+        (**self).fence_release(fence)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -82,6 +114,15 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn free(&self, addr: u64, size: usize) {
         (**self).free(addr, size)
+    }
+    fn fence_done(&self, fence: u64) -> bool {
+        (**self).fence_done(fence)
+    }
+    fn fence_wait(&self, fence: u64) {
+        (**self).fence_wait(fence)
+    }
+    fn fence_release(&self, fence: u64) {
+        (**self).fence_release(fence)
     }
 }
 
@@ -105,6 +146,15 @@ pub struct BackendCounters {
     /// the one allocated): ignored and counted here (checked backends only). Always 0
     /// under a correct pool.
     pub bad_frees: u64,
+    /// Fences made by `new_fence` and not yet released by the pool.
+    pub live_fences: u64,
+    /// Fence queries the pool made ([`Backend::fence_done`]).
+    pub fence_queries: u64,
+    /// Fence waits the pool made ([`Backend::fence_wait`]): host synchronisations.
+    pub fence_waits: u64,
+    /// Releases of fences that were not live (unknown, or released twice). Always 0
+    /// under a correct pool.
+    pub bad_fence_releases: u64,
 }
 
 /// Shared accounting of the two host backends: live bytes against an optional
@@ -122,6 +172,12 @@ struct Accounting {
     /// 0 means unlimited.
     capacity: AtomicU64,
     fail_other: AtomicBool,
+    /// Fake fences: token -> done.
+    fences: Mutex<BTreeMap<u64, bool>>,
+    next_fence: AtomicU64,
+    fence_queries: AtomicU64,
+    fence_waits: AtomicU64,
+    bad_fence_releases: AtomicU64,
 }
 
 #[cfg(any(test, feature = "test-util"))]
@@ -171,8 +227,81 @@ impl Accounting {
             frees: self.frees.load(Ordering::Relaxed),
             oom_refusals: self.oom_refusals.load(Ordering::Relaxed),
             bad_frees: self.bad_frees.load(Ordering::Relaxed),
+            live_fences: lock(&self.fences).len() as u64,
+            fence_queries: self.fence_queries.load(Ordering::Relaxed),
+            fence_waits: self.fence_waits.load(Ordering::Relaxed),
+            bad_fence_releases: self.bad_fence_releases.load(Ordering::Relaxed),
         }
     }
+
+    fn new_fence(&self) -> u64 {
+        let f = self.next_fence.fetch_add(1, Ordering::Relaxed) + 1;
+        lock(&self.fences).insert(f, false);
+        f
+    }
+
+    fn complete_fence(&self, fence: u64) {
+        if let Some(done) = lock(&self.fences).get_mut(&fence) {
+            *done = true;
+        }
+    }
+
+    fn fence_done(&self, fence: u64) -> bool {
+        self.fence_queries.fetch_add(1, Ordering::Relaxed);
+        lock(&self.fences).get(&fence).copied().unwrap_or(true)
+    }
+
+    fn fence_wait(&self, fence: u64) {
+        self.fence_waits.fetch_add(1, Ordering::Relaxed);
+        self.complete_fence(fence);
+    }
+
+    fn fence_release(&self, fence: u64) {
+        if lock(&self.fences).remove(&fence).is_none() {
+            self.bad_fence_releases.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The fake fences of both host backends: what tests use for the stream work a block
+/// waits for before it is reused.
+#[cfg(any(test, feature = "test-util"))]
+macro_rules! fake_fences {
+    ($t:ty) => {
+        impl $t {
+            /// A new fake fence, not done: give it to
+            /// [`Pool::free_after`](super::Pool::free_after) as the stream work a block
+            /// waits for.
+            pub fn new_fence(&self) -> u64 {
+                self.acct.new_fence()
+            }
+
+            /// Marks `fence` done (the stream passed it); the pool's next poll sees it.
+            pub fn complete_fence(&self, fence: u64) {
+                self.acct.complete_fence(fence)
+            }
+        }
+    };
+}
+#[cfg(any(test, feature = "test-util"))]
+fake_fences!(HostBackend);
+#[cfg(any(test, feature = "test-util"))]
+fake_fences!(FakeBackend);
+
+/// The fence methods of both host backends' `Backend` impls.
+#[cfg(any(test, feature = "test-util"))]
+macro_rules! fence_methods {
+    () => {
+        fn fence_done(&self, fence: u64) -> bool {
+            self.acct.fence_done(fence)
+        }
+        fn fence_wait(&self, fence: u64) {
+            self.acct.fence_wait(fence)
+        }
+        fn fence_release(&self, fence: u64) {
+            self.acct.fence_release(fence)
+        }
+    };
 }
 
 #[cfg(any(test, feature = "test-util"))]
@@ -230,6 +359,8 @@ impl HostBackend {
 
 #[cfg(any(test, feature = "test-util"))]
 impl Backend for HostBackend {
+    fence_methods!();
+
     fn alloc(&self, size: usize) -> Result<u64, BackendError> {
         const ALIGN: usize = ALLOCATION_UNIT;
         let Some(room) = size.checked_add(ALIGN - 1).filter(|_| size > 0) else {
@@ -327,6 +458,8 @@ impl FakeBackend {
 
 #[cfg(any(test, feature = "test-util"))]
 impl Backend for FakeBackend {
+    fence_methods!();
+
     fn alloc(&self, size: usize) -> Result<u64, BackendError> {
         if size == 0 {
             return Err(BackendError::Other(

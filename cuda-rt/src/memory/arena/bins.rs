@@ -52,6 +52,10 @@ enum State {
     Free,
     /// Handed out.
     Used,
+    /// Given back while stream work recorded on it may still use it: neither handed
+    /// out nor free until its fences are done ([`Bins::defer`], then
+    /// [`Bins::free_awaiting`]).
+    Awaiting,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -100,6 +104,9 @@ pub(super) struct ArenaCounters {
     pub frees: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Bytes and chunks given back but awaiting their streams (not in `used`).
+    pub awaiting: u64,
+    pub n_awaiting: u64,
 }
 
 /// A segment's address and its chunks as `(address, size, in use)`.
@@ -526,13 +533,51 @@ impl Bins {
         Ok(i)
     }
 
+    /// Whether chunk `i` is in `state` at `addr` with `size`.
+    #[inline]
+    fn is(&self, i: u32, state: State, addr: u64, size: u64) -> bool {
+        matches!(self.chunks.get(i as usize),
+            Some(c) if c.state == state && c.addr == addr && c.size == size)
+    }
+
+    /// Takes back chunk `i` handed out at `addr` with `size` while stream work may
+    /// still use it: it counts as freed (not in `used`) but stays out of the best-fit
+    /// index, unmerged, until [`free_awaiting`](Self::free_awaiting).
+    pub fn defer(&mut self, i: u32, addr: u64, size: u64) -> Result<(), NotLive> {
+        if !self.is(i, State::Used, addr, size) {
+            return Err(NotLive);
+        }
+        self.cm(i).state = State::Awaiting;
+        let k = &mut self.counters;
+        k.used -= size;
+        k.frees += 1;
+        k.awaiting += size;
+        k.n_awaiting += 1;
+        Ok(())
+    }
+
+    /// The stream work on awaiting chunk `i` ([`defer`](Self::defer)) is done: it
+    /// merges with its free neighbours and is filed as free.
+    pub fn free_awaiting(&mut self, i: u32, addr: u64, size: u64) -> Result<(), NotLive> {
+        if !self.is(i, State::Awaiting, addr, size) {
+            return Err(NotLive);
+        }
+        self.cm(i).state = State::Used;
+        let k = &mut self.counters;
+        k.awaiting -= size;
+        k.n_awaiting -= 1;
+        // Back through `free` as a used chunk; its free was counted at `defer`.
+        k.used += size;
+        k.frees -= 1;
+        self.free(i, addr, size)
+    }
+
     /// Takes back chunk `i` handed out at `addr` with `size`, merges it with free
     /// neighbours of the same backend allocation and files it as free.
     #[inline]
     pub fn free(&mut self, mut i: u32, addr: u64, size: u64) -> Result<(), NotLive> {
-        match self.chunks.get(i as usize) {
-            Some(c) if c.state == State::Used && c.addr == addr && c.size == size => {}
-            _ => return Err(NotLive),
+        if !self.is(i, State::Used, addr, size) {
+            return Err(NotLive);
         }
         self.counters.used -= size;
         self.counters.frees += 1;
@@ -586,7 +631,7 @@ impl Bins {
 
     /// Every backend allocation of the arena (a segment) with its chunks in address
     /// order: `(segment address, [(chunk address, size, in use)])`, segments sorted by
-    /// address.
+    /// address (a chunk awaiting its streams counts as in use).
     pub fn segments(&self) -> Vec<SegmentChunks> {
         let mut out = Vec::new();
         for (i, c) in self.chunks.iter().enumerate() {
@@ -597,7 +642,7 @@ impl Bins {
             let mut j = i as u32;
             while j != NIL {
                 let b = self.c(j);
-                blocks.push((b.addr, b.size, b.state == State::Used));
+                blocks.push((b.addr, b.size, b.state != State::Free));
                 j = b.next;
             }
             out.push((c.addr, blocks));
@@ -619,12 +664,17 @@ impl Bins {
     pub fn check(&self) -> Result<(), String> {
         let unit = super::ALLOCATION_UNIT as u64;
         let (mut total, mut used, mut n_free) = (0u64, 0u64, 0u64);
+        let (mut awaiting, mut n_awaiting) = (0u64, 0u64);
         for (i, c) in self.chunks.iter().enumerate() {
             let i = i as u32;
             match c.state {
                 State::Vacant => continue,
                 State::Free => n_free += 1,
                 State::Used => used += c.size,
+                State::Awaiting => {
+                    awaiting += c.size;
+                    n_awaiting += 1;
+                }
             }
             total += c.size;
             if c.size == 0 || c.size % unit != 0 || c.addr % unit != 0 {
@@ -656,6 +706,12 @@ impl Bins {
             return Err(format!(
                 "used chunks sum to {used}, used is {}",
                 self.counters.used
+            ));
+        }
+        if (awaiting, n_awaiting) != (self.counters.awaiting, self.counters.n_awaiting) {
+            return Err(format!(
+                "{n_awaiting} awaiting chunks of {awaiting} bytes, counters say {} of {}",
+                self.counters.n_awaiting, self.counters.awaiting
             ));
         }
         if n_free != self.counters.n_free {

@@ -62,6 +62,11 @@ impl<B: Backend> Pool<B> {
             }
             retried = true;
             self.oom_retries.fetch_add(1, Ordering::Relaxed);
+            // Blocks awaiting other streams are memory too: wait for them (a host
+            // synchronisation, the only one) so the release below can give them back.
+            if self.any_awaiting() {
+                self.wait_awaiting();
+            }
             self.free_all_blocks(None);
         }
     }

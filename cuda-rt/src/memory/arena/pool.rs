@@ -38,6 +38,10 @@ pub struct Pool<B: Backend> {
     pub(super) closed: AtomicBool,
     /// Lock-free cached pairs of threads whose slots left the pool.
     pub(super) retired_pairs: AtomicU64,
+    /// Fences given with blocks ([`free_after`](Self::free_after)), and host waits on
+    /// fences (or in their place).
+    pub(super) fences_recorded: AtomicU64,
+    pub(super) fence_waits: AtomicU64,
 }
 
 impl<B: Backend> fmt::Debug for Pool<B> {
@@ -68,6 +72,8 @@ impl<B: Backend> Pool<B> {
             parked: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             retired_pairs: AtomicU64::new(0),
+            fences_recorded: AtomicU64::new(0),
+            fence_waits: AtomicU64::new(0),
         }
     }
 
@@ -154,10 +160,11 @@ impl<B: Backend> Pool<B> {
     }
 
     /// The cache had no fit: blocks parked by any thread go back first (one may fit),
-    /// then the pool grows.
+    /// and so do the arena's blocks whose streams are done (see `awaiting`), then the
+    /// pool grows.
     #[cold]
     fn missed(&self, arena: &Arena, size: usize, rounded: u64) -> Result<Block, MallocError> {
-        let settled = self.settle_all();
+        let settled = self.settle_all() | self.poll_arena(arena, false);
         let release = {
             let mut bins = arena.lock();
             if settled {
@@ -228,8 +235,11 @@ impl<B: Backend> Pool<B> {
 
     /// Gives the backend every cached chunk that is a whole backend allocation (split
     /// pieces stay): in every arena with `None`, else only in `stream`'s arena.
+    /// Blocks awaiting their streams whose fences are done go back first (a poll, no
+    /// wait); those still awaiting stay.
     pub fn free_all_blocks(&self, stream: Option<u64>) {
         self.settle_all();
+        self.poll_awaiting();
         let mut out = Vec::new();
         let mut release = |arena: &Arena| {
             arena.lock().release_whole(&mut out);
@@ -299,6 +309,8 @@ impl<B: Backend> Pool<B> {
 impl<B: Backend> Drop for Pool<B> {
     fn drop(&mut self) {
         self.settle_all();
+        // Blocks still used by other streams: wait for them, then they are free.
+        self.wait_awaiting();
         let mut out = Vec::new();
         for arena in self.arenas.iter_mut() {
             arena.bins.get_mut().release_whole(&mut out);

@@ -41,6 +41,18 @@ pub struct PoolStats {
     pub limit: u64,
     /// Arenas (stream keys seen).
     pub n_arenas: u64,
+    /// Blocks given back while streams recorded on them may still use them
+    /// ([`Pool::free_after`]), not handed out again until their fences are done.
+    /// Not in `used_bytes`; in `free_bytes`.
+    pub awaiting_blocks: u64,
+    /// Bytes of those blocks.
+    pub awaiting_bytes: u64,
+    /// Fences given with blocks (events recorded on other streams at free time).
+    pub stream_fences: u64,
+    /// Host synchronisations on fences: waits before reporting out of memory, at the
+    /// pool's drop, and in place of a fence that could not be recorded. None in the
+    /// steady state.
+    pub fence_syncs: u64,
 }
 
 impl<B: Backend> Pool<B> {
@@ -60,6 +72,8 @@ impl<B: Backend> Pool<B> {
             s.frees += k.frees;
             s.cache_hits += k.hits;
             s.cache_misses += k.misses;
+            s.awaiting_blocks += k.n_awaiting;
+            s.awaiting_bytes = s.awaiting_bytes.saturating_add(k.awaiting);
             peak_used = peak_used.saturating_add(k.peak_used);
             s.n_arenas += 1;
         }
@@ -77,6 +91,8 @@ impl<B: Backend> Pool<B> {
         s.backend_allocs = self.backend_allocs.load(Ordering::Relaxed);
         s.backend_frees = self.backend_frees.load(Ordering::Relaxed);
         s.oom_retries = self.oom_retries.load(Ordering::Relaxed);
+        s.stream_fences = self.fences_recorded.load(Ordering::Relaxed);
+        s.fence_syncs = self.fence_waits.load(Ordering::Relaxed);
         s.limit = self.limit();
         s
     }

@@ -1,10 +1,12 @@
-//! One stream key's arena ([`Arena`]: its chunks behind a spin lock, and a change
-//! count) and that lock ([`ArenaLock`]).
+//! One stream key's arena ([`Arena`]: its chunks behind a spin lock, a change count,
+//! and the blocks awaiting their streams) and that lock ([`ArenaLock`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use spin::mutex::{SpinMutex, SpinMutexGuard};
 
+use super::awaiting::Awaiting;
 use super::bins::Bins;
 
 /// One arena: a stream key's chunks, padded so two arenas never share a cache line.
@@ -19,9 +21,26 @@ pub(super) struct Arena {
     /// nothing in `bins` has changed (what a thread's lock-free cached pair relies on,
     /// see [`Parked::take_unlocked`](super::parked::Parked::take_unlocked)).
     pub(super) changes: AtomicU64,
+    /// Blocks given back while recorded streams may still use them, with their
+    /// fences (see `awaiting`); locked only by those frees and by polls.
+    pub(super) awaiting: Mutex<Awaiting>,
+    /// Blocks in `awaiting`: a miss polls the list only when it is not 0.
+    pub(super) n_awaiting: AtomicU64,
 }
 
 impl Arena {
+    /// An empty arena for stream key `key` at `index` in the pool's table.
+    pub(super) fn new(key: u64, index: u32) -> Arena {
+        Arena {
+            key,
+            index,
+            bins: ArenaLock::new(Bins::new()),
+            changes: AtomicU64::new(0),
+            awaiting: Mutex::new(Awaiting::default()),
+            n_awaiting: AtomicU64::new(0),
+        }
+    }
+
     /// The arena's lock; counts a change, as any holder may change the chunks.
     #[inline]
     pub(super) fn lock(&self) -> SpinMutexGuard<'_, Bins> {

@@ -1,5 +1,8 @@
-//! The backends of a device's pool: `cuMemAlloc` / `cuMemFree` ([`DeviceBackend`]),
-//! and any backend with the allocation hooks around it ([`HookedBackend`]).
+//! The backends of a device's pool: its [`PoolAllocator`] on one device
+//! ([`DeviceBackend`], whose fences are events), and any backend with the allocation
+//! hooks around it ([`HookedBackend`]).
+
+use std::fmt;
 
 use cuda_sys::driver as sys;
 use cuda_sys::result;
@@ -7,34 +10,162 @@ use cuda_sys::result;
 use crate::device::context::make_current;
 use crate::error::Error;
 use crate::memory::arena::{Backend, BackendError};
+use crate::memory::device_memory::{CAllocator, ClosureAllocator};
 use crate::memory::hook;
+use crate::stream::current_stream_handle;
 
-/// `cuMemAlloc` / `cuMemFree` on one device (its primary context made current).
+use super::stream_uses::FENCE_FLAGS;
+
+/// The memory a [`MemoryPool`](super::MemoryPool) caches (CuPy's
+/// `MemoryPool(allocator)`): what a miss asks for and what releasing the cache gives
+/// back. The pool's algorithm, statistics, limit, hooks and cross-stream safety are
+/// the same whatever the allocator.
+#[derive(Clone, Default)]
+pub enum PoolAllocator {
+    /// Device memory, `cuMemAlloc` / `cuMemFree` (the default).
+    #[default]
+    Device,
+    /// Managed (unified) memory, `cuMemAllocManaged` (attached globally) /
+    /// `cuMemFree`: the host may read and write the blocks too.
+    Managed,
+    /// The driver's stream-ordered allocator: `cuMemAllocAsync` on the stream of the
+    /// malloc that misses (the arena's stream, where the block is first used); the
+    /// cache goes back with `cuMemFreeAsync` after the context's work has completed.
+    StreamOrdered,
+    /// A pair of Rust closures (CuPy's `PythonFunctionAllocator`), called with the
+    /// device's context current. The pool calls `free` only after the context's work
+    /// has completed (as `cuMemFree` waits).
+    Closures(ClosureAllocator),
+    /// A pair of C functions with an opaque argument (CuPy's `CFunctionAllocator`),
+    /// freed as [`Closures`](Self::Closures) are.
+    C(CAllocator),
+}
+
+impl fmt::Debug for PoolAllocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolAllocator::Device => f.write_str("PoolAllocator::Device"),
+            PoolAllocator::Managed => f.write_str("PoolAllocator::Managed"),
+            PoolAllocator::StreamOrdered => f.write_str("PoolAllocator::StreamOrdered"),
+            PoolAllocator::Closures(_) => f.write_str("PoolAllocator::Closures"),
+            PoolAllocator::C(c) => write!(f, "PoolAllocator::C(ctx {:#x})", c.ctx),
+        }
+    }
+}
+
+/// A device pool's backend: its [`PoolAllocator`] on one device (its primary context
+/// made current for the driver's allocators).
 #[derive(Debug)]
 pub(crate) struct DeviceBackend {
     pub(super) device: i32,
+    pub(super) source: PoolAllocator,
+}
+
+/// A driver allocation's result as the pool's backend error.
+fn driver_alloc(r: crate::error::Result<u64>) -> std::result::Result<u64, BackendError> {
+    match r {
+        Ok(p) => Ok(p),
+        Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            Err(BackendError::OutOfMemory(Some(d)))
+        }
+        Err(e) => Err(BackendError::Other(Box::new(e))),
+    }
+}
+
+/// A user allocator's answer: 0 or an out-of-memory error is out of memory (the pool
+/// releases its cache and retries), any other error is passed on.
+fn user_alloc(r: crate::error::Result<u64>) -> std::result::Result<u64, BackendError> {
+    match r {
+        Ok(0) => Err(BackendError::OutOfMemory(None)),
+        Ok(p) => Ok(p),
+        Err(Error::OutOfMemory(_)) => Err(BackendError::OutOfMemory(None)),
+        Err(e) => driver_alloc(Err(e)),
+    }
+}
+
+impl DeviceBackend {
+    /// Waits for the context's work, before a user allocator or the stream-ordered
+    /// one frees a block that work queued before the release may still use.
+    fn drain(&self) -> bool {
+        make_current(self.device).is_ok() && result::context::synchronize().is_ok()
+    }
 }
 
 impl Backend for DeviceBackend {
     fn alloc(&self, size: usize) -> std::result::Result<u64, BackendError> {
-        let r = make_current(self.device).and_then(|()| Ok(result::memory::alloc(size)?));
-        match r {
-            Ok(p) => Ok(p),
-            Err(Error::Driver(d)) if d.code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                Err(BackendError::OutOfMemory(Some(d)))
+        let dev = self.device;
+        match &self.source {
+            PoolAllocator::Device => {
+                driver_alloc(make_current(dev).and_then(|()| Ok(result::memory::alloc(size)?)))
             }
-            Err(e) => Err(BackendError::Other(Box::new(e))),
+            PoolAllocator::Managed => driver_alloc(make_current(dev).and_then(|()| {
+                let global = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL.0;
+                Ok(result::memory::alloc_managed(size, global)?)
+            })),
+            PoolAllocator::StreamOrdered => driver_alloc(make_current(dev).and_then(|()| {
+                let stream = current_stream_handle(dev) as sys::CUstream;
+                // SAFETY: the thread's current stream of `dev` is alive while current
+                // (the thread keeps it) and belongs to `dev`, whose context is current.
+                Ok(unsafe { result::memory::alloc_async(size, stream) }?)
+            })),
+            // The device's context is made current for the user's functions (as CuPy
+            // runs them under the device); without a driver they run all the same.
+            PoolAllocator::Closures(c) => {
+                let _ = make_current(dev);
+                user_alloc((c.malloc)(size, dev))
+            }
+            PoolAllocator::C(c) => {
+                let _ = make_current(dev);
+                user_alloc(Ok((c.malloc)(c.ctx as *mut std::ffi::c_void, size, dev)))
+            }
         }
     }
 
-    fn free(&self, addr: u64, _size: usize) {
+    fn free(&self, addr: u64, size: usize) {
         // Nothing to do about a failure here (a context torn down at exit).
-        if make_current(self.device).is_ok() {
-            // SAFETY: the arena frees only what `alloc` above gave it (cuMemAlloc in this
-            // device's primary context, made current above), once, when no block of it
-            // is handed out any more.
-            let _ = unsafe { result::memory::free(addr) };
+        match &self.source {
+            PoolAllocator::Device | PoolAllocator::Managed => {
+                if make_current(self.device).is_ok() {
+                    // SAFETY: the arena frees only what `alloc` above gave it (cuMemAlloc
+                    // or cuMemAllocManaged in this device's primary context, made current
+                    // above), once, when no block of it is handed out any more.
+                    let _ = unsafe { result::memory::free(addr) };
+                }
+            }
+            PoolAllocator::StreamOrdered => {
+                if self.drain() {
+                    // SAFETY: as above, for cuMemAllocAsync memory; the context's work
+                    // has completed, so no stream uses it any more.
+                    let _ = unsafe { result::memory::free_async(addr, std::ptr::null_mut()) };
+                }
+            }
+            PoolAllocator::Closures(c) => {
+                self.drain();
+                c.free(addr, size, self.device);
+            }
+            PoolAllocator::C(c) => {
+                self.drain();
+                c.free(addr, self.device);
+            }
         }
+    }
+
+    // Fences are events of this device recorded by `stream_uses`, owned by the pool
+    // from `free_raw_after` until `fence_release`.
+
+    fn fence_done(&self, fence: u64) -> bool {
+        // An error (a failed context) counts as done: no work runs there any more.
+        // SAFETY: the fence is a live event (above) until its release.
+        unsafe { result::event::query(fence as usize as sys::CUevent) }.unwrap_or(true)
+    }
+
+    fn fence_wait(&self, fence: u64) {
+        // SAFETY: as in `fence_done`.
+        let _ = unsafe { result::event::synchronize(fence as usize as sys::CUevent) };
+    }
+
+    fn fence_release(&self, fence: u64) {
+        crate::event::give_raw(self.device, FENCE_FLAGS, fence as usize);
     }
 }
 
@@ -64,5 +195,126 @@ impl<B: Backend> Backend for HookedBackend<B> {
     #[inline]
     fn free(&self, addr: u64, size: usize) {
         self.backend.free(addr, size)
+    }
+
+    fn fence_done(&self, fence: u64) -> bool {
+        self.backend.fence_done(fence)
+    }
+
+    fn fence_wait(&self, fence: u64) {
+        self.backend.fence_wait(fence)
+    }
+
+    fn fence_release(&self, fence: u64) {
+        self.backend.fence_release(fence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::c_void;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::memory::arena::{MallocError, Pool};
+
+    /// A user function pair handing out address ranges (no memory: the pool never
+    /// touches it), logging each call.
+    fn logging_pair(log: Arc<Mutex<Vec<String>>>, capacity: u64) -> ClosureAllocator {
+        let next = Arc::new(AtomicU64::new(1 << 40));
+        let (log_m, log_f) = (log.clone(), log);
+        // SAFETY: the pool only keeps and compares the addresses; nothing dereferences
+        // them (no GPU and no copy in this test).
+        unsafe {
+            ClosureAllocator::new(
+                move |size, dev| {
+                    log_m.lock().unwrap().push(format!("malloc({size},{dev})"));
+                    let a = next.fetch_add(size as u64, Ordering::Relaxed);
+                    Ok(if a + size as u64 > (1 << 40) + capacity {
+                        0
+                    } else {
+                        a
+                    })
+                },
+                move |ptr, size, dev| {
+                    log_f
+                        .lock()
+                        .unwrap()
+                        .push(format!("free({:#x},{size},{dev})", ptr));
+                },
+            )
+        }
+    }
+
+    fn pool_over(source: PoolAllocator) -> Pool<DeviceBackend> {
+        Pool::new(DeviceBackend { device: 3, source })
+    }
+
+    #[test]
+    fn a_pool_over_a_closure_pair_caches_its_memory_and_frees_it_through_the_pair() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let pool = pool_over(PoolAllocator::Closures(logging_pair(log.clone(), 1 << 30)));
+        let a = pool.malloc(1000, 0).unwrap();
+        let addr = a.addr();
+        pool.free(a).unwrap();
+        let b = pool.malloc(700, 0).unwrap();
+        assert_eq!(b.addr(), addr, "cached and reused");
+        pool.free(b).unwrap();
+        assert_eq!(*log.lock().unwrap(), ["malloc(1024,3)"]);
+        pool.free_all_blocks(None);
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "malloc(1024,3)".to_string(),
+                format!("free({addr:#x},1024,3)")
+            ]
+        );
+        let s = pool.stats();
+        assert_eq!(
+            (s.backend_allocs, s.backend_frees, s.total_bytes),
+            (1, 1, 0)
+        );
+    }
+
+    #[test]
+    fn a_null_from_the_user_pair_is_out_of_memory_after_one_release_and_retry() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let pool = pool_over(PoolAllocator::Closures(logging_pair(log.clone(), 4096)));
+        let a = pool.malloc(4096, 0).unwrap();
+        pool.free(a).unwrap();
+        let e = pool.malloc(8192, 1).unwrap_err();
+        assert!(matches!(e, MallocError::OutOfMemory(_)), "{e}");
+        // The cached block went back through the pair before the retry.
+        let log = log.lock().unwrap();
+        assert_eq!(log.len(), 4, "{log:?}");
+        assert!(log[2].starts_with("free("), "{log:?}");
+        assert_eq!(pool.stats().oom_retries, 1);
+    }
+
+    static C_CALLS: Mutex<Vec<(usize, u64, usize)>> = Mutex::new(Vec::new());
+
+    extern "C" fn c_malloc(ctx: *mut c_void, size: usize, _device: i32) -> u64 {
+        C_CALLS.lock().unwrap().push((ctx as usize, 0, size));
+        0x7000_0000 + size as u64 * 2
+    }
+
+    extern "C" fn c_free(ctx: *mut c_void, ptr: u64, _device: i32) {
+        C_CALLS.lock().unwrap().push((ctx as usize, ptr, 0));
+    }
+
+    #[test]
+    fn a_pool_over_a_c_pair_passes_its_context_to_both_functions() {
+        // SAFETY: the functions only log; the pool never dereferences the addresses.
+        let c = unsafe { CAllocator::new(c_malloc, c_free, 0xc0ffee as *mut c_void) };
+        let pool = pool_over(PoolAllocator::C(c));
+        let a = pool.malloc(512, 0).unwrap();
+        let addr = a.addr();
+        pool.free(a).unwrap();
+        drop(pool);
+        assert_eq!(
+            *C_CALLS.lock().unwrap(),
+            [(0xc0ffee, 0, 512), (0xc0ffee, addr, 0)]
+        );
     }
 }

@@ -12,6 +12,7 @@ use crate::memory::arena::{round_size, Backend, Block, MallocError, Pool, RawBlo
 use crate::memory::hook;
 
 use super::device_backend::{DeviceBackend, HookedBackend};
+use super::stream_uses::StreamUses;
 
 /// One device's arena pool with the hook dispatch.
 pub(crate) struct DevicePool<B: Backend> {
@@ -145,6 +146,30 @@ impl<B: Backend> DevicePool<B> {
             self.pool.park_or_free(raw, self.home_id(), home);
         }
         self.after_free()
+    }
+
+    /// Gives the block `raw` came from back after the streams recorded in `uses`
+    /// (see `stream_uses`): a fence (event) on each, then the block awaits them in
+    /// its arena. The hooks see one free, now.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn free_after_streams(&self, raw: RawBlock, pmem_id: usize, uses: &StreamUses) {
+        let hooked = hook::has_hooks();
+        let (dev, size, ptr) = (self.device, raw.size as usize, raw.addr);
+        if hooked {
+            hook::each(|h| h.free_pre(dev, size, ptr, pmem_id));
+        }
+        // A block no fence could cover stays in use (`fence` says `false`).
+        uses.fence(
+            dev,
+            || self.pool.count_sync(),
+            |fences| {
+                self.pool.free_raw_after(raw, fences);
+            },
+        );
+        if hooked {
+            hook::each(|h| h.free_post(dev, size, ptr, pmem_id));
+        }
     }
 
     #[cold]

@@ -14,7 +14,7 @@ use crate::memory::hook;
 use crate::memory::MemoryPointer;
 use crate::stream::{current_stream_handle, AsStream};
 
-use super::device_backend::DeviceBackend;
+use super::device_backend::{DeviceBackend, PoolAllocator};
 use super::device_pool::{CudaDevicePool, DevicePool, DevicePoolRef};
 use super::limit_env::{device_total_memory, limit_from_env, LIMIT_ENV};
 use super::out_of_memory::malloc_error;
@@ -26,6 +26,8 @@ struct DevicePools {
     per_device: [OnceLock<DevicePoolRef>; MAX_DEVICES],
     /// Whether device pools are leaked (`'static`): the default pool's are.
     leak: bool,
+    /// What every device pool caches.
+    allocator: PoolAllocator,
 }
 
 impl Drop for DevicePools {
@@ -40,10 +42,11 @@ impl Drop for DevicePools {
 }
 
 impl DevicePools {
-    const fn new(leak: bool) -> DevicePools {
+    const fn new(leak: bool, allocator: PoolAllocator) -> DevicePools {
         DevicePools {
             per_device: [const { OnceLock::new() }; MAX_DEVICES],
             leak,
+            allocator,
         }
     }
 
@@ -83,7 +86,11 @@ impl DevicePools {
         let env = std::env::var(LIMIT_ENV).ok();
         let limit = limit_from_env(env.as_deref(), || device_total_memory(device))?;
         Ok(slot.get_or_init(|| {
-            let core = DevicePool::new(DeviceBackend { device }, device);
+            let backend = DeviceBackend {
+                device,
+                source: self.allocator.clone(),
+            };
+            let core = DevicePool::new(backend, device);
             core.pool.set_limit(limit);
             if self.leak {
                 DevicePoolRef::Static(Box::leak(Box::new(core)))
@@ -123,7 +130,7 @@ pub struct MemoryPool {
     pools: DevicePoolsRef,
 }
 
-static DEFAULT_POOL: DevicePools = DevicePools::new(true);
+static DEFAULT_POOL: DevicePools = DevicePools::new(true, PoolAllocator::Device);
 
 /// The process-wide default pool, which [`alloc`] uses unless another allocator is set
 /// (CuPy's `get_default_memory_pool`).
@@ -147,6 +154,7 @@ impl fmt::Debug for MemoryPool {
             .collect();
         f.debug_struct("MemoryPool")
             .field("default", &self.pools().leak)
+            .field("allocator", &self.pools().allocator)
             .field("devices", &devices)
             .finish()
     }
@@ -159,11 +167,33 @@ impl Default for MemoryPool {
 }
 
 impl MemoryPool {
-    /// A new pool, separate from the default one (no memory until the first malloc).
+    /// A new pool of device memory (`cuMemAlloc`), separate from the default one (no
+    /// memory until the first malloc).
     pub fn new() -> Self {
+        Self::with_allocator(PoolAllocator::Device)
+    }
+
+    /// A new pool that caches memory from `allocator` (CuPy's
+    /// `MemoryPool(allocator)`): managed memory, the stream-ordered allocator, or a
+    /// user function pair instead of `cuMemAlloc`. Everything else (rounding, arenas,
+    /// best fit, limit, statistics, hooks, `record_stream`) is as for [`new`](Self::new).
+    ///
+    /// ```no_run
+    /// # fn main() -> cuda_rt::Result<()> {
+    /// use cuda_rt::memory::{MemoryPool, PoolAllocator};
+    /// let pool = MemoryPool::with_allocator(PoolAllocator::Managed);
+    /// let p = pool.malloc(1 << 20)?; // cuMemAllocManaged: the host can use it too
+    /// # drop(p); Ok(()) }
+    /// ```
+    pub fn with_allocator(allocator: PoolAllocator) -> Self {
         MemoryPool {
-            pools: DevicePoolsRef::Shared(Arc::new(DevicePools::new(false))),
+            pools: DevicePoolsRef::Shared(Arc::new(DevicePools::new(false, allocator))),
         }
+    }
+
+    /// The allocator whose memory this pool caches.
+    pub fn allocator(&self) -> &PoolAllocator {
+        &self.pools().allocator
     }
 
     #[inline]

@@ -9,6 +9,9 @@ use crate::memory::arena::{AtomicBlock, Block, RawBlock};
 use crate::memory::device_memory::BaseMemory;
 
 use super::device_pool::DevicePoolRef;
+use super::stream_uses::StreamUses;
+use crate::error::Result;
+use crate::stream::StreamRef;
 
 /// Memory from a [`MemoryPool`]: a block of a device pool, which goes back to the
 /// arena it came from when the object is dropped (when its last [`MemoryPointer`]
@@ -23,6 +26,11 @@ pub struct PooledMemory {
     // `recycle` and `wrap`). Size 0: emptied, waiting in a spare list.
     block: AtomicBlock,
     core: DevicePoolRef,
+    /// Other streams recorded on the block ([`MemoryPointer::record_stream`]); empty
+    /// again once the block is given back.
+    ///
+    /// [`MemoryPointer::record_stream`]: crate::memory::MemoryPointer::record_stream
+    uses: StreamUses,
 }
 
 impl fmt::Debug for PooledMemory {
@@ -47,6 +55,7 @@ impl PooledMemory {
         let m = PooledMemory {
             block: AtomicBlock::empty(),
             core,
+            uses: StreamUses::default(),
         };
         m.block.store(raw);
         m
@@ -56,8 +65,12 @@ impl PooledMemory {
     #[inline]
     fn release(&self) {
         if let Some(raw) = self.block.take() {
-            self.core
-                .free_raw(raw, self as *const PooledMemory as usize);
+            let id = self as *const PooledMemory as usize;
+            if self.uses.any() {
+                self.core.free_after_streams(raw, id, &self.uses);
+            } else {
+                self.core.free_raw(raw, id);
+            }
         }
     }
 }
@@ -81,6 +94,13 @@ unsafe impl BaseMemory for PooledMemory {
         self.core.device
     }
 
+    /// Marks the block as used by `stream`: when it is freed, an event is recorded on
+    /// `stream` and the block is handed out again only once it has completed. Nothing
+    /// for the block's own stream. `stream` is kept alive until then.
+    fn record_stream(&self, stream: &StreamRef) -> Result<()> {
+        self.uses.record(stream, self.core.device, self.block.key())
+    }
+
     /// The last pointer went: the block goes back to its arena now (as the drop would
     /// do) and, for the default pool, the emptied object is kept for the thread's next
     /// malloc.
@@ -93,6 +113,9 @@ unsafe impl BaseMemory for PooledMemory {
             return;
         }
         fence(Ordering::Acquire);
+        if self.uses.any() {
+            return self.recycle_after_streams();
+        }
         if let Some(raw) = self.block.take() {
             let id = Arc::as_ptr(&self) as usize;
             if self.core.park_raw(raw, id, || self.core.home()) {
@@ -101,6 +124,22 @@ unsafe impl BaseMemory for PooledMemory {
             }
         }
         spare::put(self);
+    }
+}
+
+impl PooledMemory {
+    /// [`recycle`](BaseMemory::recycle) of a block that other streams used: kept off
+    /// the hot path, which pays only the test of `uses`.
+    #[cold]
+    #[inline(never)]
+    fn recycle_after_streams(self: Arc<Self>) {
+        if let Some(raw) = self.block.take() {
+            let id = Arc::as_ptr(&self) as usize;
+            self.core.free_after_streams(raw, id, &self.uses);
+        }
+        if !self.core.after_free() {
+            spare::put(self);
+        }
     }
 }
 

@@ -1,0 +1,181 @@
+//! The streams other than its own that used a pooled block (`record_stream`), and the
+//! fences (events) recorded on them when the block is freed, which the arena polls
+//! before it hands the block out again (see `memory::arena`'s `awaiting`).
+//!
+//! A block nobody recorded a stream on pays one relaxed load of [`StreamUses::any`]
+//! when it is freed, nothing more: the list, its lock and the driver are reached only
+//! past that test.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use cuda_sys::driver as sys;
+use cuda_sys::result;
+
+use crate::device::context::make_current;
+use crate::error::{ArgumentKind, Error, Result};
+use crate::event::EventFlags;
+use crate::memory::arena::StreamFence;
+use crate::stream::{AsStream, StreamRef, PER_THREAD_DEFAULT_HANDLE};
+
+use super::stream_key::stream_key;
+
+/// The fences' events: no timing, the cheapest kind.
+pub(super) const FENCE_FLAGS: EventFlags = EventFlags::DISABLE_TIMING;
+
+/// Fences of one free kept on the stack: a block used by more streams than this
+/// gathers its fences in a vector instead.
+const INLINE_FENCES: usize = 8;
+
+/// A stream recorded on a block, kept alive until the block's free.
+#[derive(Debug)]
+struct Use {
+    stream: StreamRef,
+    /// Its arena key when recorded (for the per-thread default stream, the recording
+    /// thread's own key).
+    key: u64,
+}
+
+/// The streams recorded on one pooled block since it was handed out.
+#[derive(Debug, Default)]
+pub(super) struct StreamUses {
+    /// Whether `list` may hold anything: the free's one test.
+    any: AtomicBool,
+    list: Mutex<Vec<Use>>,
+}
+
+impl StreamUses {
+    /// Whether any stream was recorded.
+    #[inline]
+    pub(super) fn any(&self) -> bool {
+        self.any.load(Ordering::Relaxed)
+    }
+
+    /// Records that `stream` uses the block of `device` allocated in arena
+    /// `block_key`: nothing for the block's own stream.
+    pub(super) fn record<S: AsStream + ?Sized>(
+        &self,
+        stream: &S,
+        device: i32,
+        block_key: u64,
+    ) -> Result<()> {
+        if stream.device_id() != device {
+            return Err(Error::invalid_argument(
+                ArgumentKind::Incompatible,
+                format!(
+                    "record_stream: the stream is on device {}, the memory on device \
+                     {device}; record a stream of the memory's device",
+                    stream.device_id()
+                ),
+            ));
+        }
+        let key = stream_key(stream.ptr());
+        if key == block_key {
+            return Ok(());
+        }
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        if !list.iter().any(|u| u.key == key) {
+            list.push(Use {
+                stream: stream.as_stream_ref(),
+                key,
+            });
+        }
+        self.any.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Records a fence on each recorded stream of `device` and hands them to `free`
+    /// (which gives the block back after them); the list is empty afterwards. A stream
+    /// that cannot take a fence is waited for (`count_sync` counts each wait). One
+    /// that cannot be waited for either (it is capturing a graph, or the driver
+    /// failed) leaks the block: it stays in use, never handed out again, and `false`
+    /// says so.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn fence(
+        &self,
+        device: i32,
+        count_sync: impl Fn(),
+        free: impl FnOnce(&[StreamFence]),
+    ) -> bool {
+        let uses = std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner));
+        self.any.store(false, Ordering::Relaxed);
+        let mut inline = [StreamFence {
+            stream: 0,
+            fence: 0,
+        }; INLINE_FENCES];
+        let mut more = Vec::new();
+        let mut n = 0;
+        let mut leaked = false;
+        for u in &uses {
+            match fence_one(device, u) {
+                Ok(Some(f)) => {
+                    if n < INLINE_FENCES {
+                        inline[n] = f;
+                    } else {
+                        if more.is_empty() {
+                            more.extend_from_slice(&inline);
+                        }
+                        more.push(f);
+                    }
+                    n += 1;
+                }
+                Ok(None) => count_sync(),
+                Err(_) => leaked = true,
+            }
+        }
+        let fences = if n <= INLINE_FENCES {
+            &inline[..n]
+        } else {
+            &more[..]
+        };
+        if leaked {
+            for f in fences {
+                crate::event::give_raw(device, FENCE_FLAGS, f.fence as usize);
+            }
+            return false;
+        }
+        free(fences);
+        true
+    }
+}
+
+/// A fence recorded on `u`'s stream, or `None` when the stream was waited for
+/// instead (another thread's per-thread default stream, which no handle names here,
+/// or a stream that refused the event); `Err` when it could not be waited for.
+fn fence_one(device: i32, u: &Use) -> Result<Option<StreamFence>> {
+    make_current(device)?;
+    let handle = u.stream.handle();
+    if handle == PER_THREAD_DEFAULT_HANDLE && stream_key(handle) != u.key {
+        // Another thread's per-thread default stream: the context's whole work.
+        result::context::synchronize()?;
+        return Ok(None);
+    }
+    let raw = u.stream.as_raw();
+    // SAFETY: `u.stream` keeps its stream alive (or is a default stream, or a handle
+    // whose maker keeps it alive: `StreamRef::from_raw`'s contract).
+    let capturing = unsafe { result::stream::is_capturing(raw) }?;
+    if capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        // An event recorded into a capture says nothing about when the memory is free,
+        // and a capturing stream cannot be waited for.
+        return Err(Error::invalid_state(
+            crate::error::StateKind::AllocatorFailed,
+            "record_stream: the recorded stream is capturing a graph at the free",
+        ));
+    }
+    let event = crate::event::take_raw(device, FENCE_FLAGS)?;
+    // SAFETY: `event` is a live event of `device` (taken from the cache or created in
+    // its context), `raw` a live stream of `device` (as above).
+    match unsafe { result::event::record(event as sys::CUevent, raw) } {
+        Ok(()) => Ok(Some(StreamFence {
+            stream: u.key,
+            fence: event as u64,
+        })),
+        Err(_) => {
+            crate::event::give_raw(device, FENCE_FLAGS, event);
+            // SAFETY: as above.
+            unsafe { result::stream::synchronize(raw) }?;
+            Ok(None)
+        }
+    }
+}
