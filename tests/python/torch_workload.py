@@ -132,7 +132,19 @@ def side_stream(torch):
     for o in outs:
         o.record_stream(torch.cuda.current_stream())
     ok = all(torch.equal(o, expect) for o in outs)
-    return {"ok": bool(ok)}
+    # record_stream: a block the side stream still reads is freed on the main stream;
+    # the next allocation must not get it before the side stream is done.
+    x = torch.full((1 << 24,), 1.0, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # the side stream busy for a while
+        y = x * 2  # reads x after the sleep
+    x.record_stream(side)
+    del x
+    z = torch.full((1 << 24,), 7.0, device="cuda")  # x's size: its block, if free
+    torch.cuda.current_stream().wait_stream(side)
+    recorded = bool((y == 2).all()) and bool((z == 7).all())
+    return {"ok": bool(ok and recorded), "record_stream_ok": recorded}
 
 
 def graph_capture(torch):
