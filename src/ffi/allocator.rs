@@ -166,7 +166,7 @@ fn pool_alloc(size: usize, device: i32, stream: Option<*mut c_void>) -> Res<*mut
             // stream of `device`, alive until the memory is freed. Wrapped, not owned.
             let s = unsafe { ExternalStream::from_raw(raw.cast(), device) };
             match super::graph_pools::route(device, raw) {
-                Some(pool) => pool.malloc_on_stream(&s, size)?,
+                Some(pool) => super::graph_pools::relaxed(|| pool.malloc_on_stream(&s, size))?,
                 None => get_default_memory_pool().malloc_on_stream(&s, size)?,
             }
         }

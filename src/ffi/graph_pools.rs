@@ -94,6 +94,20 @@ fn route_slow(device: i32, stream: *mut c_void) -> Option<MemoryPool> {
     })
 }
 
+/// Runs `f` (a malloc from a graph's pool) with this thread's capture mode relaxed:
+/// a global-mode capture refuses `cuMemAlloc` on every thread and invalidates itself,
+/// while a graph's pool must grow during its capture (the new memory is the graph's
+/// for good). PyTorch's own allocator does the same around its `cudaMalloc`.
+pub(super) fn relaxed<R>(f: impl FnOnce() -> R) -> R {
+    let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let prev = result::stream::exchange_capture_mode(relaxed).ok();
+    let r = f();
+    if let Some(m) = prev {
+        let _ = result::stream::exchange_capture_mode(m);
+    }
+    r
+}
+
 /// PyTorch's `beginAllocateToPool(device, mempool_id, filter)`: from now until the
 /// matching end, allocations on capturing streams of `device` go to the private pool
 /// of `(id0, id1)`, made on first use. `filter` (a `std::function*`) is not called;

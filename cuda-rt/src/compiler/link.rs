@@ -82,6 +82,11 @@ const LOG_LEN: usize = 16 * 1024;
 struct Link {
     state: sys::CUlinkState,
     error_log: Box<[u8; LOG_LEN]>,
+    // The driver keeps the option arrays for the life of the link and writes back into
+    // them (the log's actual size at cuLinkComplete): they must outlive it, at
+    // addresses that do not move (a Vec's buffer, never grown after creation).
+    _options: Vec<sys::CUjit_option>,
+    _values: Vec<*mut c_void>,
 }
 
 impl Link {
@@ -101,9 +106,15 @@ impl Link {
         }
         // SAFETY: the log buffer holds LOG_LEN bytes and lives in the returned `Link`
         // (boxed, so its address does not move) until the link is destroyed in its
-        // drop; the size and the target are passed by value, as the options expect.
+        // drop, as do the two option arrays the driver keeps and writes back into; the
+        // size and the target are passed by value, as the options expect.
         let state = unsafe { result::link::create(&mut options, &mut values) }?;
-        Ok(Link { state, error_log })
+        Ok(Link {
+            state,
+            error_log,
+            _options: options,
+            _values: values,
+        })
     }
 
     /// The driver's error log so far.

@@ -18,7 +18,10 @@ use crate::driver::{CUjitInputType, CUjit_option, CUlinkState, CUresult};
 ///
 /// # Safety
 /// Each value is what its option expects, by value or as a pointer; a pointer (a log
-/// buffer of the size given with it) stays valid until the link is destroyed.
+/// buffer of the size given with it) stays valid until the link is destroyed. The two
+/// slices themselves stay valid and in place until then too: the driver keeps them and
+/// writes output options back into `values` (the logs' actual sizes) as late as
+/// [`complete`].
 pub unsafe fn create(
     options: &mut [CUjit_option],
     values: &mut [*mut c_void],

@@ -346,6 +346,18 @@ where
     r
 }
 
+/// Sets this thread's stream-capture mode (`cuThreadExchangeStreamCaptureMode`) and
+/// returns the previous one, to restore with a second call. Relaxed mode lets a
+/// thread make calls that a global-mode capture elsewhere would refuse (`cuMemAlloc`,
+/// say), as PyTorch's allocator does for a graph's private pool.
+pub fn exchange_capture_mode(mode: CUstreamCaptureMode) -> Result<CUstreamCaptureMode> {
+    let f = api()?.cuThreadExchangeStreamCaptureMode()?;
+    let mut m = mode;
+    // SAFETY: `m` is a valid in/out pointer for the call; no other memory is touched.
+    check(unsafe { f(&mut m) }, "cuThreadExchangeStreamCaptureMode")?;
+    Ok(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
