@@ -20,6 +20,8 @@ export CUDA_RT_C_SAXPY="$HERE/examples/c_saxpy"
 export CUDA_RT_PYTHON_DIR="$HERE/../python"
 export LD_LIBRARY_PATH="$HERE/lib:${LD_LIBRARY_PATH:-}"
 OUTDIR=${OUT:-/tmp}
+# Figures of tests that measure (the framework workloads) are appended here.
+export CUDA_RT_FIGURES="$OUTDIR/figures.txt"
 passed=0; failed=0; failed_bins=()
 run() {
   if [ "${SANITIZE:-0}" = 1 ]; then

@@ -95,6 +95,20 @@ fn compare(which: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("figure:"), "{stdout}");
+    // The GPU runner collects the figures in one file (a passing test's output is
+    // captured).
+    if let Some(path) = std::env::var_os("CUDA_RT_FIGURES") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            for line in stdout.lines().filter(|l| l.starts_with("figure:")) {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    }
 }
 
 #[test]
