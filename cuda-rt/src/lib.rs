@@ -24,7 +24,8 @@
 //! 1. [`error`], `thread_state` (what is current on a thread), [`env`](mod@env):
 //!    nothing of CUDA's objects. The translation of capture errors into words
 //!    ([`Error::Capture`]) is here, since every floor above can meet one.
-//! 2. [`device`]: devices, contexts, per-thread library handles.
+//! 2. [`device`]: devices, contexts, per-thread library handles; [`peer`]: peer
+//!    access between devices.
 //! 3. [`stream`]: streams and the current stream ([`AsStream`]).
 //! 4. [`event`] (events, and [`StreamEventExt`]: `record`, `wait_event` on every
 //!    stream) and `capture`, a small private module: beginning and ending a capture,
@@ -65,6 +66,7 @@ pub mod launch;
 pub mod libs;
 pub mod memory;
 pub mod module;
+pub mod peer;
 pub mod pinned;
 pub mod prelude;
 pub mod profiler;

@@ -16,6 +16,7 @@
 //! | [`memory`] | `cuMem*` (device, managed, host and pool memory), copies, memsets, `cuPointerGetAttribute` | `driver` |
 //! | [`stream`] | `cuStream*`, capture, `cuLaunchHostFunc` with Rust closures | `driver` |
 //! | [`event`] | `cuEvent*`, `cuIpc*EventHandle` | `driver` |
+//! | [`ipc`] | `cuIpc*MemHandle`, `cuMemGetAddressRange`, pool export and import | `driver` |
 //! | [`module`] | `cuModule*`, `cuFunc*`, `cuOccupancy*` | `driver` |
 //! | [`launch`] | `cuLaunchKernel`, `cuLaunchCooperativeKernel`, `cuLaunchKernelEx` | `driver` |
 //! | [`link`] | `cuLink*`: the JIT linker (relocatable device code, the device runtime) | `driver` |
@@ -90,6 +91,8 @@ pub mod device;
 pub mod event;
 #[cfg(feature = "driver")]
 pub mod graph;
+#[cfg(feature = "driver")]
+pub mod ipc;
 #[cfg(feature = "driver")]
 pub mod launch;
 #[cfg(feature = "driver")]
