@@ -44,7 +44,7 @@
 //!    [`compiler`] (NVRTC and the kernel cache).
 //! 8. [`graph`]: graphs, nodes, and [`StreamCaptureExt`] (`begin_capture`,
 //!    `end_capture`, ... on every stream).
-//! 9. [`buffer`], [`libs`], [`profiler`], [`prelude`].
+//! 9. [`buffer`], [`libs`], [`profiler`], [`prelude`], [`ipc`] (interprocess memory).
 //!
 //! A method whose signature needs a higher floor's type is defined on that floor:
 //! `impl MemoryPointer` blocks in `pinned` and `launch`, `impl Function` in `launch`,
@@ -62,6 +62,7 @@ pub mod error;
 pub mod event;
 pub mod graph;
 mod image_extent;
+pub mod ipc;
 pub mod launch;
 pub mod libs;
 pub mod memory;
