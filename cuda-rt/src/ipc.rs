@@ -148,8 +148,8 @@ impl IpcMemHandle {
             device,
         };
         let (_, mapped) = result::ipc::get_address_range(base)?;
-        let end = self.offset.checked_add(self.size);
-        if end.map_or(true, |e| e > mapped as u64) {
+        let fits = matches!(self.offset.checked_add(self.size), Some(e) if e <= mapped as u64);
+        if !fits {
             // `mem` closes the mapping as it goes.
             return Err(self.bad_range(&format!("the mapped allocation of {mapped} bytes")));
         }
