@@ -44,7 +44,8 @@
 //!    [`compiler`] (NVRTC and the kernel cache).
 //! 8. [`graph`]: graphs, nodes, and [`StreamCaptureExt`] (`begin_capture`,
 //!    `end_capture`, ... on every stream).
-//! 9. [`buffer`], [`libs`], [`profiler`], [`prelude`], [`ipc`] (interprocess memory).
+//! 9. [`buffer`], [`libs`], [`profiler`], [`prelude`], [`ipc`] (interprocess memory),
+//!    [`nccl`] (communicators).
 //!
 //! A method whose signature needs a higher floor's type is defined on that floor:
 //! `impl MemoryPointer` blocks in `pinned` and `launch`, `impl Function` in `launch`,
@@ -67,6 +68,7 @@ pub mod launch;
 pub mod libs;
 pub mod memory;
 pub mod module;
+pub mod nccl;
 pub mod peer;
 pub mod pinned;
 pub mod prelude;
@@ -84,8 +86,8 @@ pub use device::{
     DeviceAttribute, DeviceScope,
 };
 pub use error::{
-    ArgumentKind, CaptureKind, Error, OutOfMemory, OutOfMemoryCause, Result, StateKind,
-    Unavailable, UnsupportedKind,
+    ArgumentKind, BootstrapKind, CaptureKind, Error, OutOfMemory, OutOfMemoryCause, Result,
+    StateKind, Unavailable, UnsupportedKind,
 };
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle, StreamEventExt};
 pub use graph::{CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, StreamCaptureExt};

@@ -9,7 +9,7 @@
 //! kernel loses its access half-way.
 //!
 //! Copies between devices need none of this: [`MemoryPointer::copy_from_device`],
-//! [`copy_from_device_async`](MemoryPointer::copy_from_device_async) and the typed
+//! [`copy_from_device_async`](crate::MemoryPointer::copy_from_device_async) and the typed
 //! buffers' `copy_from`/`copy_from_async` use `cuMemcpyPeer`/`cuMemcpyPeerAsync`,
 //! which work with or without peer access (staged through the host without it).
 //!

@@ -24,6 +24,7 @@
 //! | [`profiler`] | `cuProfilerStart`, `cuProfilerStop` | `driver` |
 //! | [`nvrtc`] | `nvrtc*` | `nvrtc` |
 //! | [`cublas`], [`cusolver`], [`cusparse`], [`curand`] | handle create, destroy, set stream | `cublas`, ... |
+//! | [`nccl`] | unique ids, communicators, collectives, send/recv, groups | `nccl` |
 //!
 //! # Safety
 //!
@@ -117,9 +118,13 @@ pub mod curand;
 pub mod cusolver;
 #[cfg(feature = "cusparse")]
 pub mod cusparse;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 
 #[cfg(feature = "driver")]
 pub use error::DriverError;
+#[cfg(feature = "nccl")]
+pub use error::NcclError;
 #[cfg(feature = "nvrtc")]
 pub use error::NvrtcError;
 pub use error::{strip_abi_suffix, Error, LibraryError};
