@@ -429,7 +429,9 @@ impl Event {
     }
 
     /// The handle another process opens this event with; the event must be
-    /// interprocess.
+    /// interprocess. From then on the event counts as recorded here, since the other
+    /// process may record it: [`synchronize`](Event::synchronize) and waits ask the
+    /// driver.
     pub fn ipc_handle(&self) -> Result<IpcEventHandle> {
         if !self.flags.contains(EventFlags::INTERPROCESS) {
             return Err(Error::invalid_argument(
@@ -439,9 +441,12 @@ impl Event {
             ));
         }
         // SAFETY: the event is live while `self` is.
-        Ok(IpcEventHandle(unsafe {
-            result::event::ipc_get_event_handle(self.as_raw())
-        }?))
+        let h = IpcEventHandle(unsafe { result::event::ipc_get_event_handle(self.as_raw()) }?);
+        // Once exported, another process may record it: waits and queries must ask the
+        // driver from now on (an event never recorded anywhere is complete to the
+        // driver too).
+        self.mark_recorded();
+        Ok(h)
     }
 }
 

@@ -24,7 +24,8 @@
 //! 1. [`error`], `thread_state` (what is current on a thread), [`env`](mod@env):
 //!    nothing of CUDA's objects. The translation of capture errors into words
 //!    ([`Error::Capture`]) is here, since every floor above can meet one.
-//! 2. [`device`]: devices, contexts, per-thread library handles.
+//! 2. [`device`]: devices, contexts, per-thread library handles; [`peer`]: peer
+//!    access between devices.
 //! 3. [`stream`]: streams and the current stream ([`AsStream`]).
 //! 4. [`event`] (events, and [`StreamEventExt`]: `record`, `wait_event` on every
 //!    stream) and `capture`, a small private module: beginning and ending a capture,
@@ -43,7 +44,8 @@
 //!    [`compiler`] (NVRTC and the kernel cache).
 //! 8. [`graph`]: graphs, nodes, and [`StreamCaptureExt`] (`begin_capture`,
 //!    `end_capture`, ... on every stream).
-//! 9. [`buffer`], [`libs`], [`profiler`], [`prelude`].
+//! 9. [`buffer`], [`libs`], [`profiler`], [`prelude`], [`ipc`] (interprocess memory),
+//!    [`nccl`] (communicators).
 //!
 //! A method whose signature needs a higher floor's type is defined on that floor:
 //! `impl MemoryPointer` blocks in `pinned` and `launch`, `impl Function` in `launch`,
@@ -61,10 +63,13 @@ pub mod error;
 pub mod event;
 pub mod graph;
 mod image_extent;
+pub mod ipc;
 pub mod launch;
 pub mod libs;
 pub mod memory;
 pub mod module;
+pub mod nccl;
+pub mod peer;
 pub mod pinned;
 pub mod prelude;
 pub mod profiler;
@@ -81,8 +86,8 @@ pub use device::{
     DeviceAttribute, DeviceScope,
 };
 pub use error::{
-    ArgumentKind, CaptureKind, Error, OutOfMemory, OutOfMemoryCause, Result, StateKind,
-    Unavailable, UnsupportedKind,
+    ArgumentKind, BootstrapKind, CaptureKind, Error, OutOfMemory, OutOfMemoryCause, Result,
+    StateKind, Unavailable, UnsupportedKind,
 };
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle, StreamEventExt};
 pub use graph::{CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, StreamCaptureExt};

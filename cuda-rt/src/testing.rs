@@ -59,6 +59,40 @@ pub fn gpu_or_skip(name: &str) -> bool {
     }
 }
 
+/// The variable that turns skips of tests needing several GPUs into failures.
+pub const REQUIRE_MULTI_GPU_VAR: &str = "CUDA_RT_REQUIRE_MULTI_GPU";
+
+/// Whether tests needing several GPUs must run ([`REQUIRE_MULTI_GPU_VAR`] set to
+/// something other than `0`/empty).
+pub fn multi_gpu_required() -> bool {
+    std::env::var(REQUIRE_MULTI_GPU_VAR).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// `true` when at least `n` GPUs are usable. Otherwise prints why the test `name` is
+/// skipped and returns `false`; or panics (failing the test) when no GPU at all is
+/// usable and [`gpu_required`], or fewer than `n` are and [`multi_gpu_required`].
+///
+/// ```
+/// if !cuda_rt::testing::gpus_or_skip("my_two_gpu_test", 2) {
+///     return;
+/// }
+/// ```
+pub fn gpus_or_skip(name: &str, n: i32) -> bool {
+    if !gpu_or_skip(name) {
+        return false;
+    }
+    let have = crate::device::device_count().unwrap_or(0);
+    if have >= n {
+        return true;
+    }
+    let reason = format!("needs {n} GPUs, this machine has {have}");
+    if multi_gpu_required() {
+        panic!("{name}: {REQUIRE_MULTI_GPU_VAR} is set but {reason}");
+    }
+    eprintln!("skipped {name}: {reason}");
+    false
+}
+
 /// GPU tests of this process that skipped, and the first reason.
 static SKIPPED: AtomicUsize = AtomicUsize::new(0);
 static SKIP_REASON: OnceLock<String> = OnceLock::new();

@@ -19,6 +19,7 @@
 //! | [`cusolver`] | `libcusolver.so.12` / `.11` (dense API) | `cusolver` |
 //! | [`cusparse`] | `libcusparse.so.12` | `cusparse` |
 //! | [`curand`] | `libcurand.so.10` | `curand` |
+//! | [`nccl`] | `libnccl.so.2` (declared by hand, see the module) | `nccl` |
 //!
 //! In each module, `api()` opens the library and returns its table; `api()?.cuInit()?`
 //! is the entry point as a function pointer (resolved once, then one atomic load), and
@@ -50,6 +51,9 @@ mod dylib;
 pub mod loader;
 pub mod result;
 mod version;
+
+#[cfg(feature = "nccl")]
+pub mod nccl;
 
 #[path = "generated/driver_versions.rs"]
 #[rustfmt::skip]

@@ -154,3 +154,23 @@ pub enum UnsupportedKind {
     /// Anything else; the message says what.
     Other,
 }
+
+/// What went wrong while ranks exchanged a communicator's id, in an
+/// [`Error::Bootstrap`](super::Error::Bootstrap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BootstrapKind {
+    /// A setting is missing or does not parse (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+    /// `MASTER_PORT`), or they disagree (a rank past the world size).
+    Config,
+    /// Rank 0 could not be reached, or did not answer, before the deadline.
+    Timeout,
+    /// Rank 0 waited until the deadline and some ranks never came.
+    MissingRanks,
+    /// A peer spoke something else than this bootstrap, or a different job's
+    /// world size.
+    Protocol,
+    /// A socket error other than a timeout (the address in use, a name that does not
+    /// resolve...).
+    Io,
+}

@@ -55,7 +55,7 @@ mod capture;
 mod kind;
 
 pub(crate) use capture::{explain_capture, is_capture_code};
-pub use kind::{ArgumentKind, CaptureKind, StateKind, UnsupportedKind};
+pub use kind::{ArgumentKind, BootstrapKind, CaptureKind, StateKind, UnsupportedKind};
 
 /// `Result` with cuda-rt's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -265,6 +265,19 @@ pub enum Error {
         /// The status's name.
         name: &'static str,
     },
+    /// An NCCL call failed: the call, NCCL's status name and words, and its last error
+    /// message.
+    #[error("{0}")]
+    Nccl(cuda_sys::result::NcclError),
+    /// Ranks could not exchange a communicator's id
+    /// ([`nccl::bootstrap`](crate::nccl::bootstrap)).
+    #[error("NCCL bootstrap: {message}")]
+    Bootstrap {
+        /// What went wrong, for programs.
+        kind: BootstrapKind,
+        /// The rank, the address, the deadline and what happened, for people.
+        message: String,
+    },
     /// Out of memory, with requested, in-use, cached and limit bytes.
     #[error("{0}")]
     OutOfMemory(Box<OutOfMemory>),
@@ -412,6 +425,7 @@ impl From<cuda_sys::result::Error> for Error {
             cuda_sys::result::Error::Load(l) => Error::Load(l),
             cuda_sys::result::Error::Nvrtc(n) => n.into(),
             cuda_sys::result::Error::Library(l) => l.into(),
+            cuda_sys::result::Error::Nccl(n) => Error::Nccl(n),
             // `non_exhaustive`: an error of a later cuda-sys, in its own words.
             other => Error::invalid_state(StateKind::Unexpected, other.to_string()),
         }

@@ -65,3 +65,12 @@ pub static CURAND: LibrarySpec = LibrarySpec {
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/curand/lib"],
     kind: Kind::Plain,
 };
+
+/// NCCL (soname 2), also from the `nvidia-nccl-cu12`/`-cu13` wheels.
+pub static NCCL: LibrarySpec = LibrarySpec {
+    name: "NCCL",
+    files: &["libnccl.so.2"],
+    override_var: "CUDA_RT_LIBNCCL",
+    wheel_dirs: &["nvidia/nccl/lib"],
+    kind: Kind::Plain,
+};

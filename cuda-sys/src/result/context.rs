@@ -76,3 +76,28 @@ pub fn get_stream_priority_range() -> Result<(i32, i32)> {
     )?;
     Ok((least, greatest))
 }
+
+/// Lets the current context access memory of `peer` (`cuCtxEnablePeerAccess`, flags
+/// 0). A second call for the same pair is `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`;
+/// a device that cannot reach the peer is `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`.
+///
+/// # Safety
+/// `peer` is a live context (a retained primary context, or one created and not yet
+/// destroyed); a context is current on the calling thread.
+pub unsafe fn enable_peer_access(peer: CUcontext) -> Result<()> {
+    let f = api()?.cuCtxEnablePeerAccess()?;
+    // SAFETY: `peer` is live (caller); flags must be 0.
+    check(unsafe { f(peer, 0) }, "cuCtxEnablePeerAccess")
+}
+
+/// Takes back the current context's access to memory of `peer`
+/// (`cuCtxDisablePeerAccess`); `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED` when it had none.
+///
+/// # Safety
+/// `peer` is a live context; a context is current on the calling thread; no work
+/// queued or running in the current context still reads or writes `peer`'s memory.
+pub unsafe fn disable_peer_access(peer: CUcontext) -> Result<()> {
+    let f = api()?.cuCtxDisablePeerAccess()?;
+    // SAFETY: `peer` is live and unused by queued work (caller).
+    check(unsafe { f(peer) }, "cuCtxDisablePeerAccess")
+}

@@ -116,6 +116,58 @@ impl fmt::Display for LibraryError {
 
 impl std::error::Error for LibraryError {}
 
+/// An NCCL call returned a status other than success, e.g. `ncclCommInitRank failed:
+/// ncclInvalidArgument (4): invalid argument (run with NCCL_DEBUG=WARN for details);
+/// last error: Invalid rank requested : 3/2`.
+#[cfg(feature = "nccl")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclError {
+    /// The NCCL call that failed.
+    pub call: &'static str,
+    /// NCCL's status (`ncclResult_t`).
+    pub status: u32,
+    /// The status's name, e.g. `ncclInvalidArgument`
+    /// ([`nccl::status_name`](super::nccl::status_name)).
+    pub name: &'static str,
+    /// NCCL's words for the status (`ncclGetErrorString`), when NCCL gave them.
+    pub description: Option<&'static str>,
+    /// The thread's last NCCL error message (`ncclGetLastError`), when there was one.
+    pub last_error: Option<String>,
+}
+
+#[cfg(feature = "nccl")]
+impl NcclError {
+    /// The error for `status` returned by `call`, with NCCL's words for it and the
+    /// thread's last error message.
+    #[cold]
+    pub fn new(status: u32, call: &'static str) -> NcclError {
+        NcclError {
+            call,
+            status,
+            name: super::nccl::status_name(status),
+            description: super::nccl::get_error_string(status),
+            last_error: super::nccl::get_last_error(),
+        }
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl fmt::Display for NcclError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {} ({})", self.call, self.name, self.status)?;
+        if let Some(d) = self.description {
+            write!(f, ": {d}")?;
+        }
+        if let Some(l) = &self.last_error {
+            write!(f, "; last error: {l}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl std::error::Error for NcclError {}
+
 /// Everything a call of the checked layer can return: the call's own error, or the
 /// library (or entry point) that could not be loaded.
 #[derive(Debug, Clone)]
@@ -129,6 +181,9 @@ pub enum Error {
     Nvrtc(NvrtcError),
     /// A math library call returned an error status.
     Library(LibraryError),
+    /// An NCCL call returned an error status.
+    #[cfg(feature = "nccl")]
+    Nccl(NcclError),
     /// The library or the entry point could not be loaded (names every path tried).
     Load(LoadError),
 }
@@ -141,6 +196,8 @@ impl fmt::Display for Error {
             #[cfg(feature = "nvrtc")]
             Error::Nvrtc(e) => fmt::Display::fmt(e, f),
             Error::Library(e) => fmt::Display::fmt(e, f),
+            #[cfg(feature = "nccl")]
+            Error::Nccl(e) => fmt::Display::fmt(e, f),
             Error::Load(e) => fmt::Display::fmt(e, f),
         }
     }
@@ -168,6 +225,14 @@ impl From<NvrtcError> for Error {
     #[inline]
     fn from(e: NvrtcError) -> Self {
         Error::Nvrtc(e)
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl From<NcclError> for Error {
+    #[inline]
+    fn from(e: NcclError) -> Self {
+        Error::Nccl(e)
     }
 }
 

@@ -16,6 +16,7 @@
 //! | [`memory`] | `cuMem*` (device, managed, host and pool memory), copies, memsets, `cuPointerGetAttribute` | `driver` |
 //! | [`stream`] | `cuStream*`, capture, `cuLaunchHostFunc` with Rust closures | `driver` |
 //! | [`event`] | `cuEvent*`, `cuIpc*EventHandle` | `driver` |
+//! | [`ipc`] | `cuIpc*MemHandle`, `cuMemGetAddressRange`, pool export and import | `driver` |
 //! | [`module`] | `cuModule*`, `cuFunc*`, `cuOccupancy*` | `driver` |
 //! | [`launch`] | `cuLaunchKernel`, `cuLaunchCooperativeKernel`, `cuLaunchKernelEx` | `driver` |
 //! | [`link`] | `cuLink*`: the JIT linker (relocatable device code, the device runtime) | `driver` |
@@ -23,6 +24,7 @@
 //! | [`profiler`] | `cuProfilerStart`, `cuProfilerStop` | `driver` |
 //! | [`nvrtc`] | `nvrtc*` | `nvrtc` |
 //! | [`cublas`], [`cusolver`], [`cusparse`], [`curand`] | handle create, destroy, set stream | `cublas`, ... |
+//! | [`nccl`] | unique ids, communicators, collectives, send/recv, groups | `nccl` |
 //!
 //! # Safety
 //!
@@ -91,6 +93,8 @@ pub mod event;
 #[cfg(feature = "driver")]
 pub mod graph;
 #[cfg(feature = "driver")]
+pub mod ipc;
+#[cfg(feature = "driver")]
 pub mod launch;
 #[cfg(feature = "driver")]
 pub mod link;
@@ -114,9 +118,13 @@ pub mod curand;
 pub mod cusolver;
 #[cfg(feature = "cusparse")]
 pub mod cusparse;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 
 #[cfg(feature = "driver")]
 pub use error::DriverError;
+#[cfg(feature = "nccl")]
+pub use error::NcclError;
 #[cfg(feature = "nvrtc")]
 pub use error::NvrtcError;
 pub use error::{strip_abi_suffix, Error, LibraryError};

@@ -255,7 +255,7 @@ impl MemoryPool {
     ///
     /// ```no_run
     /// use cuda_rt::{get_default_memory_pool, Stream};
-    /// let stream = Stream::new(true)?;
+    /// let stream = Stream::non_blocking()?;
     /// let p = get_default_memory_pool().malloc_on_stream(&stream, 1 << 20)?;
     /// # Ok::<(), cuda_rt::Error>(())
     /// ```

@@ -1,0 +1,191 @@
+//! Interprocess memory and events on one GPU with two processes: this test binary
+//! runs itself again as the child (`CUDA_RT_IPC_CHILD` set, only the child entry test
+//! selected). The parent allocates a plain allocation and a pointer in the middle of a
+//! pool segment, writes patterns and exports both with an interprocess event; the
+//! child opens them, checks the patterns, writes new ones on a stream and records the
+//! event; the parent waits on the event and checks.
+//!
+//! GPU tests skip without a GPU; `CUDA_RT_REQUIRE_GPU=1` makes them fail instead.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use cuda_rt::event::IpcEventHandle;
+use cuda_rt::ipc::IpcMemHandle;
+use cuda_rt::memory::Memory;
+use cuda_rt::{gpu_test, Event, MemoryPointer, Stream};
+
+const CHILD_VAR: &str = "CUDA_RT_IPC_CHILD";
+const CHILD_TEST: &str = "zz_ipc_child_process_entry";
+const RECORDED: &str = "IPC_CHILD_RECORDED";
+
+const PLAIN_WORDS: usize = 1 << 18;
+const POOL_WORDS: usize = 3 << 16;
+
+fn pattern(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| i.wrapping_mul(0x9e37_79b9).wrapping_add(seed))
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn read_words(p: &MemoryPointer, n: usize) -> Vec<u32> {
+    let mut v = vec![0u32; n];
+    p.copy_to_host(&mut v).unwrap();
+    v
+}
+
+/// A pointer that starts in the middle of one of the pool's segments: a segment made
+/// by a large request, given back, then split by two smaller requests.
+fn pool_pointer_mid_segment(words: usize) -> (MemoryPointer, MemoryPointer) {
+    let pool = cuda_rt::get_default_memory_pool();
+    drop(pool.malloc(8 * words * 4).unwrap());
+    let first = pool.malloc(words * 4).unwrap();
+    let second = pool.malloc(words * 4).unwrap();
+    (first, second)
+}
+
+gpu_test!(memory_and_events_are_shared_with_a_child_process, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    // A plain allocation (cuMemAlloc), as its own memory object.
+    let plain =
+        MemoryPointer::from_memory(std::sync::Arc::new(Memory::new(PLAIN_WORDS * 4).unwrap()));
+    plain.copy_from_host(&pattern(PLAIN_WORDS, 1)).unwrap();
+    let plain_h = plain.ipc_handle().unwrap();
+    assert_eq!(plain_h.offset(), 0);
+    assert_eq!(plain_h.size(), (PLAIN_WORDS * 4) as u64);
+
+    let (_first, pooled) = pool_pointer_mid_segment(POOL_WORDS);
+    pooled.copy_from_host(&pattern(POOL_WORDS, 2)).unwrap();
+    let pool_h = pooled.ipc_handle().unwrap();
+    assert!(
+        pool_h.offset() > 0,
+        "the pooled pointer should lie inside a segment: {pool_h:?}"
+    );
+    assert!(pool_h.size() >= (POOL_WORDS * 4) as u64);
+
+    let event = Event::new(false, true, true).unwrap();
+    let event_h = event.ipc_handle().unwrap();
+
+    let arg = format!(
+        "{}:{}:{}",
+        hex(&plain_h.to_bytes()),
+        hex(&pool_h.to_bytes()),
+        hex(event_h.as_bytes())
+    );
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([CHILD_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_VAR, arg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    let mut recorded = false;
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 {
+        seen.push_str(&line);
+        if line.trim() == RECORDED {
+            recorded = true;
+            break;
+        }
+        line.clear();
+    }
+    assert!(
+        recorded,
+        "the child never recorded the event; it said:\n{seen}"
+    );
+
+    // The child's writes are ordered before its record: wait for it, then check.
+    event.synchronize().unwrap();
+    // And a stream of this process can wait on it too.
+    let s = Stream::new().unwrap();
+    {
+        use cuda_rt::StreamEventExt;
+        s.wait_event(&event).unwrap();
+    }
+    s.synchronize().unwrap();
+    assert_eq!(read_words(&plain, PLAIN_WORDS), pattern(PLAIN_WORDS, 11));
+    assert_eq!(read_words(&pooled, POOL_WORDS), pattern(POOL_WORDS, 12));
+    // The first pooled block, beside the shared one, is untouched by the child.
+    drop(child.stdin.take()); // lets the child exit
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "child failed: {status}\n{seen}{rest}");
+});
+
+gpu_test!(a_handle_of_this_same_process_does_not_open, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let p = cuda_rt::get_default_memory_pool().malloc(4096).unwrap();
+    let h = p.ipc_handle().unwrap();
+    let e = h.open().unwrap_err();
+    assert!(e.to_string().contains("cuIpcOpenMemHandle"), "{e}");
+});
+
+gpu_test!(the_null_pointer_has_no_ipc_handle, {
+    let e = MemoryPointer::null(0).ipc_handle().unwrap_err();
+    assert!(matches!(e, cuda_rt::Error::InvalidArgument { .. }), "{e}");
+});
+
+gpu_test!(stream_ordered_memory_has_no_legacy_ipc_handle, {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let p = cuda_rt::malloc_async(1 << 16).unwrap();
+    let e = p.ipc_handle().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            cuda_rt::Error::NotSupported { .. } | cuda_rt::Error::Driver(_)
+        ),
+        "{e}"
+    );
+});
+
+/// Not a test of its own: the child process's side of
+/// `memory_and_events_are_shared_with_a_child_process`; does nothing unless
+/// `CUDA_RT_IPC_CHILD` is set.
+#[test]
+fn zz_ipc_child_process_entry() {
+    let Ok(arg) = std::env::var(CHILD_VAR) else {
+        return;
+    };
+    let parts: Vec<&str> = arg.split(':').collect();
+    assert_eq!(parts.len(), 3, "bad {CHILD_VAR}");
+    cuda_rt::device::set_device_id(0).unwrap();
+    let plain_h = IpcMemHandle::from_bytes(&unhex(parts[0])).unwrap();
+    let pool_h = IpcMemHandle::from_bytes(&unhex(parts[1])).unwrap();
+    let ev_bytes: [u8; 64] = unhex(parts[2]).try_into().unwrap();
+
+    let plain = plain_h.open().unwrap();
+    let pooled = pool_h.open().unwrap();
+    assert_eq!(plain.size(), PLAIN_WORDS * 4);
+    assert_eq!(pooled.size() as u64, pool_h.size());
+    assert_eq!(read_words(&plain, PLAIN_WORDS), pattern(PLAIN_WORDS, 1));
+    assert_eq!(read_words(&pooled, POOL_WORDS), pattern(POOL_WORDS, 2));
+
+    let s = Stream::new().unwrap();
+    let new_plain = pattern(PLAIN_WORDS, 11);
+    let new_pool = pattern(POOL_WORDS, 12);
+    plain.copy_from_host_async(&new_plain, Some(&s)).unwrap();
+    pooled.copy_from_host_async(&new_pool, Some(&s)).unwrap();
+    let event = Event::from_ipc_handle(&IpcEventHandle::from_bytes(ev_bytes)).unwrap();
+    event.record_on(&s).unwrap();
+    println!("{RECORDED}");
+    std::io::stdout().flush().unwrap();
+    // Stay alive (and keep the mappings) until the parent has checked.
+    let mut buf = String::new();
+    let _ = std::io::stdin().read_line(&mut buf);
+    s.synchronize().unwrap();
+}

@@ -1,0 +1,212 @@
+//! NCCL: a single-rank communicator on GPU 0 with every collective checked against
+//! host values (GPU tests skip without a GPU, fail under `CUDA_RT_REQUIRE_GPU=1`;
+//! NCCL itself must then load too), communicators over all GPUs of the host (skip
+//! below two GPUs, fail under `CUDA_RT_REQUIRE_MULTI_GPU=1`), and, on any machine,
+//! the errors: NCCL missing, status names.
+
+use cuda_rt::buffer::DeviceBuffer;
+use cuda_rt::cuda_sys::result::nccl::status_name;
+use cuda_rt::memory::{Bf16, F16};
+use cuda_rt::nccl::{self, group, Communicator, ReduceOp, UniqueId};
+use cuda_rt::testing::gpus_or_skip;
+use cuda_rt::{gpu_test, Error, Stream};
+
+#[test]
+fn nccl_status_names_are_nccls() {
+    assert_eq!(status_name(0), "ncclSuccess");
+    assert_eq!(status_name(4), "ncclInvalidArgument");
+    assert_eq!(status_name(6), "ncclRemoteError");
+    assert_eq!(status_name(99), "ncclUnknownResult");
+}
+
+#[test]
+fn a_missing_nccl_is_a_load_error_naming_the_library() {
+    if nccl::is_available() {
+        eprintln!("NCCL is installed here: the missing-library path is not exercised");
+        return;
+    }
+    let e = UniqueId::new().unwrap_err();
+    assert!(matches!(e, Error::Load(_)), "{e}");
+    let s = e.to_string();
+    assert!(
+        s.contains("libnccl.so.2") && s.contains("CUDA_RT_LIBNCCL"),
+        "{s}"
+    );
+}
+
+fn single_rank() -> Communicator {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let id = UniqueId::new().expect("NCCL must load on the GPU machine");
+    let c = Communicator::init_rank(1, &id, 0).unwrap();
+    assert_eq!((c.rank(), c.size(), c.device_id()), (0, 1, 0));
+    c
+}
+
+gpu_test!(single_rank_communicator_runs_every_collective, {
+    let comm = single_rank();
+    let s = Stream::new().unwrap();
+    let host: Vec<f32> = (0..10_000).map(|i| i as f32 * 0.5).collect();
+    let src = DeviceBuffer::from_slice(&host).unwrap();
+
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+    ] {
+        let mut dst = DeviceBuffer::<f32>::zeros(host.len()).unwrap();
+        comm.all_reduce(src.as_slice(), dst.as_mut_slice(), op, &s)
+            .unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(dst.to_vec().unwrap(), host, "all_reduce {op:?} of one rank");
+    }
+    let mut inplace = DeviceBuffer::from_slice(&host).unwrap();
+    comm.all_reduce_in_place(inplace.as_mut_slice(), ReduceOp::Sum, &s)
+        .unwrap();
+
+    let mut b = DeviceBuffer::<f32>::zeros(host.len()).unwrap();
+    comm.broadcast(src.as_slice(), b.as_mut_slice(), 0, &s)
+        .unwrap();
+    let mut r = DeviceBuffer::<f32>::zeros(host.len()).unwrap();
+    comm.reduce(src.as_slice(), r.as_mut_slice(), ReduceOp::Sum, 0, &s)
+        .unwrap();
+    let mut g = DeviceBuffer::<f32>::zeros(host.len()).unwrap();
+    comm.all_gather(src.as_slice(), g.as_mut_slice(), &s)
+        .unwrap();
+    let mut rs = DeviceBuffer::<f32>::zeros(host.len()).unwrap();
+    comm.reduce_scatter(src.as_slice(), rs.as_mut_slice(), ReduceOp::Sum, &s)
+        .unwrap();
+    // Send to and receive from itself: one group.
+    let mut p2p = DeviceBuffer::<f32>::zeros(host.len()).unwrap();
+    group(|| {
+        comm.send(src.as_slice(), 0, &s)?;
+        comm.recv(p2p.as_mut_slice(), 0, &s)
+    })
+    .unwrap();
+    s.synchronize().unwrap();
+    comm.async_error().unwrap();
+    for (name, buf) in [
+        ("in place", &inplace),
+        ("broadcast", &b),
+        ("reduce", &r),
+        ("all_gather", &g),
+        ("reduce_scatter", &rs),
+        ("send/recv", &p2p),
+    ] {
+        assert_eq!(buf.to_vec().unwrap(), host, "{name}");
+    }
+    comm.destroy().unwrap();
+});
+
+gpu_test!(single_rank_all_reduce_handles_every_element_type, {
+    let comm = single_rank();
+    let s = Stream::new().unwrap();
+    fn check<T: nccl::NcclType + PartialEq + std::fmt::Debug>(
+        comm: &Communicator,
+        s: &Stream,
+        v: Vec<T>,
+    ) {
+        let src = DeviceBuffer::from_slice(&v).unwrap();
+        let mut dst = DeviceBuffer::<T>::zeros(v.len()).unwrap();
+        comm.all_reduce(src.as_slice(), dst.as_mut_slice(), ReduceOp::Sum, s)
+            .unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(dst.to_vec().unwrap(), v, "{}", std::any::type_name::<T>());
+    }
+    check(
+        &comm,
+        &s,
+        (0..100).map(|i| i as i8 - 50).collect::<Vec<i8>>(),
+    );
+    check(&comm, &s, (0..100u8).collect::<Vec<_>>());
+    check(&comm, &s, (0..100).map(|i| -i).collect::<Vec<i32>>());
+    check(&comm, &s, (0..100u32).collect::<Vec<_>>());
+    check(
+        &comm,
+        &s,
+        (0..100).map(|i| i64::MIN + i).collect::<Vec<i64>>(),
+    );
+    check(
+        &comm,
+        &s,
+        (0..100).map(|i| u64::MAX - i).collect::<Vec<u64>>(),
+    );
+    check(
+        &comm,
+        &s,
+        (0..100).map(|i| i as f64 / 3.0).collect::<Vec<_>>(),
+    );
+    check(
+        &comm,
+        &s,
+        (0..100).map(|i| F16::from_f32(i as f32)).collect(),
+    );
+    check(
+        &comm,
+        &s,
+        (0..100).map(|i| Bf16::from_f32(i as f32)).collect(),
+    );
+    check(
+        &comm,
+        &s,
+        (0..100).map(|i| half::f16::from_f32(i as f32)).collect(),
+    );
+    check(
+        &comm,
+        &s,
+        (0..100).map(|i| half::bf16::from_f32(i as f32)).collect(),
+    );
+});
+
+gpu_test!(
+    collectives_refuse_wrong_lengths_and_ranks_before_nccl_sees_them,
+    {
+        let comm = single_rank();
+        let s = Stream::new().unwrap();
+        let a = DeviceBuffer::<f32>::zeros(10).unwrap();
+        let mut b = DeviceBuffer::<f32>::zeros(11).unwrap();
+        let e = comm
+            .all_reduce(a.as_slice(), b.as_mut_slice(), ReduceOp::Sum, &s)
+            .unwrap_err();
+        assert!(e.to_string().contains("11 elements, expected 10"), "{e}");
+        let mut c = DeviceBuffer::<f32>::zeros(10).unwrap();
+        let e = comm
+            .broadcast(a.as_slice(), c.as_mut_slice(), 1, &s)
+            .unwrap_err();
+        assert!(e.to_string().contains("rank 1 is not a rank"), "{e}");
+    }
+);
+
+#[test]
+fn one_process_drives_every_gpu_of_the_host() {
+    if !gpus_or_skip("one_process_drives_every_gpu_of_the_host", 2) {
+        return;
+    }
+    let n = cuda_rt::device_count().unwrap();
+    let devices: Vec<i32> = (0..n).collect();
+    let comms = Communicator::init_all(&devices).unwrap();
+    let len = 1 << 20;
+    let mut bufs = Vec::new();
+    let mut streams = Vec::new();
+    for (i, c) in comms.iter().enumerate() {
+        let _g = cuda_rt::Device::new(c.device_id())
+            .unwrap()
+            .enter()
+            .unwrap();
+        bufs.push(DeviceBuffer::from_slice(&vec![i as f32 + 1.0; len]).unwrap());
+        streams.push(Stream::new().unwrap());
+    }
+    group(|| {
+        for ((c, b), s) in comms.iter().zip(bufs.iter_mut()).zip(&streams) {
+            c.all_reduce_in_place(b.as_mut_slice(), ReduceOp::Sum, s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let want = (n * (n + 1) / 2) as f32;
+    for (b, s) in bufs.iter().zip(&streams) {
+        s.synchronize().unwrap();
+        assert!(b.to_vec().unwrap().iter().all(|&x| x == want));
+    }
+}
