@@ -91,6 +91,19 @@ gpu_test!(memory_and_events_are_shared_with_a_child_process, {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
+    // A child that hangs fails the test after a minute instead of hanging the suite:
+    // the watchdog kills it, which ends the reads below.
+    let pid = child.id();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .is_err()
+        {
+            eprintln!("ipc test: the child took over 60 s; killing it");
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    });
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut seen = String::new();
     let mut recorded = false;
@@ -108,7 +121,16 @@ gpu_test!(memory_and_events_are_shared_with_a_child_process, {
         "the child never recorded the event; it said:\n{seen}"
     );
 
-    // The child's writes are ordered before its record: wait for it, then check.
+    // The child's writes are ordered before its record: wait for it (polling, with a
+    // deadline, so that an event that never completes fails the test), then check.
+    let start = std::time::Instant::now();
+    while !event.query().unwrap() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the child's event did not complete in 30 s; the child said:\n{seen}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     event.synchronize().unwrap();
     // And a stream of this process can wait on it too.
     let s = Stream::new().unwrap();
@@ -124,6 +146,8 @@ gpu_test!(memory_and_events_are_shared_with_a_child_process, {
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut out, &mut rest);
     let status = child.wait().unwrap();
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
     assert!(status.success(), "child failed: {status}\n{seen}{rest}");
 });
 
@@ -168,8 +192,10 @@ fn zz_ipc_child_process_entry() {
     let pool_h = IpcMemHandle::from_bytes(&unhex(parts[1])).unwrap();
     let ev_bytes: [u8; 64] = unhex(parts[2]).try_into().unwrap();
 
+    eprintln!("ipc child: opening the handles");
     let plain = plain_h.open().unwrap();
     let pooled = pool_h.open().unwrap();
+    eprintln!("ipc child: opened; checking the patterns");
     assert_eq!(plain.size(), PLAIN_WORDS * 4);
     assert_eq!(pooled.size() as u64, pool_h.size());
     assert_eq!(read_words(&plain, PLAIN_WORDS), pattern(PLAIN_WORDS, 1));
@@ -180,6 +206,7 @@ fn zz_ipc_child_process_entry() {
     let new_pool = pattern(POOL_WORDS, 12);
     plain.copy_from_host_async(&new_plain, Some(&s)).unwrap();
     pooled.copy_from_host_async(&new_pool, Some(&s)).unwrap();
+    eprintln!("ipc child: copies queued; opening the event");
     let event = Event::from_ipc_handle(&IpcEventHandle::from_bytes(ev_bytes)).unwrap();
     event.record_on(&s).unwrap();
     println!("{RECORDED}");
