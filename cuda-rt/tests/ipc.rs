@@ -217,3 +217,83 @@ fn zz_ipc_child_process_entry() {
     let _ = std::io::stdin().read_line(&mut buf);
     s.synchronize().unwrap();
 }
+
+const POOL_CHILD_VAR: &str = "CUDA_RT_POOL_IPC_CHILD";
+const POOL_CHILD_TEST: &str = "zz_pool_ipc_child_process_entry";
+
+gpu_test!(
+    a_stream_ordered_pool_and_its_pointer_are_shared_with_a_child_process,
+    {
+        use std::os::fd::AsFd;
+        use std::os::unix::net::UnixListener;
+        cuda_rt::device::set_device_id(0).unwrap();
+        let pool = cuda_rt::memory::MemoryAsyncPool::create_shareable(0).unwrap();
+        let p = pool.malloc(POOL_WORDS * 4).unwrap();
+        p.copy_from_host(&pattern(POOL_WORDS, 3)).unwrap();
+        cuda_rt::device::synchronize().unwrap();
+        let h = cuda_rt::ipc::PoolPointerHandle::export(&p).unwrap();
+        // An offset pointer is refused before the driver sees it.
+        assert!(cuda_rt::ipc::PoolPointerHandle::export(&p.checked_add(256).unwrap()).is_err());
+
+        let path = std::env::temp_dir().join(format!("cuda-rt-pool-ipc-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                POOL_CHILD_TEST,
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(POOL_CHILD_VAR, &path)
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if done_rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .is_err()
+            {
+                eprintln!("pool ipc test: the child took over 60 s; killing it");
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        });
+        let (socket, _) = listener.accept().unwrap();
+        cuda_rt::ipc::send_fd(&socket, pool.export_fd().unwrap().as_fd(), &h.to_bytes()).unwrap();
+        // The child writes its pattern, synchronises, and says so with one byte.
+        let mut byte = [0u8; 1];
+        let got = std::io::Read::read(&mut &socket, &mut byte).unwrap_or(0);
+        let status = child.wait().unwrap();
+        let _ = done_tx.send(());
+        let _ = watchdog.join();
+        let _ = std::fs::remove_file(&path);
+        assert!(status.success() && got == 1, "child failed: {status}");
+        assert_eq!(read_words(&p, POOL_WORDS), pattern(POOL_WORDS, 13));
+    }
+);
+
+/// Not a test of its own: the child's side of
+/// `a_stream_ordered_pool_and_its_pointer_are_shared_with_a_child_process`; does
+/// nothing unless `CUDA_RT_POOL_IPC_CHILD` is set.
+#[test]
+fn zz_pool_ipc_child_process_entry() {
+    use std::os::fd::AsFd;
+    let Some(path) = std::env::var_os(POOL_CHILD_VAR) else {
+        return;
+    };
+    cuda_rt::device::set_device_id(0).unwrap();
+    let socket = std::os::unix::net::UnixStream::connect(path).unwrap();
+    let (fd, bytes) = cuda_rt::ipc::recv_fd(&socket).unwrap();
+    let pool = cuda_rt::memory::MemoryAsyncPool::import_fd(fd.as_fd(), 0).unwrap();
+    let h = cuda_rt::ipc::PoolPointerHandle::from_bytes(&bytes).unwrap();
+    let q = h.import(&pool).unwrap();
+    assert_eq!(q.size(), POOL_WORDS * 4);
+    assert_eq!(read_words(&q, POOL_WORDS), pattern(POOL_WORDS, 3));
+    q.copy_from_host(&pattern(POOL_WORDS, 13)).unwrap();
+    cuda_rt::device::synchronize().unwrap();
+    drop(q); // freed here before the exporter frees the allocation
+    std::io::Write::write_all(&mut &socket, &[1]).unwrap();
+}

@@ -383,18 +383,66 @@ impl MemoryAsyncPool {
     /// and the last memory from it are gone. Its limit is set as by
     /// [`MemoryAsyncPool::new`]: `CUDA_RT_GPU_MEMORY_LIMIT`, else none.
     pub fn create(device: i32) -> Result<MemoryAsyncPool> {
+        Self::create_with(
+            device,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        )
+    }
+
+    /// [`create`](Self::create) a pool that other processes can import: its handle
+    /// type is a POSIX file descriptor ([`export_fd`](Self::export_fd); send it with
+    /// [`ipc::send_fd`](crate::ipc::send_fd)), and pointers from it are shared with
+    /// [`ipc::PoolPointerHandle`](crate::ipc::PoolPointerHandle).
+    pub fn create_shareable(device: i32) -> Result<MemoryAsyncPool> {
+        Self::create_with(
+            device,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    }
+
+    fn create_with(
+        device: i32,
+        handles: sys::CUmemAllocationHandleType,
+    ) -> Result<MemoryAsyncPool> {
         Device::new(device)?;
         make_current(device)?;
         let props = sys::CUmemPoolProps {
             allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: handles,
             location: crate::memory::managed::mem_location(Some(device)),
-            // All other fields zero: no handle types, no size cap, reserved bytes zero
-            // (the driver's documented default).
+            // All other fields zero: no size cap, reserved bytes zero (the driver's
+            // documented default).
             ..Default::default()
         };
         let pool = Self::wrap(result::memory::pool_create(&props)?, device, true);
         pool.set_limit_from_env()?;
         Ok(pool)
+    }
+
+    /// A POSIX file descriptor another process imports this pool with
+    /// ([`import_fd`](Self::import_fd)), `cuMemPoolExportToShareableHandle`. Only a pool
+    /// made by [`create_shareable`](Self::create_shareable) can be exported; others are
+    /// an error from the driver. The descriptor is closed when dropped.
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        make_current(self.inner.device)?;
+        // SAFETY: the pool is live while `self` is.
+        let fd = unsafe { result::ipc::pool_export_to_fd(self.as_raw()) }?;
+        // SAFETY: the driver handed out a new descriptor that nothing else owns.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The pool another process exported ([`export_fd`](Self::export_fd)), imported on
+    /// `device` (`cuMemPoolImportFromShareableHandle`); destroyed when the last clone
+    /// and the last memory imported from it are gone. The descriptor stays the
+    /// caller's. Pointers come from it with
+    /// [`PoolPointerHandle::import`](crate::ipc::PoolPointerHandle::import).
+    pub fn import_fd(fd: std::os::fd::BorrowedFd<'_>, device: i32) -> Result<MemoryAsyncPool> {
+        use std::os::fd::AsRawFd;
+        Device::new(device)?;
+        make_current(device)?;
+        let pool = result::ipc::pool_import_from_fd(fd.as_raw_fd())?;
+        Ok(Self::wrap(pool, device, true))
     }
 
     fn wrap(pool: sys::CUmemoryPool, device: i32, owned: bool) -> MemoryAsyncPool {

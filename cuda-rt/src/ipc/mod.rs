@@ -33,10 +33,18 @@
 //! keeps the physical memory until every process has let go, so a late free is no
 //! crash, but a pool would hand the bytes to someone else). Stream-ordered memory
 //! (`cuMemAllocAsync`, [`MemoryAsyncPool`](crate::memory::MemoryAsyncPool)) cannot be
-//! shared this way: CUDA refuses it, and the error says so.
+//! shared this way: CUDA refuses it, and the error says so. It is shared through an
+//! exportable pool instead: [`MemoryAsyncPool::create_shareable`](crate::memory::MemoryAsyncPool::create_shareable),
+//! its file descriptor sent with [`send_fd`] / [`recv_fd`], and [`PoolPointerHandle`].
 
 use std::fmt;
 use std::sync::Arc;
+
+mod fd;
+mod pool_pointer;
+
+pub use fd::{recv_fd, send_fd, MAX_FD_PAYLOAD};
+pub use pool_pointer::PoolPointerHandle;
 
 use cuda_sys::driver::CUresult;
 use cuda_sys::result;
