@@ -1,6 +1,6 @@
-//! The NCCL bootstrap's id exchange over TCP on the loopback address, ranks as
-//! threads (no GPU, no NCCL needed): the exchange, a rank 0 that never listens, a rank
-//! that never comes, and a rank of another job.
+//! The NCCL bootstrap's id exchange over TCP on the loopback address (no GPU, no NCCL
+//! needed), ranks as threads and as processes launched like torchrun's: the exchange,
+//! a rank 0 that never listens, a rank that never comes, and a rank of another job.
 
 use std::net::TcpListener;
 use std::thread;
@@ -104,4 +104,125 @@ fn a_single_rank_job_needs_no_network() {
         bootstrap::share_bytes(&cfg(0, 1, port, 100), Some(b"solo")).unwrap(),
         b"solo"
     );
+}
+
+// Ranks as processes, launched the way torchrun or mpirun launch them: this test binary
+// runs itself again with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set and only the
+// rank entry below selected.
+
+const RANK_ENTRY: &str = "zz_bootstrap_rank_process_entry";
+const RANK_VAR: &str = "CUDA_RT_BOOTSTRAP_TEST_RANK";
+
+/// Rank 0's payload in the process tests.
+fn process_payload() -> Vec<u8> {
+    (0..128u32).map(|i| (i * 13 + 1) as u8).collect()
+}
+
+fn spawn_rank(rank: u32, world: u32, port: u16, timeout_s: &str) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([RANK_ENTRY, "--exact", "--nocapture", "--test-threads=1"])
+        .env(RANK_VAR, "1")
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env(bootstrap::TIMEOUT_VAR, timeout_s)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A rank's exit status and what it printed.
+fn finish(c: std::process::Child) -> (bool, String) {
+    let out = c.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn ranks_as_processes_exchange_rank_zeros_bytes() {
+    let port = free_port();
+    let world = 4;
+    // Rank 3 starts first and waits for rank 0; rank 0 comes last.
+    let mut ranks: Vec<_> = (1..world)
+        .rev()
+        .map(|r| spawn_rank(r, world, port, "20"))
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    ranks.push(spawn_rank(0, world, port, "20"));
+    let want = format!("bytes {}", hex(&process_payload()));
+    for c in ranks {
+        let (ok, text) = finish(c);
+        assert!(
+            ok && text.contains(&want),
+            "a rank failed or got other bytes:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_process_that_never_comes_is_named_and_rank_zero_gives_up() {
+    let port = free_port();
+    let t = Instant::now();
+    let r0 = spawn_rank(0, 3, port, "1.5");
+    let r1 = spawn_rank(1, 3, port, "1.5");
+    let (ok0, text0) = finish(r0);
+    let _ = finish(r1);
+    assert!(!ok0, "rank 0 succeeded without rank 2:\n{text0}");
+    assert!(
+        text0.contains("rank error:") && text0.contains('2'),
+        "{text0}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "gave up after {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn a_rank_process_gives_up_when_rank_zero_never_comes() {
+    let port = free_port();
+    let t = Instant::now();
+    let (ok, text) = finish(spawn_rank(1, 2, port, "1"));
+    assert!(!ok, "rank 1 succeeded without rank 0:\n{text}");
+    assert!(
+        text.contains("rank error:") && text.contains("127.0.0.1"),
+        "{text}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "gave up after {:?}",
+        t.elapsed()
+    );
+}
+
+/// Not a test of its own: one rank of the process tests above; does nothing unless
+/// `CUDA_RT_BOOTSTRAP_TEST_RANK` is set. Prints `bytes <hex>` or `rank error: ...`
+/// and exits non-zero on error.
+#[test]
+fn zz_bootstrap_rank_process_entry() {
+    if std::env::var_os(RANK_VAR).is_none() {
+        return;
+    }
+    let r = Config::from_env().and_then(|c| {
+        let payload = process_payload();
+        bootstrap::share_bytes(&c, (c.rank == 0).then_some(&payload[..]))
+    });
+    match r {
+        Ok(b) => println!("bytes {}", hex(&b)),
+        Err(e) => {
+            println!("rank error: {e}");
+            std::process::exit(3);
+        }
+    }
 }
