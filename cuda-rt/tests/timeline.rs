@@ -51,18 +51,21 @@ fn workload() -> Vec<HistoryEvent> {
     };
     push(HistoryAction::SegmentAlloc, 0x7f00_0000_0000, 512 << 20);
     push(HistoryAction::Malloc, 0x7f00_0000_0000, 256 << 20);
-    let mut next = 0x7f00_1000_0000u64;
+    // Requests of a drifting batch size: each one's activations (act, then 2 x act)
+    // at the start of the current segment; a larger segment when a batch outgrows it.
+    let (mut seg, mut seg_size) = (0x7f00_2000_0000u64, 0u64);
     for step in 0..24u64 {
-        let batch = 8 + (step % 6) * 4;
+        let batch = 8 + (step % 6) * 4 + step / 6;
         let act = batch << 20;
-        if step % 6 == 0 {
-            push(HistoryAction::SegmentAlloc, next, 4 * act);
+        if 3 * act > seg_size {
+            seg += seg_size.next_multiple_of(2 << 20);
+            seg_size = 3 * act;
+            push(HistoryAction::SegmentAlloc, seg, seg_size);
         }
-        push(HistoryAction::Malloc, next, act);
-        push(HistoryAction::Malloc, next + act, 2 * act);
-        push(HistoryAction::Free, next + act, 2 * act);
-        push(HistoryAction::Free, next, act);
-        next += 4 * act;
+        push(HistoryAction::Malloc, seg, act);
+        push(HistoryAction::Malloc, seg + act, 2 * act);
+        push(HistoryAction::Free, seg + act, 2 * act);
+        push(HistoryAction::Free, seg, act);
     }
     v
 }
@@ -105,13 +108,19 @@ fn the_timeline_renders_in_a_browser() {
         dom.contains("timeline.rs"),
         "call sites are labelled: {dom}"
     );
+    assert!(
+        dom.contains("By segment")
+            && dom.contains("class=\"segment\"")
+            && dom.contains("class=\"block\""),
+        "the by-segment panel: {dom}"
+    );
 
     let png = dir.join("timeline.png");
     let shot = run(
         &chrome,
         &[
             &format!("--screenshot={}", png.display()),
-            "--window-size=1100,800",
+            "--window-size=1100,1400",
         ],
         &page,
     );
@@ -124,7 +133,7 @@ fn the_timeline_renders_in_a_browser() {
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
     let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
     let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
-    assert_eq!((width, height), (1100, 800));
+    assert_eq!((width, height), (1100, 1400));
     // A blank page compresses to a few kilobytes; curves, text and a table do not.
     assert!(
         bytes.len() > 20_000,

@@ -188,10 +188,140 @@ const MARGIN: f64 = 60.0;
 /// The largest live blocks at the peak that the page lists.
 const LABELLED: usize = 10;
 
+/// Height of one segment's band in the by-segment panel, at most; each band's
+/// height is its share of the reserved bytes, at least [`BAND_MIN`].
+const BANDS_HEIGHT: f64 = 420.0;
+const BAND_MIN: f64 = 14.0;
+/// Blocks labelled in the by-segment panel (the largest at the peak).
+const BAND_LABELS: usize = 6;
+
+/// A block's life in the by-segment panel: where it sat and when.
+struct Life {
+    address: u64,
+    size: u64,
+    from: u64,
+    to: Option<u64>,
+}
+
+/// The by-segment panel: one band per segment (address running down the band, time
+/// to the right), each block a rectangle over the time it was in use, the largest
+/// blocks live at the peak labelled with their size. Blocks whose segment the history
+/// never saw (a ring that lost its start) get a band of their own span.
+fn segments_svg(
+    events: &[HistoryEvent],
+    peak_live: &[HistoryEvent],
+    t0: u64,
+    t_end: u64,
+) -> String {
+    let mut segments: Vec<(u64, u64)> = events
+        .iter()
+        .filter(|e| e.action == HistoryAction::SegmentAlloc)
+        .map(|e| (e.address, e.size))
+        .collect();
+    let mut open: BTreeMap<u64, Life> = BTreeMap::new();
+    let mut lives = Vec::new();
+    for e in events {
+        match e.action {
+            HistoryAction::Malloc => {
+                open.insert(
+                    e.address,
+                    Life {
+                        address: e.address,
+                        size: e.size,
+                        from: e.time_ns,
+                        to: None,
+                    },
+                );
+            }
+            HistoryAction::Free => {
+                if let Some(mut l) = open.remove(&e.address) {
+                    l.to = Some(e.time_ns);
+                    lives.push(l);
+                }
+            }
+            HistoryAction::SegmentAlloc => {}
+        }
+    }
+    lives.extend(open.into_values());
+    segments.sort_unstable();
+    // Blocks in no recorded segment (a ring that lost its start) share one band
+    // spanning their addresses.
+    let inside = |a: u64| segments.iter().any(|&(b, n)| a >= b && a < b + n);
+    let orphans = lives.iter().filter(|l| !inside(l.address));
+    let lo = orphans.clone().map(|l| l.address).min();
+    let hi = orphans.map(|l| l.address + l.size).max();
+    if let (Some(lo), Some(hi)) = (lo, hi) {
+        segments.push((lo, hi - lo));
+    }
+    let total: u64 = segments.iter().map(|s| s.1).sum::<u64>().max(1);
+    let x = |t: u64| MARGIN + (t - t0) as f64 / (t_end - t0) as f64 * (WIDTH - 2.0 * MARGIN);
+    let labelled: Vec<u64> = {
+        let mut v: Vec<&HistoryEvent> = peak_live.iter().collect();
+        v.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
+        v.iter().take(BAND_LABELS).map(|e| e.address).collect()
+    };
+    let mut body = String::new();
+    let mut top = 10.0;
+    let palette = [
+        "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+    ];
+    for (i, &(base, size)) in segments.iter().enumerate() {
+        let h = (size as f64 / total as f64 * BANDS_HEIGHT).max(BAND_MIN);
+        let _ = write!(
+            body,
+            "<g class=\"segment\"><rect x=\"{MARGIN}\" y=\"{top:.1}\" width=\"{w:.1}\" \
+             height=\"{h:.1}\" fill=\"#f4f4f4\" stroke=\"#999\"/>\
+             <text x=\"{tx:.1}\" y=\"{ty:.1}\" font-size=\"10\" fill=\"#555\">{name}</text>",
+            w = WIDTH - 2.0 * MARGIN,
+            tx = WIDTH - MARGIN + 4.0,
+            ty = top + 10.0,
+            name = format_args!("seg {i}: {}", human_bytes(size)),
+        );
+        for (k, l) in lives
+            .iter()
+            .filter(|l| l.address >= base && l.address < base + size)
+            .enumerate()
+        {
+            let (x0, x1) = (x(l.from), x(l.to.unwrap_or(t_end)));
+            let y0 = top + (l.address - base) as f64 / size as f64 * h;
+            let bh = (l.size.min(base + size - l.address) as f64 / size as f64 * h).max(1.0);
+            let _ = write!(
+                body,
+                "<rect class=\"block\" x=\"{x0:.1}\" y=\"{y0:.1}\" width=\"{bw:.1}\" \
+                 height=\"{bh:.1}\" fill=\"{c}\" fill-opacity=\"0.8\"/>",
+                bw = (x1 - x0).max(1.0),
+                c = palette[k % palette.len()],
+            );
+            if labelled.contains(&l.address) && !matches!(l.to, Some(t) if t <= l.from) && bh >= 9.0
+            {
+                let _ = write!(
+                    body,
+                    "<text x=\"{lx:.1}\" y=\"{ly:.1}\" font-size=\"10\" fill=\"#000\">{}</text>",
+                    human_bytes(l.size),
+                    lx = x0 + 3.0,
+                    ly = y0 + bh.min(12.0) - 2.0,
+                );
+            }
+        }
+        body.push_str("</g>");
+        top += h + 4.0;
+    }
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{ww}\" height=\"{hh:.0}\" \
+         viewBox=\"0 0 {ww} {hh:.0}\" font-family=\"sans-serif\" font-size=\"12\">\
+         <rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>{body}</svg>",
+        // Room on the right for the segments' names.
+        ww = WIDTH + 60.0,
+        hh = top + 10.0,
+    )
+}
+
 /// A self-contained HTML page (inline SVG, no script) picturing `events`: reserved
 /// memory (segments taken from the driver; the hooks see no release, so the curve
 /// shows what was taken) and memory in use over time as two step curves, the peak of use marked, and a table of the largest blocks live at that
-/// peak with the lines that allocated them. Open it in a browser.
+/// peak with the lines that allocated them; then the same history by segment (each
+/// segment a band, each block a rectangle over its lifetime, the largest labelled).
+/// Open it in a browser.
 pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
     let mut points = Vec::with_capacity(events.len() + 1);
     let (mut reserved, mut in_use) = (0u64, 0u64);
@@ -271,7 +401,8 @@ pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
          <path d=\"{in_use_path}\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\"/>\
          <line x1=\"{peak_x:.1}\" y1=\"{MARGIN}\" x2=\"{peak_x:.1}\" y2=\"{b}\" \
          stroke=\"#d62728\" stroke-dasharray=\"4 3\"/>\
-         <text x=\"{peak_x:.1}\" y=\"{pk}\" fill=\"#d62728\">peak in use {peak_h}</text>\
+         <text x=\"{peak_x:.1}\" y=\"{pk}\" fill=\"#d62728\" text-anchor=\"{anchor}\">\
+         peak in use {peak_h}</text>\
          <text x=\"{lx}\" y=\"20\" fill=\"#1f77b4\">reserved</text>\
          <text x=\"{lx2}\" y=\"20\" fill=\"#d62728\">in use</text></svg>",
         b = HEIGHT - MARGIN,
@@ -282,6 +413,12 @@ pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
         dur = format_args!("{:.3} ms", (t_end - t0) as f64 / 1e6),
         pk = MARGIN - 20.0,
         peak_h = human_bytes(peak),
+        // A peak near the right edge has its label to the left of the line.
+        anchor = if peak_x > WIDTH - 220.0 {
+            "end"
+        } else {
+            "start"
+        },
         lx = WIDTH - 200.0,
         lx2 = WIDTH - 120.0,
     );
@@ -306,9 +443,12 @@ pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
          <style>body{{font-family:sans-serif;margin:24px}}td,th{{padding:2px 10px;\
          text-align:left}}</style></head><body><h1>{t}</h1>\
          <p>{n} events; peak in use {peak_h}; reserved at most {top}.</p>{svg}\
-         <h2>Largest blocks live at the peak</h2><table><tr><th>size</th><th>address</th>\
+         <h2>By segment</h2><p>Each band a segment (addresses downwards), each block a \
+         rectangle over the time it was in use; the largest at the peak labelled.</p>\
+         {segments}<h2>Largest blocks live at the peak</h2><table><tr><th>size</th><th>address</th>\
          <th>device</th><th>allocated at</th></tr>{rows}</table></body></html>",
         t = html_escape(title),
+        segments = segments_svg(events, &peak_live, t0, t_end),
         n = events.len(),
         peak_h = human_bytes(peak),
         top = human_bytes(y_max),
@@ -386,5 +526,9 @@ mod tests {
             "{html}"
         );
         assert!(render_html(&[], "empty").contains("0 events"));
+        // Two segments, nine block lifetimes in them, the largest labelled.
+        assert_eq!(html.matches("class=\"segment\"").count(), 2, "{html}");
+        assert_eq!(html.matches("class=\"block\"").count(), 9, "{html}");
+        assert!(html.contains("seg 0: 64.00 MiB") && html.contains("seg 1: 32.00 MiB"));
     }
 }
