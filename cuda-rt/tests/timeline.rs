@@ -47,6 +47,7 @@ fn workload() -> Vec<HistoryEvent> {
             address,
             size,
             site: (action == HistoryAction::Malloc).then_some(site),
+            thread: 1,
         });
     };
     push(HistoryAction::SegmentAlloc, 0x7f00_0000_0000, 512 << 20);

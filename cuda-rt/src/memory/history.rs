@@ -5,8 +5,9 @@
 //!
 //! Recording is off until a [`HistoryHook`] is registered, and then costs what any
 //! hook costs; with no hook the pool's hot path tests one thread-local flag, as it
-//! always does. Hooks are per thread: the history holds the events of the threads that
-//! registered it (register one per thread, or run the workload on one thread).
+//! always does. Hooks are per thread (CuPy's rule); to record a workload of several
+//! threads, register a clone of one `HistoryHook` on each: clones share one ring, and
+//! each event carries the thread that made it.
 //!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
@@ -20,10 +21,11 @@
 //! # Ok(()) }
 //! ```
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use super::hook::{call_site, MemoryHook};
@@ -65,41 +67,68 @@ pub struct HistoryEvent {
     pub size: u64,
     /// The line that allocated (mallocs only, when known).
     pub site: Option<&'static Location<'static>>,
+    /// The thread that made the event: a small number, 1 for the first thread that
+    /// recorded into any history, and so on.
+    pub thread: u64,
 }
 
-/// A memory hook that keeps the last `capacity` events of the pool on this thread.
-#[derive(Debug)]
+/// This thread's number in histories (see [`HistoryEvent::thread`]).
+fn thread_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static MINE: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    MINE.try_with(|n| *n).unwrap_or(0)
+}
+
+/// A memory hook that keeps the last `capacity` events of the pool, from every
+/// thread where it (or a clone: clones share the ring) is registered.
+#[derive(Debug, Clone)]
 pub struct HistoryHook {
+    inner: Arc<Ring>,
+}
+
+#[derive(Debug)]
+struct Ring {
     start: Instant,
     capacity: usize,
-    ring: RefCell<VecDeque<HistoryEvent>>,
-    dropped: std::cell::Cell<u64>,
+    events: Mutex<VecDeque<HistoryEvent>>,
+    dropped: AtomicU64,
 }
 
 impl HistoryHook {
     /// A recorder that keeps at most `capacity` events (the oldest go first).
     pub fn new(capacity: usize) -> HistoryHook {
         HistoryHook {
-            start: Instant::now(),
-            capacity: capacity.max(1),
-            ring: RefCell::new(VecDeque::new()),
-            dropped: std::cell::Cell::new(0),
+            inner: Arc::new(Ring {
+                start: Instant::now(),
+                capacity: capacity.max(1),
+                events: Mutex::new(VecDeque::new()),
+                dropped: AtomicU64::new(0),
+            }),
         }
+    }
+
+    fn ring(&self) -> std::sync::MutexGuard<'_, VecDeque<HistoryEvent>> {
+        self.inner
+            .events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The events kept, oldest first.
     pub fn events(&self) -> Vec<HistoryEvent> {
-        self.ring.borrow().iter().copied().collect()
+        self.ring().iter().copied().collect()
     }
 
     /// How many events fell out of the ring.
     pub fn dropped(&self) -> u64 {
-        self.dropped.get()
+        self.inner.dropped.load(Ordering::Relaxed)
     }
 
     fn push(&self, action: HistoryAction, device: i32, address: u64, size: usize) {
         let e = HistoryEvent {
-            time_ns: self.start.elapsed().as_nanos() as u64,
+            time_ns: self.inner.start.elapsed().as_nanos() as u64,
             action,
             device,
             address,
@@ -109,11 +138,12 @@ impl HistoryHook {
             } else {
                 None
             },
+            thread: thread_number(),
         };
-        let mut r = self.ring.borrow_mut();
-        if r.len() == self.capacity {
+        let mut r = self.ring();
+        if r.len() == self.inner.capacity {
             r.pop_front();
-            self.dropped.set(self.dropped.get() + 1);
+            self.inner.dropped.fetch_add(1, Ordering::Relaxed);
         }
         r.push_back(e);
     }
@@ -122,19 +152,20 @@ impl HistoryHook {
     /// `[{"action", "addr", "size", "time_us", "device", "frames": [{"filename", "line"}]}]`.
     pub fn to_json(&self) -> String {
         let mut out = String::from("[");
-        for (i, e) in self.ring.borrow().iter().enumerate() {
+        for (i, e) in self.ring().iter().enumerate() {
             if i > 0 {
                 out.push_str(", ");
             }
             let _ = write!(
                 out,
                 "{{\"action\": \"{}\", \"addr\": {}, \"size\": {}, \"time_us\": {}, \
-                 \"device\": {}, \"frames\": [",
+                 \"device\": {}, \"thread\": {}, \"frames\": [",
                 e.action.name(),
                 e.address,
                 e.size,
                 e.time_ns / 1000,
-                e.device
+                e.device,
+                e.thread
             );
             if let Some(s) = e.site {
                 let _ = write!(
@@ -473,6 +504,7 @@ mod tests {
                 address,
                 size,
                 site: (action == HistoryAction::Malloc).then_some(site),
+                thread: 1,
             });
         };
         ev(HistoryAction::SegmentAlloc, 0x1000_0000, 64 << 20);
@@ -511,6 +543,30 @@ mod tests {
             j.starts_with("[{\"action\": \"alloc\"") && j.contains("free_completed"),
             "{j}"
         );
+    }
+
+    #[test]
+    fn clones_registered_on_several_threads_share_one_ring() {
+        let h = HistoryHook::new(100);
+        let threads: Vec<_> = (0..3u64)
+            .map(|i| {
+                let mine = h.clone();
+                std::thread::spawn(move || {
+                    mine.malloc_post(0, 512, 512, 0x1000 * (i + 1), 0);
+                    mine.free_post(0, 512, 0x1000 * (i + 1), 0);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let e = h.events();
+        assert_eq!(e.len(), 6);
+        let mut ids: Vec<u64> = e.iter().map(|e| e.thread).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 3, "three threads: {e:?}");
+        assert!(h.to_json().contains("\"thread\": "));
     }
 
     #[test]
