@@ -290,3 +290,35 @@ cuda_rt::gpu_test!(relocatable_ptx_is_linked_with_the_device_runtime_too, {
     let want: Vec<i32> = (0..64i32).map(|i| i / 32 * 32 + 3 * (i % 32)).collect();
     assert_eq!(out.read::<i32>(64), want);
 });
+
+cuda_rt::gpu_test!(the_nvcc_backend_compiles_a_kernel_that_runs, {
+    // The GPU machine has the toolkit; elsewhere a GPU without nvcc says so.
+    if cuda_rt::compiler::find_nvcc().is_err() {
+        assert!(
+            std::env::var_os("CUDA_RT_REQUIRE_GPU").is_none()
+                || !std::path::Path::new("/usr/local/cuda/bin/nvcc").exists(),
+            "nvcc is installed but not found"
+        );
+        eprintln!("skipped: no nvcc");
+        return;
+    }
+    cuda_rt::device::set_device_id(0).unwrap();
+    let cache = cuda_rt::KernelCache::new(None);
+    let p = Program::new(SAXPY).backend(cuda_rt::compiler::Backend::Nvcc);
+    for out in [Output::Cubin, Output::Ptx] {
+        let m = RawModule::from_program(&p, out, &cache).unwrap();
+        let k = m.get_function("saxpy").unwrap();
+        let x = DevBuf::from_slice(&[1.0f32, 2.0]);
+        let y = DevBuf::from_slice(&[10.0f32, 20.0]);
+        // SAFETY: saxpy(a, x, y, n): x and y hold the 2 f32 each that n = 2 reaches.
+        unsafe { k.launch(&LaunchConfig::new(1, 2), &[&3.0f32, &x.ptr, &y.ptr, &2i32]) }.unwrap();
+        assert_eq!(y.read::<f32>(2), [13.0, 26.0]);
+    }
+    // A compile error carries nvcc's output.
+    let bad = Program::new("__global__ void k() { undeclared(); }")
+        .backend(cuda_rt::compiler::Backend::Nvcc);
+    let e = bad
+        .compile(cuda_rt::compiler::Target::cubin(common::cc()))
+        .unwrap_err();
+    assert!(e.to_string().contains("undeclared"), "{e}");
+});

@@ -25,6 +25,7 @@ pub mod cache;
 mod cache_dir;
 mod hash;
 pub mod link;
+mod nvcc;
 mod nvrtc;
 pub mod nvrtc_facts;
 mod raw;
@@ -33,6 +34,7 @@ pub mod toolkit;
 use std::sync::OnceLock;
 
 pub use cache::{KernelCache, KernelCacheStats};
+pub use nvcc::{find_nvcc, NVCC_VAR};
 pub use raw::{RawKernel, RawModule};
 
 use crate::device::context::MAX_DEVICES;
@@ -49,6 +51,17 @@ pub enum Output {
     Cubin,
     /// PTX for a virtual architecture (`-arch=compute_XY`); the driver JITs it at load.
     Ptx,
+}
+
+/// Which compiler turns a [`Program`] into an image (CuPy's `backend=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Backend {
+    /// NVRTC, loaded at run time (no toolkit needed): the default.
+    #[default]
+    Nvrtc,
+    /// The toolkit's `nvcc`, run on a temporary file (see [`find_nvcc`] for where it
+    /// is looked for). No name expressions; the options are `nvcc`'s.
+    Nvcc,
 }
 
 /// The architecture and output kind of a compile.
@@ -138,6 +151,8 @@ pub struct Program<'a> {
     /// ([`toolkit::toolkit_includes`]), after the options' own `-I` folders (so those
     /// win). On by default.
     pub toolkit_includes: bool,
+    /// The compiler: NVRTC unless [`Backend::Nvcc`] is asked for.
+    pub backend: Backend,
 }
 
 impl<'a> Program<'a> {
@@ -149,7 +164,14 @@ impl<'a> Program<'a> {
             options: &[],
             name_expressions: &[],
             toolkit_includes: true,
+            backend: Backend::Nvrtc,
         }
+    }
+
+    /// Compiled by `backend` ([`Backend::Nvcc`]: the toolkit's `nvcc`).
+    pub fn backend(mut self, backend: Backend) -> Program<'a> {
+        self.backend = backend;
+        self
     }
 
     /// With or without the toolkit's include folders (see
@@ -162,7 +184,7 @@ impl<'a> Program<'a> {
     /// The toolkit include folders this program is compiled with: the process's
     /// ([`toolkit::toolkit_includes`]) unless turned off.
     pub fn include_set(&self) -> Option<&'static toolkit::IncludeSet> {
-        if self.toolkit_includes {
+        if self.toolkit_includes && self.backend == Backend::Nvrtc {
             toolkit::toolkit_includes()
         } else {
             None
@@ -216,9 +238,13 @@ impl<'a> Program<'a> {
         opts
     }
 
-    /// Compiles with NVRTC now, bypassing every cache. A failed compile is an
-    /// [`Error::Compile`] carrying the source name and the whole log.
+    /// Compiles with the program's backend now (NVRTC unless [`Backend::Nvcc`]),
+    /// bypassing every cache. A failed compile is an [`Error::Compile`] carrying the
+    /// source name and the whole log.
     pub fn compile(&self, target: Target) -> Result<Compiled> {
+        if self.backend == Backend::Nvcc {
+            return nvcc::compile(self, target);
+        }
         let mut prog = nvrtc::Program::new(self.source, self.source_name)?;
         for e in self.name_expressions {
             prog.add_name_expression(e)?;

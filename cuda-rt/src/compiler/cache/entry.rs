@@ -65,6 +65,13 @@ pub fn cache_key_with_includes(
         h.field(b"toolkit include folders");
         h.field(&set.key_bytes());
     }
+    // NVRTC programs keep the key they had before backends; nvcc's adds its identity.
+    if program.backend == super::super::Backend::Nvcc {
+        h.field(b"backend nvcc");
+        if let Ok(p) = super::super::find_nvcc() {
+            h.field(&super::super::nvcc::nvcc_identity(&p));
+        }
+    }
     CacheKey(h.finish())
 }
 
