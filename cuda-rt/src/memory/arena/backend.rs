@@ -636,7 +636,7 @@ impl Backend for FakeBackend {
             return Err(BackendError::Other("FakeBackend has no segments".into()));
         };
         let g = spec.granularity;
-        if size == 0 || size % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) {
             return Err(BackendError::Other(
                 format!("FakeBackend cannot reserve {size} bytes").into(),
             ));
