@@ -104,12 +104,33 @@ impl<B: Backend> Pool<B> {
         rounded: u64,
         spec: SegmentSpec,
     ) -> Result<Result<Block, MallocError>, Growth> {
+        // Between planning and mapping no lock is held: another thread's cache hit may
+        // take the free tail the plan counted on, leaving the growth too short. What
+        // was mapped stays cached; plan again (each round maps memory, so a few do).
+        for _ in 0..8 {
+            if let Some(r) = self.try_extend_once(arena, rounded, spec)?.transpose() {
+                return Ok(r);
+            }
+        }
+        Ok(Err(MallocError::Backend(
+            "an expandable segment grew but other threads kept taking its tail".into(),
+        )))
+    }
+
+    /// One round of [`try_extend`](Self::try_extend); `Ok(Ok(None))`: the growth was
+    /// too short (see there).
+    fn try_extend_once(
+        &self,
+        arena: &Arena,
+        rounded: u64,
+        spec: SegmentSpec,
+    ) -> Result<Result<Option<Block>, MallocError>, Growth> {
         let gran = spec.granularity.max(1);
         let planned = {
             let mut bins = arena.lock();
             // Another thread may have grown the arena meanwhile.
             match self.hit(&mut bins, arena, rounded) {
-                Ok(Some(b)) => return Ok(Ok(b)),
+                Ok(Some(b)) => return Ok(Ok(Some(b))),
                 Ok(None) => {}
                 Err(e) => return Ok(Err(e)),
             }
@@ -155,14 +176,7 @@ impl<B: Backend> Pool<B> {
             self.unmap(plan);
             return Ok(Err(MallocError::TooMany(TOO_MANY_CHUNKS)));
         }
-        Ok(match self.hit(&mut bins, arena, rounded) {
-            Ok(Some(b)) => Ok(b),
-            // The segment's free tail now holds `rounded` bytes, under this same lock.
-            Ok(None) => Err(MallocError::Backend(
-                "an expandable segment grew but did not fit the request".into(),
-            )),
-            Err(e) => Err(e),
-        })
+        Ok(self.hit(&mut bins, arena, rounded))
     }
 
     /// Unmaps what `plan` mapped (a growth that could not be recorded).
@@ -178,14 +192,15 @@ impl<B: Backend> Pool<B> {
     pub(super) fn trim_segments(&self, arena: &Arena, cuts: &mut Vec<SegmentCut>) {
         if let Some(spec) = self.backend.segment_spec() {
             arena.lock().trim_segments(spec.granularity.max(1), cuts);
-            self.give_back_segments(cuts);
+            self.give_back_segments(cuts, Some(arena));
         }
     }
 
-    /// Gives the backend what [`trim_segments`](Self::trim_segments) cut.
-    pub(super) fn give_back_segments(&self, cuts: &mut Vec<SegmentCut>) {
-        for cut in cuts.drain(..) {
-            match cut {
+    /// Gives the backend what [`trim_segments`](Self::trim_segments) cut, then marks
+    /// the cut segments of `arena` (`None`: the pool is being dropped) growable again.
+    pub(super) fn give_back_segments(&self, cuts: &mut Vec<SegmentCut>, arena: Option<&Arena>) {
+        for cut in cuts.iter() {
+            match *cut {
                 SegmentCut::Unmap { base, addr, len } => {
                     self.backend.segment_unmap(base, addr, len);
                     self.reserved.fetch_sub(len, Ordering::AcqRel);
@@ -194,6 +209,15 @@ impl<B: Backend> Pool<B> {
                 SegmentCut::Release { base, size } => self.backend.segment_release(base, size),
             }
         }
+        if let Some(arena) = arena.filter(|_| !cuts.is_empty()) {
+            let mut bins = arena.lock();
+            for cut in cuts.iter() {
+                if let SegmentCut::Unmap { base, .. } = *cut {
+                    bins.unbusy_base(base);
+                }
+            }
+        }
+        cuts.clear();
     }
 
     /// Reserves `size` against the limit, then asks the backend.

@@ -363,7 +363,7 @@ impl<B: Backend> Drop for Pool<B> {
         for (addr, size) in out {
             self.backend.free(addr, size as usize);
         }
-        self.give_back_segments(&mut cuts);
+        self.give_back_segments(&mut cuts, None);
     }
 }
 

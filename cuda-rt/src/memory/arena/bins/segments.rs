@@ -154,7 +154,12 @@ impl Bins {
 
     /// The growth `plan` did not happen: the segment is no longer busy.
     pub(in crate::memory::arena) fn unbusy(&mut self, plan: SegmentPlan) {
-        if let Some(seg) = self.segs.iter_mut().find(|s| s.base == plan.base) {
+        self.unbusy_base(plan.base);
+    }
+
+    /// The segment at `base` is no longer busy (its growth or its cut is done).
+    pub(in crate::memory::arena) fn unbusy_base(&mut self, base: u64) {
+        if let Some(seg) = self.segs.iter_mut().find(|s| s.base == base) {
             seg.busy = false;
         }
     }
@@ -202,7 +207,9 @@ impl Bins {
     /// Cuts every segment's free tail back to the granularity `gran` (the part from
     /// the first `gran` boundary at or after the free tail's start), and gives up the
     /// segments left with nothing mapped; appends what to do to `out`, in order
-    /// (unmaps before the release of their segment). Busy segments are left alone.
+    /// (unmaps before the release of their segment). Busy segments are left alone, and
+    /// a segment cut but kept is busy until the caller has unmapped its tail
+    /// ([`unbusy_base`](Self::unbusy_base)): a growth must not map there before.
     pub(in crate::memory::arena) fn trim_segments(&mut self, gran: u64, out: &mut Vec<SegmentCut>) {
         let mut s = 0;
         while s < self.segs.len() {
@@ -234,6 +241,7 @@ impl Bins {
                         self.index_insert(t);
                     }
                     let len = end - cut;
+                    self.segs[s].busy = true;
                     self.segs[s].mapped -= len;
                     self.counters.reserved -= len;
                     out.push(SegmentCut::Unmap {
