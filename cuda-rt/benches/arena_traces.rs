@@ -1,5 +1,8 @@
 //! Host-only benches of the pool algorithm (`memory::arena`) over the fake backend:
-//! cached malloc+free pairs, multi-thread scaling, and two allocation traces.
+//! cached malloc+free pairs, multi-thread scaling, and three allocation traces (A, B
+//! and the serving trace S whose batch size drifts), each with the plain pool, the
+//! release-on-miss policy and expandable segments (simulated by the fake backend:
+//! 2 MiB granules, 64 GiB of address space per segment).
 //! Prints one JSON object per line, then a table (the shared reporter of `common`);
 //! `ARENA_BENCH_QUICK=1` runs a tenth of the iterations. `cargo bench --bench
 //! arena_traces`. Needs no GPU.
@@ -8,14 +11,14 @@ use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use cuda_rt::memory::arena::{Backend, Block, FakeBackend, Pool};
+use cuda_rt::memory::arena::{Backend, Block, FakeBackend, Pool, SegmentSpec};
 
 mod common;
 use common::{Figure, Report};
 
 #[path = "common/traces.rs"]
 mod traces;
-use traces::{trace_a, trace_b, Op};
+use traces::{trace_a, trace_b, trace_serving, Op};
 
 fn quick() -> bool {
     std::env::var_os("ARENA_BENCH_QUICK").is_some()
@@ -32,6 +35,28 @@ fn time_ns(n: u64, mut f: impl FnMut()) -> f64 {
         best = best.min(t.elapsed().as_nanos() as f64 / n as f64);
     }
     best
+}
+
+/// The fake backend with expandable segments as the benches use them.
+fn segmented() -> FakeBackend {
+    FakeBackend::new().with_segments(SegmentSpec {
+        granularity: 2 << 20,
+        reserve: 64 << 30,
+    })
+}
+
+/// The cached pair on a pool with expandable segments on: the same path as without.
+fn pair_cached_expandable(report: &mut Report, size: usize) {
+    let n = if quick() { 200_000 } else { 2_000_000 };
+    let pool = Pool::new(segmented());
+    pool.set_expandable_segments(true);
+    pool.free(pool.malloc(size, 1).unwrap()).unwrap();
+    let ns = time_ns(n, || {
+        let b = pool.malloc(black_box(size), 1).unwrap();
+        black_box(b.addr());
+        pool.free(b).unwrap();
+    });
+    report.push(Figure::new("arena_pair_cached_expandable", ns, "ns").size(size as u64));
 }
 
 fn pair_cached(report: &mut Report, size: usize) {
@@ -125,13 +150,18 @@ fn run_threads(threads: usize, per_thread: u64, size: usize, shared: bool) -> f6
 }
 
 /// Runs `ops` on a fresh pool; returns (ns per op, peak reserved, stats line).
-fn run_trace(ops: &[Op], release_on_miss: bool) -> (f64, u64, String) {
+fn run_trace(ops: &[Op], release_on_miss: bool, expandable: bool) -> (f64, u64, String) {
     let mut best = f64::MAX;
     let mut peak_reserved = 0;
     let mut note = String::new();
     for _ in 0..3 {
-        let pool = Pool::new(FakeBackend::new());
+        let pool = Pool::new(if expandable {
+            segmented()
+        } else {
+            FakeBackend::new()
+        });
         pool.set_release_on_miss(release_on_miss);
+        pool.set_expandable_segments(expandable);
         let mut live: Vec<Block> = Vec::with_capacity(4096);
         let t = Instant::now();
         for op in ops {
@@ -158,9 +188,17 @@ fn run_trace(ops: &[Op], release_on_miss: bool) -> (f64, u64, String) {
 
 fn traces(report: &mut Report) {
     let n = 200_000;
-    for (name, (ops, peak_live)) in [("trace_a", trace_a(n, 42)), ("trace_b", trace_b(n, 42))] {
-        for (policy, release) in [("", false), ("_release_on_miss", true)] {
-            let (ns, peak_reserved, note) = run_trace(&ops, release);
+    for (name, (ops, peak_live)) in [
+        ("trace_a", trace_a(n, 42)),
+        ("trace_b", trace_b(n, 42)),
+        ("trace_serving", trace_serving(n, 42)),
+    ] {
+        for (policy, release, expandable) in [
+            ("", false, false),
+            ("_release_on_miss", true, false),
+            ("_expandable", false, true),
+        ] {
+            let (ns, peak_reserved, note) = run_trace(&ops, release, expandable);
             report.push(
                 Figure::new(format!("arena_{name}{policy}"), ns, "ns")
                     .size(ops.len() as u64)
@@ -189,6 +227,7 @@ fn main() {
     for size in [256, 1 << 20, 64 << 20] {
         pair_cached(&mut report, size);
     }
+    pair_cached_expandable(&mut report, 1 << 20);
     scaling(&mut report);
     traces(&mut report);
     report.finish();

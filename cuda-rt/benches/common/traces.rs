@@ -80,3 +80,67 @@ pub fn trace_b(n: usize, seed: u64) -> (Vec<Op>, u64) {
 pub fn round(s: usize) -> u64 {
     (s as u64).div_ceil(512) * 512
 }
+
+/// Trace S (serving): 1 GiB of weights allocated first and kept, then inference steps
+/// whose batch size drifts by one (a random walk N, N+1, N-1, ... within 16..=96).
+/// Each step runs 8 layers; a layer allocates its output activation (batch x 2 MiB),
+/// an intermediate (batch x 8 MiB) and a small temporary (batch x 16 KiB plus up to
+/// 64 KiB), then frees the intermediate, the temporary and the previous layer's
+/// output; the last output is freed at the end of the step. Peak live is the weights
+/// plus the largest batch's two activations and one intermediate.
+pub fn trace_serving(n: usize, seed: u64) -> (Vec<Op>, u64) {
+    const MIB: usize = 1 << 20;
+    let mut rng = Rng(seed);
+    // Simulated live list (ids, as the bench's Vec of blocks), to emit indices.
+    let mut live: Vec<(u64, usize)> = Vec::new();
+    let mut next_id = 0u64;
+    let (mut bytes, mut peak) = (0u64, 0u64);
+    let mut ops = Vec::with_capacity(n + 64);
+    let mut alloc = |ops: &mut Vec<Op>, live: &mut Vec<(u64, usize)>, s: usize| {
+        next_id += 1;
+        live.push((next_id, s));
+        ops.push(Op::Alloc(s));
+        next_id
+    };
+    let free = |ops: &mut Vec<Op>, live: &mut Vec<(u64, usize)>, id: u64| {
+        if let Some(i) = live.iter().position(|&(x, _)| x == id) {
+            live.swap_remove(i);
+            ops.push(Op::Free(i));
+        }
+    };
+    for _ in 0..16 {
+        alloc(&mut ops, &mut live, 64 * MIB);
+    }
+    let mut batch = 32usize;
+    while ops.len() < n {
+        batch = match rng.below(3) {
+            0 => (batch + 1).min(96),
+            1 => batch.saturating_sub(1).max(16),
+            _ => batch,
+        };
+        let mut prev: Option<u64> = None;
+        for _ in 0..8 {
+            let out = alloc(&mut ops, &mut live, batch * 2 * MIB);
+            let mid = alloc(&mut ops, &mut live, batch * 8 * MIB);
+            let tmp = alloc(
+                &mut ops,
+                &mut live,
+                batch * 16 * 1024 + rng.below(64 * 1024) + 1,
+            );
+            let now: u64 = live.iter().map(|&(_, s)| round(s)).sum();
+            bytes = now;
+            peak = peak.max(bytes);
+            free(&mut ops, &mut live, mid);
+            free(&mut ops, &mut live, tmp);
+            if let Some(p) = prev {
+                free(&mut ops, &mut live, p);
+            }
+            prev = Some(out);
+        }
+        if let Some(p) = prev {
+            free(&mut ops, &mut live, p);
+        }
+    }
+    let _ = bytes;
+    (ops, peak)
+}

@@ -147,7 +147,7 @@ mod stream_arena;
 mod table;
 
 pub use awaiting::StreamFence;
-pub use backend::{Backend, BackendError};
+pub use backend::{Backend, BackendError, SegmentSpec};
 #[cfg(any(test, feature = "test-util"))]
 pub use backend::{BackendCounters, FakeBackend, HostBackend};
 pub use block::Block;

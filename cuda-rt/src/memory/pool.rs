@@ -63,6 +63,7 @@
 
 mod device_backend;
 mod device_pool;
+mod expandable_env;
 pub(crate) mod limit_env;
 mod memory_pool;
 mod out_of_memory;
@@ -71,6 +72,7 @@ mod stream_key;
 mod stream_uses;
 
 pub use device_backend::PoolAllocator;
+pub use expandable_env::{ALLOC_CONF_ENV, EXPANDABLE_ENV};
 pub use limit_env::LIMIT_ENV;
 pub use memory_pool::{get_default_memory_pool, MemoryPool};
 pub(crate) use out_of_memory::pool_malloc_error;

@@ -106,6 +106,8 @@ pub mod module;
 pub mod profiler;
 #[cfg(feature = "driver")]
 pub mod stream;
+#[cfg(feature = "driver")]
+pub mod vmm;
 
 #[cfg(feature = "nvrtc")]
 pub mod nvrtc;

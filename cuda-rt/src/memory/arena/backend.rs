@@ -88,6 +88,64 @@ pub trait Backend: Send + Sync {
     fn fence_release(&self, fence: u64) {
         let _ = fence;
     }
+
+    /// Whether the backend can back expandable segments, and their shape: `None` (the
+    /// default) when it cannot, and the pool then grows with [`alloc`](Backend::alloc)
+    /// even when expandable segments are asked for. See
+    /// [`Pool::set_expandable_segments`](super::Pool::set_expandable_segments).
+    fn segment_spec(&self) -> Option<SegmentSpec> {
+        None
+    }
+
+    /// Reserves `size` bytes of address space with no memory behind it (CUDA:
+    /// `cuMemAddressReserve`) and returns its start. `size` is a positive multiple of
+    /// the spec's granularity; the start is aligned to it, non-zero, and the range
+    /// overlaps no other reservation or allocation of this backend. Called only when
+    /// [`segment_spec`](Backend::segment_spec) is `Some`.
+    fn segment_reserve(&self, size: u64) -> Result<u64, BackendError> {
+        let _ = size;
+        Err(BackendError::Other(
+            "this backend has no expandable segments".into(),
+        ))
+    }
+
+    /// Extends the memory of the reservation at `base`: maps `len` new bytes at `addr`
+    /// (CUDA: `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`). `addr` is the end of what
+    /// is mapped in that reservation so far (mappings always grow a segment at its
+    /// end), `len` a positive multiple of the granularity, and `addr + len` stays
+    /// inside the reservation. On `Err` nothing is mapped.
+    fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
+        let _ = (base, addr, len);
+        Err(BackendError::Other(
+            "this backend has no expandable segments".into(),
+        ))
+    }
+
+    /// Shrinks the memory of the reservation at `base`: unmaps and releases the `len`
+    /// bytes at `addr` (CUDA: `cuMemUnmap` + `cuMemRelease`), the tail of what is
+    /// mapped there (`addr + len` is the mapped end), granularity-aligned. No block of
+    /// it is handed out, and stream work on it has completed or been waited for.
+    fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
+        let _ = (base, addr, len);
+    }
+
+    /// Gives back a reservation made by [`segment_reserve`](Backend::segment_reserve),
+    /// of `size` bytes, with nothing mapped in it any more (CUDA: `cuMemAddressFree`).
+    fn segment_release(&self, base: u64, size: u64) {
+        let _ = (base, size);
+    }
+}
+
+/// The shape of a backend's expandable segments ([`Backend::segment_spec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentSpec {
+    /// The unit of mapping (CUDA: `cuMemGetAllocationGranularity`, 2 MiB on current
+    /// GPUs): a power of two, a multiple of [`ALLOCATION_UNIT`](super::ALLOCATION_UNIT).
+    pub granularity: u64,
+    /// The address space reserved per segment (a multiple of `granularity`): a
+    /// segment grows in place up to this size; a request that does not fit in any
+    /// segment's room opens another (of at least the request's size).
+    pub reserve: u64,
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -106,6 +164,21 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn fence_release(&self, fence: u64) {
         (**self).fence_release(fence)
     }
+    fn segment_spec(&self) -> Option<SegmentSpec> {
+        (**self).segment_spec()
+    }
+    fn segment_reserve(&self, size: u64) -> Result<u64, BackendError> {
+        (**self).segment_reserve(size)
+    }
+    fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
+        (**self).segment_map(base, addr, len)
+    }
+    fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
+        (**self).segment_unmap(base, addr, len)
+    }
+    fn segment_release(&self, base: u64, size: u64) {
+        (**self).segment_release(base, size)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -123,6 +196,21 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn fence_release(&self, fence: u64) {
         (**self).fence_release(fence)
+    }
+    fn segment_spec(&self) -> Option<SegmentSpec> {
+        (**self).segment_spec()
+    }
+    fn segment_reserve(&self, size: u64) -> Result<u64, BackendError> {
+        (**self).segment_reserve(size)
+    }
+    fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
+        (**self).segment_map(base, addr, len)
+    }
+    fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
+        (**self).segment_unmap(base, addr, len)
+    }
+    fn segment_release(&self, base: u64, size: u64) {
+        (**self).segment_release(base, size)
     }
 }
 
@@ -155,6 +243,17 @@ pub struct BackendCounters {
     /// Releases of fences that were not live (unknown, or released twice). Always 0
     /// under a correct pool.
     pub bad_fence_releases: u64,
+    /// Expandable-segment reservations currently live (address space only).
+    pub live_segments: u64,
+    /// Successful [`Backend::segment_map`] calls so far (their bytes count in
+    /// `live_bytes`, not in `allocs`).
+    pub segment_maps: u64,
+    /// [`Backend::segment_unmap`] calls so far.
+    pub segment_unmaps: u64,
+    /// Segment calls that broke the contract (a map not at the mapped end, an unmap
+    /// not of the tail, a release of a reservation still mapped or unknown): ignored
+    /// and counted here (checked backends only). Always 0 under a correct pool.
+    pub bad_segment_calls: u64,
 }
 
 /// Shared accounting of the two host backends: live bytes against an optional
@@ -178,11 +277,23 @@ struct Accounting {
     fence_queries: AtomicU64,
     fence_waits: AtomicU64,
     bad_fence_releases: AtomicU64,
+    live_segments: AtomicU64,
+    segment_maps: AtomicU64,
+    segment_unmaps: AtomicU64,
+    bad_segment_calls: AtomicU64,
 }
 
 #[cfg(any(test, feature = "test-util"))]
 impl Accounting {
     fn reserve(&self, size: u64) -> Result<(), BackendError> {
+        self.reserve_bytes(size)?;
+        self.live_allocations.fetch_add(1, Ordering::Relaxed);
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `size` more live bytes against the capacity, counting no allocation (a map).
+    fn reserve_bytes(&self, size: u64) -> Result<(), BackendError> {
         if self.fail_other.load(Ordering::Relaxed) {
             return Err(BackendError::Other("injected backend failure".into()));
         }
@@ -197,8 +308,6 @@ impl Accounting {
             Ok(old) => {
                 self.peak_live_bytes
                     .fetch_max(old + size, Ordering::Relaxed);
-                self.live_allocations.fetch_add(1, Ordering::Relaxed);
-                self.allocs.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             Err(_) => {
@@ -231,6 +340,10 @@ impl Accounting {
             fence_queries: self.fence_queries.load(Ordering::Relaxed),
             fence_waits: self.fence_waits.load(Ordering::Relaxed),
             bad_fence_releases: self.bad_fence_releases.load(Ordering::Relaxed),
+            live_segments: self.live_segments.load(Ordering::Relaxed),
+            segment_maps: self.segment_maps.load(Ordering::Relaxed),
+            segment_unmaps: self.segment_unmaps.load(Ordering::Relaxed),
+            bad_segment_calls: self.bad_segment_calls.load(Ordering::Relaxed),
         }
     }
 
@@ -402,12 +515,22 @@ impl Backend for HostBackend {
 /// mode only counts; [`FakeBackend::checked`] also records every live range, and a
 /// free that does not match one changes nothing and is counted in
 /// [`BackendCounters::bad_frees`].
+///
+/// With [`with_segments`](FakeBackend::with_segments) it also simulates expandable
+/// segments: a reservation takes address space from the same counter and counts no
+/// bytes; mapping counts its bytes as live (against the capacity, so a map can be
+/// out of memory), unmapping gives them back. The checked mode records each
+/// reservation's mapped length and checks that maps grow it at its end, unmaps cut
+/// its tail and releases find it empty ([`BackendCounters::bad_segment_calls`]).
 #[cfg(any(test, feature = "test-util"))]
 #[derive(Debug)]
 pub struct FakeBackend {
     acct: Accounting,
     next: AtomicU64,
     live: Option<Mutex<BTreeMap<u64, usize>>>,
+    segments: Option<SegmentSpec>,
+    /// Checked mode: reservation base -> (reserved size, mapped length).
+    reservations: Mutex<BTreeMap<u64, (u64, u64)>>,
 }
 
 #[cfg(any(test, feature = "test-util"))]
@@ -428,7 +551,24 @@ impl FakeBackend {
             acct: Accounting::default(),
             next: AtomicU64::new(Self::BASE),
             live: None,
+            segments: None,
+            reservations: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// This backend with expandable segments of shape `spec` (see the type's doc).
+    pub fn with_segments(self, spec: SegmentSpec) -> Self {
+        FakeBackend {
+            segments: Some(spec),
+            ..self
+        }
+    }
+
+    /// Bytes mapped in the reservation at `base` (checked mode; `None`: no such
+    /// reservation, or not the checked mode).
+    pub fn mapped(&self, base: u64) -> Option<u64> {
+        self.live.as_ref()?;
+        lock(&self.reservations).get(&base).map(|&(_, m)| m)
     }
 
     /// A fake backend that records live ranges and checks every free against them
@@ -485,5 +625,83 @@ impl Backend for FakeBackend {
             live.remove(&addr);
         }
         self.acct.unreserve(size as u64);
+    }
+
+    fn segment_spec(&self) -> Option<SegmentSpec> {
+        self.segments
+    }
+
+    fn segment_reserve(&self, size: u64) -> Result<u64, BackendError> {
+        let Some(spec) = self.segments else {
+            return Err(BackendError::Other("FakeBackend has no segments".into()));
+        };
+        let g = spec.granularity;
+        if size == 0 || !size.is_multiple_of(g) {
+            return Err(BackendError::Other(
+                format!("FakeBackend cannot reserve {size} bytes").into(),
+            ));
+        }
+        let mut base = 0;
+        let r = self
+            .next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                base = n.checked_add(g - 1)? & !(g - 1);
+                base.checked_add(size)
+            });
+        if r.is_err() {
+            return Err(BackendError::OutOfMemory(None));
+        }
+        self.acct.live_segments.fetch_add(1, Ordering::Relaxed);
+        if self.live.is_some() {
+            lock(&self.reservations).insert(base, (size, 0));
+        }
+        Ok(base)
+    }
+
+    fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
+        if self.live.is_some() {
+            let ok = lock(&self.reservations)
+                .get(&base)
+                .is_some_and(|&(size, m)| addr == base + m && m + len <= size && len > 0);
+            if !ok {
+                self.acct.bad_segment_calls.fetch_add(1, Ordering::Relaxed);
+                return Err(BackendError::Other("bad segment_map".into()));
+            }
+        }
+        self.acct.reserve_bytes(len)?;
+        self.acct.segment_maps.fetch_add(1, Ordering::Relaxed);
+        if self.live.is_some() {
+            if let Some(r) = lock(&self.reservations).get_mut(&base) {
+                r.1 += len;
+            }
+        }
+        Ok(())
+    }
+
+    fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
+        if self.live.is_some() {
+            let mut res = lock(&self.reservations);
+            match res.get_mut(&base) {
+                Some(r) if len > 0 && len <= r.1 && addr == base + r.1 - len => r.1 -= len,
+                _ => {
+                    self.acct.bad_segment_calls.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        self.acct.segment_unmaps.fetch_add(1, Ordering::Relaxed);
+        self.acct.live_bytes.fetch_sub(len, Ordering::AcqRel);
+    }
+
+    fn segment_release(&self, base: u64, size: u64) {
+        if self.live.is_some() {
+            let mut res = lock(&self.reservations);
+            if res.get(&base) != Some(&(size, 0)) {
+                self.acct.bad_segment_calls.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            res.remove(&base);
+        }
+        self.acct.live_segments.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -12,6 +12,10 @@
 //! empty, so no other chunk could win or tie. A free that finds the slot taken moves
 //! the previous hot chunk into its treap.
 
+mod segments;
+
+pub(super) use segments::{SegmentCut, SegmentPlan};
+
 /// "No chunk" in every `u32` link.
 pub(super) const NIL: u32 = u32::MAX;
 
@@ -123,6 +127,9 @@ pub(super) struct Bins {
     /// The hot free chunk, in no treap (NIL: none). See the module doc.
     hot: u32,
     pub counters: ArenaCounters,
+    /// The arena's expandable segments (empty unless the pool uses them): touched
+    /// only by misses and releases, never by the cached paths.
+    segs: Vec<segments::Segment>,
 }
 
 impl Bins {
@@ -135,6 +142,7 @@ impl Bins {
             summary: 0,
             hot: NIL,
             counters: ArenaCounters::default(),
+            segs: Vec::new(),
         }
     }
 
@@ -620,7 +628,12 @@ impl Bins {
     pub fn release_whole_where(&mut self, out: &mut Vec<(u64, u64)>, pick: impl Fn(u64) -> bool) {
         for i in 0..self.chunks.len() as u32 {
             let c = *self.c(i);
-            if c.state == State::Free && c.prev == NIL && c.next == NIL && pick(c.size) {
+            if c.state == State::Free
+                && c.prev == NIL
+                && c.next == NIL
+                && pick(c.size)
+                && !self.is_segment_head(i)
+            {
                 self.index_remove(i);
                 self.vacate(i);
                 self.counters.reserved -= c.size;
@@ -743,7 +756,7 @@ impl Bins {
         if in_trees != n_free {
             return Err(format!("{in_trees} chunks in trees, {n_free} free"));
         }
-        Ok(())
+        self.check_segments()
     }
 
     fn check_tree(

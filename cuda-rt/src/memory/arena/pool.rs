@@ -30,6 +30,10 @@ pub struct Pool<B: Backend> {
     pub(super) backend_frees: AtomicU64,
     pub(super) oom_retries: AtomicU64,
     pub(super) release_on_miss: AtomicBool,
+    /// Grow with expandable segments (see [`set_expandable_segments`]).
+    ///
+    /// [`set_expandable_segments`]: Self::set_expandable_segments
+    pub(super) expandable: AtomicBool,
     /// The slots of the threads that park blocks of this pool (see [`parked`]).
     ///
     /// [`parked`]: super::parked
@@ -69,6 +73,7 @@ impl<B: Backend> Pool<B> {
             backend_frees: AtomicU64::new(0),
             oom_retries: AtomicU64::new(0),
             release_on_miss: AtomicBool::new(false),
+            expandable: AtomicBool::new(false),
             parked: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             retired_pairs: AtomicU64::new(0),
@@ -241,9 +246,11 @@ impl<B: Backend> Pool<B> {
         self.settle_all();
         self.poll_awaiting();
         let mut out = Vec::new();
+        let mut cuts = Vec::new();
         let mut release = |arena: &Arena| {
             arena.lock().release_whole(&mut out);
             self.give_back(&mut out);
+            self.trim_segments(arena, &mut cuts);
         };
         match stream {
             None => self.arenas.iter().for_each(release),
@@ -272,6 +279,38 @@ impl<B: Backend> Pool<B> {
     /// The limit on reserved bytes (0: none).
     pub fn limit(&self) -> u64 {
         self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Turns expandable segments on or off (off by default; a backend without them,
+    /// [`Backend::segment_spec`] `None`, ignores this). With them on, a miss grows the
+    /// arena in place: it maps more memory at the end of one of the arena's segments
+    /// (address space reserved once per segment, [`SegmentSpec::reserve`] bytes),
+    /// where the segment's free tail and the new memory merge into one free chunk,
+    /// instead of adding a separate allocation of exactly the request. Memory is
+    /// mapped at the backend's granularity ([`SegmentSpec::granularity`]), so a
+    /// request may map up to one granule more than it needs; the rest stays cached.
+    /// Releasing the cache ([`free_all_blocks`](Self::free_all_blocks), and the
+    /// release before an out-of-memory retry) unmaps each segment's free tail, from
+    /// the first granule boundary in it, and gives back segments left empty.
+    ///
+    /// This is PyTorch's `expandable_segments:True`: a workload whose sizes drift
+    /// upward (a serving batch growing by one) reuses the memory it freed instead of
+    /// leaving a cached block just too small for each new size. Turning it off keeps
+    /// the segments already made (they are released like any cache); turning it on
+    /// leaves earlier allocations as they are. The cached malloc and free do not look
+    /// at this setting.
+    ///
+    /// [`SegmentSpec::reserve`]: super::SegmentSpec::reserve
+    /// [`SegmentSpec::granularity`]: super::SegmentSpec::granularity
+    pub fn set_expandable_segments(&self, on: bool) {
+        self.expandable.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether misses grow expandable segments: turned on
+    /// ([`set_expandable_segments`](Self::set_expandable_segments)) and supported by
+    /// the backend.
+    pub fn expandable_segments(&self) -> bool {
+        self.expandable.load(Ordering::Relaxed) && self.backend.segment_spec().is_some()
     }
 
     /// Turns the release-on-miss growth policy (module doc) on, or off (the default,
@@ -312,12 +351,19 @@ impl<B: Backend> Drop for Pool<B> {
         // Blocks still used by other streams: wait for them, then they are free.
         self.wait_awaiting();
         let mut out = Vec::new();
+        let mut cuts = Vec::new();
+        let gran = self.backend.segment_spec().map(|s| s.granularity);
         for arena in self.arenas.iter_mut() {
-            arena.bins.get_mut().release_whole(&mut out);
+            let bins = arena.bins.get_mut();
+            bins.release_whole(&mut out);
+            if let Some(g) = gran {
+                bins.trim_segments(g, &mut cuts);
+            }
         }
         for (addr, size) in out {
             self.backend.free(addr, size as usize);
         }
+        self.give_back_segments(&mut cuts, None);
     }
 }
 

@@ -2,14 +2,16 @@
 //! ([`DeviceBackend`], whose fences are events), and any backend with the allocation
 //! hooks around it ([`HookedBackend`]).
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::error::Error;
-use crate::memory::arena::{Backend, BackendError};
+use crate::memory::arena::{Backend, BackendError, SegmentSpec};
 use crate::memory::device_memory::{CAllocator, ClosureAllocator};
 use crate::memory::hook;
 use crate::stream::current_stream_handle;
@@ -55,10 +57,20 @@ impl fmt::Debug for PoolAllocator {
 
 /// A device pool's backend: its [`PoolAllocator`] on one device (its primary context
 /// made current for the driver's allocators).
+///
+/// With [`PoolAllocator::Device`] it also backs expandable segments: one address
+/// reservation of the device's total memory per segment, mapped one granule
+/// (`cuMemGetAllocationGranularity`, minimum) at a time, each granule its own physical
+/// allocation (`cuMemCreate`), so that any granule-aligned tail can be unmapped and
+/// released on its own (`cuMemUnmap` takes whole mappings only).
 #[derive(Debug)]
 pub(crate) struct DeviceBackend {
     pub(super) device: i32,
     pub(super) source: PoolAllocator,
+    /// The segment shape, asked of the driver on first use (`None`: not supported).
+    spec: OnceLock<Option<SegmentSpec>>,
+    /// Each mapped granule's address -> its physical allocation's handle.
+    granules: Mutex<BTreeMap<u64, sys::CUmemGenericAllocationHandle>>,
 }
 
 /// A driver allocation's result as the pool's backend error.
@@ -84,6 +96,61 @@ fn user_alloc(r: crate::error::Result<u64>) -> std::result::Result<u64, BackendE
 }
 
 impl DeviceBackend {
+    /// The backend of `source` on `device`.
+    pub(super) fn new(device: i32, source: PoolAllocator) -> Self {
+        DeviceBackend {
+            device,
+            source,
+            spec: OnceLock::new(),
+            granules: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The driver's segment shape for this device: its granularity, and its total
+    /// memory (rounded up to that) reserved per segment.
+    fn query_spec(&self) -> Option<SegmentSpec> {
+        if !matches!(self.source, PoolAllocator::Device) {
+            return None;
+        }
+        make_current(self.device).ok()?;
+        let g = result::vmm::granularity(self.device, false).ok()? as u64;
+        let total = super::limit_env::device_total_memory(self.device).ok()?;
+        let reserve = total.checked_add(g - 1)? & !(g - 1);
+        (g.is_power_of_two() && g.is_multiple_of(512)).then_some(SegmentSpec {
+            granularity: g,
+            reserve,
+        })
+    }
+
+    fn granules(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<u64, sys::CUmemGenericAllocationHandle>> {
+        self.granules.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Unmaps and releases the granules of `addr..addr + len` that are mapped.
+    fn unmap_granules(&self, addr: u64, len: u64) {
+        let taken: Vec<(u64, sys::CUmemGenericAllocationHandle)> = {
+            let mut g = self.granules();
+            let keys: Vec<u64> = g.range(addr..addr + len).map(|(&a, _)| a).collect();
+            keys.into_iter()
+                .filter_map(|a| g.remove(&a).map(|h| (a, h)))
+                .collect()
+        };
+        let Some(gran) = self.spec.get().copied().flatten().map(|s| s.granularity) else {
+            return;
+        };
+        for (a, h) in taken {
+            // SAFETY: `a` is a granule this backend mapped with `h` (recorded at
+            // `segment_map`), unmapped and released once (removed from the record
+            // above); the pool unmaps only tails no block or stream work uses.
+            unsafe {
+                let _ = result::vmm::unmap(a, gran as usize);
+                let _ = result::vmm::release(h);
+            }
+        }
+    }
+
     /// Waits for the context's work, before a user allocator or the stream-ordered
     /// one frees a block that work queued before the release may still use.
     fn drain(&self) -> bool {
@@ -167,6 +234,86 @@ impl Backend for DeviceBackend {
     fn fence_release(&self, fence: u64) {
         crate::event::give_raw(self.device, FENCE_FLAGS, fence as usize);
     }
+
+    fn segment_spec(&self) -> Option<SegmentSpec> {
+        *self.spec.get_or_init(|| self.query_spec())
+    }
+
+    fn segment_reserve(&self, size: u64) -> std::result::Result<u64, BackendError> {
+        let Some(spec) = self.segment_spec() else {
+            return Err(BackendError::Other(
+                "no expandable segments on this device".into(),
+            ));
+        };
+        let len = usize::try_from(size).map_err(|_| BackendError::OutOfMemory(None))?;
+        let align = spec.granularity as usize;
+        driver_alloc(
+            make_current(self.device).and_then(|()| Ok(result::vmm::address_reserve(len, align)?)),
+        )
+    }
+
+    fn segment_map(&self, base: u64, addr: u64, len: u64) -> std::result::Result<(), BackendError> {
+        let _ = base;
+        let Some(spec) = self.segment_spec() else {
+            return Err(BackendError::Other(
+                "no expandable segments on this device".into(),
+            ));
+        };
+        let g = spec.granularity;
+        if let Err(e) = make_current(self.device) {
+            return Err(BackendError::Other(Box::new(e)));
+        }
+        let mut at = addr;
+        let mapped = loop {
+            if at >= addr + len {
+                break Ok(());
+            }
+            let handle = match result::vmm::create(g as usize, self.device) {
+                Ok(h) => h,
+                Err(e) => break Err(Error::from(e)),
+            };
+            // SAFETY: `at..at + g` lies in the reservation at `base` past its mapped
+            // end (the pool's contract), so it is unmapped; `handle` is live, of `g`
+            // bytes.
+            if let Err(e) = unsafe { result::vmm::map(at, g as usize, handle) } {
+                // SAFETY: the handle was created above, never mapped, released once.
+                let _ = unsafe { result::vmm::release(handle) };
+                break Err(Error::from(e));
+            }
+            self.granules().insert(at, handle);
+            at += g;
+        };
+        // SAFETY: `addr..at` was mapped above.
+        let access = mapped.and_then(|()| {
+            Ok(unsafe { result::vmm::set_access(addr, len as usize, self.device) }?)
+        });
+        match access {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Nothing stays mapped on failure.
+                self.unmap_granules(addr, at - addr);
+                driver_alloc(Err(e)).map(|_| ())
+            }
+        }
+    }
+
+    fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
+        let _ = base;
+        if make_current(self.device).is_ok() {
+            // Work queued before the release may still use the tail: `cuMemUnmap` does
+            // not wait for it as `cuMemFree` does.
+            let _ = result::context::synchronize();
+        }
+        self.unmap_granules(addr, len);
+    }
+
+    fn segment_release(&self, base: u64, size: u64) {
+        if make_current(self.device).is_ok() {
+            // SAFETY: a reservation of `segment_reserve` of `size` bytes, released once
+            // by the pool after unmapping all of it.
+            let _ = unsafe { result::vmm::address_free(base, size as usize) };
+        }
+    }
 }
 
 /// A backend with the `alloc_pre` / `alloc_post` hooks around its `alloc` (the arena
@@ -208,6 +355,36 @@ impl<B: Backend> Backend for HookedBackend<B> {
     fn fence_release(&self, fence: u64) {
         self.backend.fence_release(fence)
     }
+
+    fn segment_spec(&self) -> Option<SegmentSpec> {
+        self.backend.segment_spec()
+    }
+
+    fn segment_reserve(&self, size: u64) -> std::result::Result<u64, BackendError> {
+        self.backend.segment_reserve(size)
+    }
+
+    fn segment_map(&self, base: u64, addr: u64, len: u64) -> std::result::Result<(), BackendError> {
+        // A map is the allocation of an expandable pool: the hooks see its bytes.
+        let (dev, size) = (self.device, len as usize);
+        let hooks = hook::has_hooks();
+        if hooks {
+            hook::each(|h| h.alloc_pre(dev, size));
+        }
+        let r = self.backend.segment_map(base, addr, len);
+        if hooks && r.is_ok() {
+            hook::each(|h| h.alloc_post(dev, size, addr));
+        }
+        r
+    }
+
+    fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
+        self.backend.segment_unmap(base, addr, len)
+    }
+
+    fn segment_release(&self, base: u64, size: u64) {
+        self.backend.segment_release(base, size)
+    }
 }
 
 #[cfg(test)]
@@ -248,7 +425,7 @@ mod tests {
     }
 
     fn pool_over(source: PoolAllocator) -> Pool<DeviceBackend> {
-        Pool::new(DeviceBackend { device: 3, source })
+        Pool::new(DeviceBackend::new(3, source))
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::stream::{current_stream_handle, AsStream};
 
 use super::device_backend::{DeviceBackend, PoolAllocator};
 use super::device_pool::{CudaDevicePool, DevicePool, DevicePoolRef};
+use super::expandable_env::{expandable_from_env, ALLOC_CONF_ENV, EXPANDABLE_ENV};
 use super::limit_env::{device_total_memory, limit_from_env, LIMIT_ENV};
 use super::out_of_memory::malloc_error;
 use super::pooled_memory::PooledMemory;
@@ -85,13 +86,15 @@ impl DevicePools {
         };
         let env = std::env::var(LIMIT_ENV).ok();
         let limit = limit_from_env(env.as_deref(), || device_total_memory(device))?;
+        let expandable = expandable_from_env(
+            std::env::var(EXPANDABLE_ENV).ok().as_deref(),
+            std::env::var(ALLOC_CONF_ENV).ok().as_deref(),
+        )?;
         Ok(slot.get_or_init(|| {
-            let backend = DeviceBackend {
-                device,
-                source: self.allocator.clone(),
-            };
+            let backend = DeviceBackend::new(device, self.allocator.clone());
             let core = DevicePool::new(backend, device);
             core.pool.set_limit(limit);
+            core.pool.set_expandable_segments(expandable);
             if self.leak {
                 DevicePoolRef::Static(Box::leak(Box::new(core)))
             } else {
@@ -433,6 +436,35 @@ impl MemoryPool {
         })?;
         core.pool.set_limit(bytes);
         Ok(())
+    }
+
+    /// Turns expandable segments on or off for the current device's pool (see
+    /// [`Pool::set_expandable_segments`](crate::memory::arena::Pool::set_expandable_segments)):
+    /// the pool grows by mapping memory at the end of a reserved address range
+    /// (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`) instead of
+    /// `cuMemAlloc`ing each miss, and releasing the cache unmaps free tails. Only pools
+    /// over [`PoolAllocator::Device`] on a driver with virtual memory management use
+    /// them; the others keep growing with their allocator. The default comes from
+    /// [`EXPANDABLE_ENV`] and [`ALLOC_CONF_ENV`].
+    ///
+    /// [`EXPANDABLE_ENV`]: super::EXPANDABLE_ENV
+    /// [`ALLOC_CONF_ENV`]: super::ALLOC_CONF_ENV
+    pub fn set_expandable_segments(&self, on: bool) -> Result<()> {
+        self.pools()
+            .get_or_create(get_device_id())?
+            .pool
+            .set_expandable_segments(on);
+        Ok(())
+    }
+
+    /// Whether the current device's pool grows with expandable segments (asked for
+    /// and supported), creating the pool if needed.
+    pub fn expandable_segments(&self) -> Result<bool> {
+        Ok(self
+            .pools()
+            .get_or_create(get_device_id())?
+            .pool
+            .expandable_segments())
     }
 
     /// The limit of the current device's pool in bytes (0: none), creating the pool
