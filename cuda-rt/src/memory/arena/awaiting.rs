@@ -72,6 +72,17 @@ pub(super) struct Awaiting {
 }
 
 impl Arena {
+    /// The addresses of the blocks waiting for other streams (for snapshots).
+    pub(super) fn awaiting_addresses(&self) -> Vec<u64> {
+        let list = self.awaiting_list();
+        list.blocks
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !list.vacant.contains(&(*i as u32)))
+            .map(|(_, w)| w.raw.addr)
+            .collect()
+    }
+
     fn awaiting_list(&self) -> MutexGuard<'_, Awaiting> {
         self.awaiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -291,6 +302,19 @@ mod tests {
             (0, 1, 4096)
         );
         assert_eq!((s.stream_fences, s.fence_syncs, s.frees), (1, 0, 1));
+        // The snapshot shows it pending, not allocated, as the statistics count it.
+        let snap = pool.snapshot();
+        let block = snap
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .find(|b| b.address == addr)
+            .unwrap();
+        assert!(block.in_use && block.pending_free, "{block:?}");
+        assert_eq!(snap.allocated_bytes(), s.used_bytes);
+        assert!(snap
+            .to_json()
+            .contains("\"state\": \"active_pending_free\""));
         // Not done: a malloc of the same size misses, polls, and grows elsewhere.
         let b = pool.malloc(4096, 1).unwrap();
         assert_ne!(

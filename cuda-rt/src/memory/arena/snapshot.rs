@@ -17,6 +17,11 @@ pub struct BlockSnapshot {
     pub size: u64,
     /// Handed out (`true`) or cached free.
     pub in_use: bool,
+    /// Freed, but waiting for other streams' work before it is handed out again
+    /// ([`MemoryPointer::record_stream`](crate::memory::MemoryPointer::record_stream));
+    /// `in_use` is then `true` (the arena still holds it) and it is not counted as
+    /// allocated, as the pool's statistics do not count it as used.
+    pub pending_free: bool,
 }
 
 /// One segment: a backend allocation of one stream's arena, cut into blocks.
@@ -37,7 +42,7 @@ impl SegmentSnapshot {
     pub fn allocated_size(&self) -> u64 {
         self.blocks
             .iter()
-            .filter(|b| b.in_use)
+            .filter(|b| b.in_use && !b.pending_free)
             .map(|b| b.size)
             .sum()
     }
@@ -71,8 +76,9 @@ impl PoolSnapshot {
     /// "allocated_size", "active_size", "requested_size", "stream", "segment_type",
     /// "segment_pool_id", "is_expandable", "frames", "blocks": [{"address", "size",
     /// "requested_size", "state", "frames"}]}], "device_traces": [[]]}`. A block's
-    /// `state` is `"active_allocated"` or `"inactive"`; requested sizes are the block
-    /// sizes (not kept); no frames (call stacks) are recorded.
+    /// `state` is `"active_allocated"`, `"active_pending_free"` (freed, waiting for
+    /// other streams) or `"inactive"`; requested sizes are the block sizes (not kept);
+    /// no frames (call stacks) are recorded.
     pub fn to_json(&self) -> String {
         let device = self.device.unwrap_or(-1);
         let mut out = String::from("{\"segments\": [");
@@ -99,10 +105,10 @@ impl PoolSnapshot {
                 if j > 0 {
                     out.push_str(", ");
                 }
-                let state = if b.in_use {
-                    "active_allocated"
-                } else {
-                    "inactive"
+                let state = match (b.in_use, b.pending_free) {
+                    (true, false) => "active_allocated",
+                    (true, true) => "active_pending_free",
+                    (false, _) => "inactive",
                 };
                 let requested = if b.in_use { b.size } else { 0 };
                 let _ = write!(
@@ -128,6 +134,7 @@ impl<B: Backend> Pool<B> {
         let mut segments = Vec::new();
         for arena in self.arenas.iter() {
             let key = arena.key;
+            let pending = arena.awaiting_addresses();
             for (address, chunks) in arena.lock_unchanged().segments() {
                 let blocks: Vec<BlockSnapshot> = chunks
                     .into_iter()
@@ -135,6 +142,7 @@ impl<B: Backend> Pool<B> {
                         address,
                         size,
                         in_use,
+                        pending_free: in_use && pending.contains(&address),
                     })
                     .collect();
                 segments.push(SegmentSnapshot {
