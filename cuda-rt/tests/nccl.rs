@@ -210,3 +210,73 @@ fn one_process_drives_every_gpu_of_the_host() {
         assert!(b.to_vec().unwrap().iter().all(|&x| x == want));
     }
 }
+
+// Ranks as processes, one per GPU, launched as torchrun launches them: this test binary
+// runs itself again per rank with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+// MASTER_PORT set; each rank makes its communicator through the TCP bootstrap
+// (`init_from_env`), all-reduces and checks. NCCL refuses two ranks on one GPU, so
+// below two GPUs the test skips with its reason (fails under
+// CUDA_RT_REQUIRE_MULTI_GPU=1).
+
+const RANK_ENTRY: &str = "zz_nccl_rank_process_entry";
+const RANK_VAR: &str = "CUDA_RT_NCCL_TEST_RANK";
+
+gpu_test!(ranks_as_processes_all_reduce_through_the_bootstrap, {
+    if !gpus_or_skip("ranks_as_processes_all_reduce_through_the_bootstrap", 2) {
+        return;
+    }
+    let n = cuda_rt::device::device_count().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([RANK_ENTRY, "--exact", "--nocapture", "--test-threads=1"])
+                .env(RANK_VAR, "1")
+                .env("RANK", r.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env(nccl::bootstrap::TIMEOUT_VAR, "60")
+                .output()
+                .unwrap()
+        })
+        .collect();
+    for (r, out) in ranks.iter().enumerate() {
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("rank ok"),
+            "rank {r}:\n{text}"
+        );
+    }
+});
+
+/// Not a test of its own: one rank of
+/// `ranks_as_processes_all_reduce_through_the_bootstrap`; does nothing unless
+/// `CUDA_RT_NCCL_TEST_RANK` is set.
+#[test]
+fn zz_nccl_rank_process_entry() {
+    if std::env::var_os(RANK_VAR).is_none() {
+        return;
+    }
+    let comm = nccl::bootstrap::init_from_env().unwrap();
+    let (rank, size) = (comm.rank(), comm.size());
+    let s = Stream::non_blocking().unwrap();
+    // Each rank holds rank + 1 in every element: the sum is size (size + 1) / 2.
+    let mut b = DeviceBuffer::from_slice(&vec![(rank + 1) as f32; 1 << 20]).unwrap();
+    comm.all_reduce_in_place(b.as_mut_slice(), ReduceOp::Sum, &s)
+        .unwrap();
+    s.synchronize().unwrap();
+    let want = (size * (size + 1) / 2) as f32;
+    assert!(b.to_vec().unwrap().iter().all(|&x| x == want));
+    comm.destroy().unwrap();
+    println!("rank ok");
+}
