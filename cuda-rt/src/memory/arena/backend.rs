@@ -148,71 +148,45 @@ pub struct SegmentSpec {
     pub reserve: u64,
 }
 
-impl<B: Backend + ?Sized> Backend for Arc<B> {
-    fn alloc(&self, size: usize) -> Result<u64, BackendError> {
-        (**self).alloc(size)
-    }
-    fn free(&self, addr: u64, size: usize) {
-        (**self).free(addr, size)
-    }
-    fn fence_done(&self, fence: u64) -> bool {
-        (**self).fence_done(fence)
-    }
-    fn fence_wait(&self, fence: u64) {
-        (**self).fence_wait(fence)
-    }
-    fn fence_release(&self, fence: u64) {
-        (**self).fence_release(fence)
-    }
-    fn segment_spec(&self) -> Option<SegmentSpec> {
-        (**self).segment_spec()
-    }
-    fn segment_reserve(&self, size: u64) -> Result<u64, BackendError> {
-        (**self).segment_reserve(size)
-    }
-    fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
-        (**self).segment_map(base, addr, len)
-    }
-    fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
-        (**self).segment_unmap(base, addr, len)
-    }
-    fn segment_release(&self, base: u64, size: u64) {
-        (**self).segment_release(base, size)
-    }
+// A shared or boxed backend is the backend it holds: every method forwards.
+macro_rules! forward_backend {
+    ($($ptr:ident),*) => {$(
+        impl<B: Backend + ?Sized> Backend for $ptr<B> {
+            fn alloc(&self, size: usize) -> Result<u64, BackendError> {
+                (**self).alloc(size)
+            }
+            fn free(&self, addr: u64, size: usize) {
+                (**self).free(addr, size)
+            }
+            fn fence_done(&self, fence: u64) -> bool {
+                (**self).fence_done(fence)
+            }
+            fn fence_wait(&self, fence: u64) {
+                (**self).fence_wait(fence)
+            }
+            fn fence_release(&self, fence: u64) {
+                (**self).fence_release(fence)
+            }
+            fn segment_spec(&self) -> Option<SegmentSpec> {
+                (**self).segment_spec()
+            }
+            fn segment_reserve(&self, size: u64) -> Result<u64, BackendError> {
+                (**self).segment_reserve(size)
+            }
+            fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
+                (**self).segment_map(base, addr, len)
+            }
+            fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
+                (**self).segment_unmap(base, addr, len)
+            }
+            fn segment_release(&self, base: u64, size: u64) {
+                (**self).segment_release(base, size)
+            }
+        }
+    )*};
 }
 
-impl<B: Backend + ?Sized> Backend for Box<B> {
-    fn alloc(&self, size: usize) -> Result<u64, BackendError> {
-        (**self).alloc(size)
-    }
-    fn free(&self, addr: u64, size: usize) {
-        (**self).free(addr, size)
-    }
-    fn fence_done(&self, fence: u64) -> bool {
-        (**self).fence_done(fence)
-    }
-    fn fence_wait(&self, fence: u64) {
-        (**self).fence_wait(fence)
-    }
-    fn fence_release(&self, fence: u64) {
-        (**self).fence_release(fence)
-    }
-    fn segment_spec(&self) -> Option<SegmentSpec> {
-        (**self).segment_spec()
-    }
-    fn segment_reserve(&self, size: u64) -> Result<u64, BackendError> {
-        (**self).segment_reserve(size)
-    }
-    fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
-        (**self).segment_map(base, addr, len)
-    }
-    fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
-        (**self).segment_unmap(base, addr, len)
-    }
-    fn segment_release(&self, base: u64, size: u64) {
-        (**self).segment_release(base, size)
-    }
-}
+forward_backend!(Arc, Box);
 
 /// A snapshot of what a host backend has handed out.
 #[cfg(any(test, feature = "test-util"))]
