@@ -22,6 +22,64 @@ const RECORDED: &str = "IPC_CHILD_RECORDED";
 const PLAIN_WORDS: usize = 1 << 18;
 const POOL_WORDS: usize = 3 << 16;
 
+/// Kills a child process that is still running a minute after it was started, unless
+/// dropped first: a hung child fails its test instead of hanging the suite.
+struct Watchdog {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn new(what: &'static str, pid: u32) -> Watchdog {
+        let (done, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // Dropping the sender ends the wait early (Disconnected): only a timeout kills.
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                rx.recv_timeout(std::time::Duration::from_secs(60))
+            {
+                eprintln!("{what}: the child took over 60 s; killing it");
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        });
+        Watchdog {
+            done: Some(done),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.done.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The first connection to `listener`, or a panic after `limit` (a child that never
+/// connects).
+fn accept_within(
+    listener: &std::os::unix::net::UnixListener,
+    limit: std::time::Duration,
+) -> std::os::unix::net::UnixStream {
+    listener.set_nonblocking(true).unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                return s;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(start.elapsed() < limit, "the child never connected");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
 fn pattern(n: usize, seed: u32) -> Vec<u32> {
     (0..n as u32)
         .map(|i| i.wrapping_mul(0x9e37_79b9).wrapping_add(seed))
@@ -93,17 +151,7 @@ gpu_test!(memory_and_events_are_shared_with_a_child_process, {
         .unwrap();
     // A child that hangs fails the test after a minute instead of hanging the suite:
     // the watchdog kills it, which ends the reads below.
-    let pid = child.id();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if done_rx
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .is_err()
-        {
-            eprintln!("ipc test: the child took over 60 s; killing it");
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    });
+    let watchdog = Watchdog::new("ipc test", child.id());
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut seen = String::new();
     let mut recorded = false;
@@ -147,8 +195,7 @@ gpu_test!(memory_and_events_are_shared_with_a_child_process, {
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut out, &mut rest);
     let status = child.wait().unwrap();
-    let _ = done_tx.send(());
-    let _ = watchdog.join();
+    drop(watchdog);
     assert!(status.success(), "child failed: {status}\n{seen}{rest}");
 });
 
@@ -250,25 +297,14 @@ gpu_test!(
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let pid = child.id();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            if done_rx
-                .recv_timeout(std::time::Duration::from_secs(60))
-                .is_err()
-            {
-                eprintln!("pool ipc test: the child took over 60 s; killing it");
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            }
-        });
-        let (socket, _) = listener.accept().unwrap();
+        let watchdog = Watchdog::new("pool ipc test", child.id());
+        let socket = accept_within(&listener, std::time::Duration::from_secs(60));
         cuda_rt::ipc::send_fd(&socket, pool.export_fd().unwrap().as_fd(), &h.to_bytes()).unwrap();
         // The child writes its pattern, synchronises, and says so with one byte.
         let mut byte = [0u8; 1];
         let got = std::io::Read::read(&mut &socket, &mut byte).unwrap_or(0);
         let status = child.wait().unwrap();
-        let _ = done_tx.send(());
-        let _ = watchdog.join();
+        drop(watchdog);
         let _ = std::fs::remove_file(&path);
         assert!(status.success() && got == 1, "child failed: {status}");
         assert_eq!(read_words(&p, POOL_WORDS), pattern(POOL_WORDS, 13));
