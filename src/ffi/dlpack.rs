@@ -184,24 +184,92 @@ unsafe fn shape_of(ndim: i32, shape: *const i64) -> Res<Vec<i64>> {
     Ok(unsafe { std::slice::from_raw_parts(shape, n) }.to_vec())
 }
 
-unsafe extern "C" fn delete_export(t: *mut DLManagedTensor) {
+/// The two managed-tensor structs, as export fills them.
+trait Managed: Sized + 'static {
+    /// The struct around `tensor`, with [`delete_export`] as its deleter and no context.
+    fn around(tensor: DLTensor) -> Self;
+    fn tensor(&mut self) -> &mut DLTensor;
+    fn ctx(&mut self) -> &mut *mut c_void;
+}
+
+impl Managed for DLManagedTensor {
+    fn around(tensor: DLTensor) -> Self {
+        DLManagedTensor {
+            dl_tensor: tensor,
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_export::<DLManagedTensor>),
+        }
+    }
+    fn tensor(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+    fn ctx(&mut self) -> &mut *mut c_void {
+        &mut self.manager_ctx
+    }
+}
+
+impl Managed for DLManagedTensorVersioned {
+    fn around(tensor: DLTensor) -> Self {
+        DLManagedTensorVersioned {
+            version: DLPackVersion {
+                major: CURT_DLPACK_MAJOR,
+                minor: CURT_DLPACK_MINOR,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_export::<DLManagedTensorVersioned>),
+            flags: 0,
+            dl_tensor: tensor,
+        }
+    }
+    fn tensor(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+    fn ctx(&mut self) -> &mut *mut c_void {
+        &mut self.manager_ctx
+    }
+}
+
+unsafe extern "C" fn delete_export<M: Managed>(t: *mut M) {
     if t.is_null() {
         return;
     }
-    // SAFETY: `manager_ctx` is the `Export` box made by curt_memory_to_dlpack; DLPack's
-    // contract has the deleter called once.
-    let b = unsafe { Box::from_raw((*t).manager_ctx.cast::<Export<DLManagedTensor>>()) };
+    // SAFETY: `manager_ctx` is the `Export` box made by `export`; DLPack's contract has
+    // the deleter called once.
+    let b = unsafe { Box::from_raw((*(*t).ctx()).cast::<Export<M>>()) };
     // No unwind may leave a C callback.
     let _ = catch_unwind(AssertUnwindSafe(move || drop(b)));
 }
 
-unsafe extern "C" fn delete_export_versioned(t: *mut DLManagedTensorVersioned) {
-    if t.is_null() {
-        return;
-    }
-    // SAFETY: as `delete_export`, for the versioned struct.
-    let b = unsafe { Box::from_raw((*t).manager_ctx.cast::<Export<DLManagedTensorVersioned>>()) };
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(b)));
+/// The export of both entry points: a boxed `Export` whose tensor points at its own
+/// shape and whose context is the box itself.
+///
+/// # Safety
+/// As [`curt_memory_to_dlpack`].
+unsafe fn export<M: Managed>(
+    mem: super::handles::curt_memory_t,
+    ndim: i32,
+    shape: *const i64,
+    dtype: DLDataType,
+    out_tensor: *mut *mut M,
+) -> c_int {
+    guard(|| {
+        let slot = out(out_tensor, "out")?;
+        let m = MEMORY.get(mem as u64)?;
+        // SAFETY: this function's contract.
+        let shape = unsafe { shape_of(ndim, shape) }?;
+        let tensor = tensor_of(&m, &shape, dtype)?;
+        let mut b = Box::new(Export {
+            managed: M::around(tensor),
+            _mem: (*m).clone(),
+            _shape: shape,
+        });
+        b.managed.tensor().shape = b._shape.as_mut_ptr();
+        let raw = Box::into_raw(b);
+        // SAFETY: `raw` is the live box just made.
+        unsafe { *(*raw).managed.ctx() = raw.cast() };
+        *slot = raw.cast();
+        Ok(())
+    })
 }
 
 /// Exports `mem` as a `DLManagedTensor` of `shape` (`ndim` extents, compact row-major)
@@ -218,28 +286,8 @@ pub unsafe extern "C" fn curt_memory_to_dlpack(
     dtype: DLDataType,
     out_tensor: *mut *mut DLManagedTensor,
 ) -> c_int {
-    guard(|| {
-        let slot = out(out_tensor, "out")?;
-        let m = MEMORY.get(mem as u64)?;
-        // SAFETY: this function's contract.
-        let shape = unsafe { shape_of(ndim, shape) }?;
-        let tensor = tensor_of(&m, &shape, dtype)?;
-        let mut b = Box::new(Export {
-            managed: DLManagedTensor {
-                dl_tensor: tensor,
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_export),
-            },
-            _mem: (*m).clone(),
-            _shape: shape,
-        });
-        b.managed.dl_tensor.shape = b._shape.as_mut_ptr();
-        let raw = Box::into_raw(b);
-        // SAFETY: `raw` is the live box just made.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        *slot = raw.cast();
-        Ok(())
-    })
+    // SAFETY: this function's contract is `export`'s.
+    unsafe { export(mem, ndim, shape, dtype, out_tensor) }
 }
 
 /// [`curt_memory_to_dlpack`] as a `DLManagedTensorVersioned` (DLPack 1.1, no flags).
@@ -254,33 +302,8 @@ pub unsafe extern "C" fn curt_memory_to_dlpack_versioned(
     dtype: DLDataType,
     out_tensor: *mut *mut DLManagedTensorVersioned,
 ) -> c_int {
-    guard(|| {
-        let slot = out(out_tensor, "out")?;
-        let m = MEMORY.get(mem as u64)?;
-        // SAFETY: this function's contract.
-        let shape = unsafe { shape_of(ndim, shape) }?;
-        let tensor = tensor_of(&m, &shape, dtype)?;
-        let mut b = Box::new(Export {
-            managed: DLManagedTensorVersioned {
-                version: DLPackVersion {
-                    major: CURT_DLPACK_MAJOR,
-                    minor: CURT_DLPACK_MINOR,
-                },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_export_versioned),
-                flags: 0,
-                dl_tensor: tensor,
-            },
-            _mem: (*m).clone(),
-            _shape: shape,
-        });
-        b.managed.dl_tensor.shape = b._shape.as_mut_ptr();
-        let raw = Box::into_raw(b);
-        // SAFETY: `raw` is the live box just made.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        *slot = raw.cast();
-        Ok(())
-    })
+    // SAFETY: this function's contract is `export`'s.
+    unsafe { export(mem, ndim, shape, dtype, out_tensor) }
 }
 
 /// The producer's tensor, deleted (its deleter called once) when dropped, once armed:
