@@ -7,6 +7,9 @@ use std::process::Command;
 
 use cuda_rt_c::*;
 
+mod support;
+use support::shim_dir;
+
 fn last_error() -> String {
     // SAFETY: curt_last_error returns a valid NUL-terminated thread-local string.
     unsafe { CStr::from_ptr(curt_last_error()) }
@@ -34,16 +37,6 @@ fn device_count_matches_availability() {
         assert_ne!(rc, CURT_SUCCESS);
         assert!(!last_error().is_empty());
     }
-}
-
-/// The folder holding libcuda_rt_c.so: `CUDA_RT_SHIM_DIR`, else the folder this test
-/// binary sits in (`target/<profile>/deps`, where `cargo test` builds the cdylib).
-fn shim_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CUDA_RT_SHIM_DIR") {
-        return PathBuf::from(d);
-    }
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().to_path_buf()
 }
 
 /// Compiles `tests/c/<name>.c` against the shim, or takes the program already built by

@@ -2,29 +2,13 @@
 //! library, reads statistics and snapshots, and says clearly when torch or CuPy is
 //! missing. Skips with a printed reason where `python3` or the module is absent.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-/// `target/<profile>/deps`, where `cargo test` builds the cdylib, or `CUDA_RT_SHIM_DIR`.
-fn shim() -> PathBuf {
-    let dir = std::env::var_os("CUDA_RT_SHIM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::current_exe()
-                .unwrap()
-                .parent()
-                .unwrap()
-                .to_path_buf()
-        });
-    dir.join("libcuda_rt_c.so")
-}
+mod support;
+use support::{python_dir, shim};
 
 fn python(code: &str) -> Option<(bool, String)> {
-    // `CUDA_RT_PYTHON_DIR` on the GPU machine (scripts/gpu-run.sh), where the binary
-    // runs in another checkout than the one it was built in.
-    let dir = std::env::var_os("CUDA_RT_PYTHON_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python"));
+    let dir = python_dir();
     if !dir.join("cuda_rt_alloc.py").is_file() {
         eprintln!("skipped: {} has no cuda_rt_alloc.py", dir.display());
         return None;

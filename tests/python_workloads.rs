@@ -12,24 +12,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-fn shim() -> PathBuf {
-    let dir = std::env::var_os("CUDA_RT_SHIM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::current_exe()
-                .unwrap()
-                .parent()
-                .unwrap()
-                .to_path_buf()
-        });
-    dir.join("libcuda_rt_c.so")
-}
-
-fn python_dir() -> PathBuf {
-    std::env::var_os("CUDA_RT_PYTHON_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python"))
-}
+mod support;
+use support::{python_dir, shim};
 
 /// `tests/python/compare.py`, beside the module's folder in the checkout.
 fn compare_script() -> PathBuf {
