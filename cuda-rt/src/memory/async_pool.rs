@@ -415,6 +415,13 @@ impl MemoryAsyncPool {
             ..Default::default()
         };
         let pool = Self::wrap(result::memory::pool_create(&props)?, device, true);
+        if handles != sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE {
+            // `cuMemPoolExportPointer` shares allocations "from an already shared memory
+            // pool" and refuses others with CUDA_ERROR_INVALID_VALUE: exported once here
+            // (the descriptor closed at once), a pointer can be exported before or
+            // without `export_fd`.
+            drop(pool.export_fd()?);
+        }
         pool.set_limit_from_env()?;
         Ok(pool)
     }
