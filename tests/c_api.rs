@@ -216,6 +216,7 @@ fn null_and_made_up_handles_are_invalid_handles_never_crashes() {
 
 #[test]
 fn dropin_allocators_never_return_null_silently_for_a_nonzero_size() {
+    let _serial = serial();
     // SAFETY: every pointer passed to the shim here is NULL (which the call
     // refuses, the point of the check) or a live local, buffer or string of the
     // type and size wrapper.h names, alive for the call (and, for device or host
@@ -257,6 +258,62 @@ fn dropin_allocators_never_return_null_silently_for_a_nonzero_size() {
             "{}",
             last_error()
         );
+    }
+}
+
+// What the fake CuPy parameter block saw: the exception type and message of the last
+// `set_error`, and whether the stream was read.
+static RAISED: std::sync::Mutex<Vec<(usize, String)>> = std::sync::Mutex::new(Vec::new());
+static STREAM_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe extern "C" fn fake_stream() -> isize {
+    STREAM_READS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    0
+}
+
+unsafe extern "C" fn failing_stream() -> isize {
+    -1
+}
+
+unsafe extern "C" fn fake_set_error(kind: *mut c_void, msg: *const std::ffi::c_char) {
+    // SAFETY: the shim passes a NUL-terminated message alive for the call.
+    let text = unsafe { CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
+    RAISED.lock().unwrap().push((kind as usize, text));
+}
+
+#[test]
+fn cupy_malloc_reads_the_stream_and_raises_through_its_parameter_block() {
+    let _serial = serial();
+    RAISED.lock().unwrap().clear();
+    let mut param = curt_cupy_param_t {
+        current_stream: Some(fake_stream),
+        set_error: Some(fake_set_error),
+        out_of_memory: 0x10 as *mut c_void,
+        error: 0x20 as *mut c_void,
+    };
+    // SAFETY: `param` is a live parameter block whose functions are callable here; the
+    // exception "types" are only passed back to `fake_set_error`.
+    unsafe {
+        let p = (&mut param as *mut curt_cupy_param_t).cast::<c_void>();
+        // Past any device's memory: out of memory with a GPU, no driver without one;
+        // either way NULL with the matching exception set, the stream read first.
+        let huge = curt_cupy_malloc(p, usize::MAX / 4, 0);
+        assert!(huge.is_null());
+        assert_eq!(STREAM_READS.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let raised = RAISED.lock().unwrap().clone();
+        assert_eq!(raised.len(), 1, "{raised:?}");
+        let expected = if curt_is_available() != 0 { 0x10 } else { 0x20 };
+        assert_eq!(raised[0].0, expected, "{raised:?}");
+        assert_eq!(raised[0].1, last_error());
+        // A stream that cannot be read: NULL, CuPy's own error stands (nothing raised
+        // over it).
+        param.current_stream = Some(failing_stream);
+        let p = (&mut param as *mut curt_cupy_param_t).cast::<c_void>();
+        assert!(curt_cupy_malloc(p, 256, 0).is_null());
+        assert!(last_error().contains("current stream"), "{}", last_error());
+        assert_eq!(RAISED.lock().unwrap().len(), 1);
     }
 }
 
@@ -389,6 +446,15 @@ const SAXPY: &CStr =
     if (i < n) y[i] = a * x[i] + y[i];
 }";
 
+/// Taken by the tests that allocate through the shim's process-wide state (the device
+/// allocator `curt_set_allocator` replaces, the drop-in registry whose live count they
+/// read), so that one test's allocations never show up in another's counts.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[track_caller]
 fn ok(rc: i32) {
     assert_eq!(rc, CURT_SUCCESS, "{}", last_error());
@@ -408,6 +474,7 @@ fn to_host(mem: curt_memory_t, n: usize) -> Vec<f32> {
 
 #[test]
 fn gpu_pool_copies_memset_streams_events_and_a_destroyed_handle() {
+    let _serial = serial();
     // SAFETY: every pointer passed to the shim here is NULL (which the call
     // refuses, the point of the check) or a live local, buffer or string of the
     // type and size wrapper.h names, alive for the call (and, for device or host
@@ -499,6 +566,7 @@ fn gpu_pool_copies_memset_streams_events_and_a_destroyed_handle() {
 
 #[test]
 fn gpu_saxpy_compiled_by_nvrtc_launched_and_replayed_from_a_graph() {
+    let _serial = serial();
     // SAFETY: every pointer passed to the shim here is NULL (which the call
     // refuses, the point of the check) or a live local, buffer or string of the
     // type and size wrapper.h names, alive for the call (and, for device or host
@@ -617,6 +685,7 @@ static LIVE: std::sync::Mutex<Vec<(u64, usize)>> = std::sync::Mutex::new(Vec::ne
 
 #[test]
 fn gpu_c_allocator_pair_and_the_torch_and_cupy_entry_points() {
+    let _serial = serial();
     // SAFETY: every pointer passed to the shim here is NULL (which the call
     // refuses, the point of the check) or a live local, buffer or string of the
     // type and size wrapper.h names, alive for the call (and, for device or host
@@ -673,6 +742,7 @@ fn gpu_c_allocator_pair_and_the_torch_and_cupy_entry_points() {
 /// when the memory is freed (the default pool's statistics count it).
 #[test]
 fn gpu_record_stream_through_the_shim_and_the_torch_hook() {
+    let _serial = serial();
     // SAFETY: every pointer passed to the shim here is NULL or a live local of the
     // type wrapper.h names; the streams live until the end, past every free.
     unsafe {
@@ -763,6 +833,7 @@ fn snapshots_come_back_as_json_through_a_sized_buffer() {
 
 #[test]
 fn gpu_dlpack_export_and_import_keep_the_memory_and_call_the_deleter_once() {
+    let _serial = serial();
     // SAFETY: every pointer passed is a live local or a tensor the shim made; each
     // tensor's deleter is called once, by its consumer (this test or the shim).
     unsafe {

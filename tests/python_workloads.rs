@@ -15,6 +15,9 @@ use std::process::Command;
 mod support;
 use support::{python_dir, shim};
 
+/// Held by each test that times a framework.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `tests/python/compare.py`, beside the module's folder in the checkout.
 fn compare_script() -> PathBuf {
     python_dir()
@@ -59,10 +62,13 @@ fn ready(package: &str, gpu_check: &str) -> Option<()> {
     Some(())
 }
 
-/// Runs `compare.py which` (three runs of each allocator, alternating; cuda-rt's
+/// Runs `compare.py which` (five runs of each allocator, alternating; cuda-rt's
 /// median speed at least 0.98 of the framework's on this shared machine, its peak
 /// reserved memory no higher, the results equal) and prints its figures.
 fn compare(which: &str) {
+    // One workload at a time: two timed runs sharing the GPU and the cores would time
+    // each other.
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     assert!(shim().is_file(), "{} was not built", shim().display());
     let out = Command::new("python3")
         .arg(compare_script())

@@ -8,6 +8,14 @@ use cuda_rt::memory::MemoryPool;
 
 const MIB: usize = 1 << 20;
 
+/// Taken by every test here: one of them reads the device's free memory, which the
+/// others' segments would move.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn pattern(n: usize, seed: u32) -> Vec<u32> {
     (0..n as u32)
         .map(|i| i.wrapping_mul(2_654_435_761) ^ seed)
@@ -17,6 +25,7 @@ fn pattern(n: usize, seed: u32) -> Vec<u32> {
 gpu_test!(
     an_expandable_pool_grows_its_segment_in_place_and_keeps_the_data,
     {
+        let _alone = alone();
         cuda_rt::device::set_device_id(0).unwrap();
         let pool = MemoryPool::new();
         pool.set_expandable_segments(true).unwrap();
@@ -61,6 +70,7 @@ gpu_test!(
 gpu_test!(
     an_expandable_pool_unmaps_a_free_tail_and_keeps_the_live_head,
     {
+        let _alone = alone();
         cuda_rt::device::set_device_id(0).unwrap();
         let pool = MemoryPool::new();
         pool.set_expandable_segments(true).unwrap();
@@ -85,6 +95,7 @@ gpu_test!(
 );
 
 gpu_test!(an_expandable_pool_frees_everything_when_it_goes, {
+    let _alone = alone();
     cuda_rt::device::set_device_id(0).unwrap();
     let (free_before, _) = cuda_rt::cuda_sys::result::memory::get_info().unwrap();
     {

@@ -63,16 +63,22 @@ def torch(runs, floor):
             fail(f"{r['mode']}: an allocation past the device's memory: {r['oom']}")
     a, b = native[0]["losses"], ours[0]["losses"]
     diff = max(abs(x - y) for x, y in zip(a, b))
-    sn = statistics.median(r["steps_per_s"] for r in native)
-    so = statistics.median(r["steps_per_s"] for r in ours)
+    # Each run's median window (torch_workload.py), then the median over the runs; the
+    # ratio of each adjacent pair is printed too, as the pairs shared the machine's state.
+    sn = statistics.median(r["window_steps_per_s"] for r in native)
+    so = statistics.median(r["window_steps_per_s"] for r in ours)
+    pairs = [o["window_steps_per_s"] / n["window_steps_per_s"] for n, o in zip(native, ours)]
     pn = max(r["peak_reserved"] for r in native)
     po = max(r["peak_reserved"] for r in ours)
     print(
         f"figure: torch {native[0]['torch']} training loop, {len(a)} steps, final loss {a[-1]:.4f}, "
-        f"losses bitwise equal: {a == b} (max diff {diff:.2e}); steps/s median of {runs}: "
-        f"torch {sn:.2f}, cuda-rt {so:.2f}, ratio {so / sn:.3f} "
-        f"(runs: torch {[round(r['steps_per_s'], 2) for r in native]}, "
-        f"cuda-rt {[round(r['steps_per_s'], 2) for r in ours]}); peak reserved torch "
+        f"losses bitwise equal: {a == b} (max diff {diff:.2e}); steps/s (median window, median "
+        f"of {runs} runs): torch {sn:.2f}, cuda-rt {so:.2f}, ratio {so / sn:.3f}; pair ratios "
+        f"{[round(p, 3) for p in pairs]} (median {statistics.median(pairs):.3f}); "
+        f"(runs: torch {[round(r['window_steps_per_s'], 2) for r in native]}, "
+        f"cuda-rt {[round(r['window_steps_per_s'], 2) for r in ours]}; whole-run steps/s torch "
+        f"{[round(r['steps_per_s'], 2) for r in native]}, cuda-rt "
+        f"{[round(r['steps_per_s'], 2) for r in ours]}); peak reserved torch "
         f"{pn / 2**20:.1f} MiB, cuda-rt {po / 2**20:.1f} MiB, ratio {po / pn:.3f}; "
         f"allocator counters torch {native[0]['allocator']}, cuda-rt {ours[0]['allocator']}; "
         f"graph capture, side stream and out-of-memory: ok (cuda-rt's error: "
@@ -88,9 +94,18 @@ def torch(runs, floor):
 
 def cupy(runs, floor):
     native, ours = [], []
-    for _ in range(runs):
-        native.append(run("cupy_workload.py", "cupy"))
-        ours.append(run("cupy_workload.py", "curt"))
+    for i in range(runs):
+        pair = [("cupy", native), ("curt", ours)]
+        for mode, into in pair if i % 2 == 0 else pair[::-1]:
+            into.append(run("cupy_workload.py", mode))
+    for r in native + ours:
+        sec = r["sections"]
+        if not sec["stream_values_ok"]:
+            fail(f"{r['mode']}: wrong values on a non-blocking stream")
+        if not sec.get("arena_stream_ok", True):
+            fail(f"{r['mode']}: memory allocated under a stream is not on that stream's arena")
+        if sec["oom"] != "ok":
+            fail(f"{r['mode']}: an allocation past the device's memory: {sec['oom']}")
     if native[0]["digests"] != ours[0]["digests"]:
         fail("CuPy's results differ on cuda-rt's pool")
     tn = statistics.median(r["median_round_s"] for r in native)
@@ -101,7 +116,8 @@ def cupy(runs, floor):
         f"figure: cupy {native[0]['cupy']} workload ({len(native[0]['digests'])} results equal): "
         f"round {tn * 1e3:.2f} ms on cupy's pool, {to * 1e3:.2f} ms on cuda-rt's, speed ratio "
         f"{tn / to:.3f}; peak reserved cupy {pn / 2**20:.1f} MiB, cuda-rt {po / 2**20:.1f} MiB, "
-        f"ratio {po / pn:.3f}"
+        f"ratio {po / pn:.3f}; cuda-rt through {ours[0]['allocator']}; stream arena and out-of-memory: ok (cuda-rt's error: "
+        f"{ours[0]['sections']['oom_message']!r})"
     )
     if tn / to < floor:
         fail(f"cuda-rt at {tn / to:.3f}x CuPy's speed")
@@ -111,4 +127,4 @@ def cupy(runs, floor):
 
 if __name__ == "__main__":
     which = sys.argv[1]
-    {"torch": torch, "cupy": cupy}[which](arg("--runs", 3), arg("--speed-floor", 0.98))
+    {"torch": torch, "cupy": cupy}[which](arg("--runs", 5), arg("--speed-floor", 0.98))

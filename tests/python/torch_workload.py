@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+WINDOW = 20
+
 
 def main():
     mode, out = sys.argv[1], sys.argv[2]
@@ -92,14 +94,25 @@ def train(torch, steps, profile):
     for i in range(warmup):
         step(i)
     torch.cuda.synchronize()
+    # Timed in windows of WINDOW steps, each ended by a synchronize: the median window
+    # is what the comparison judges, as a burst of load from elsewhere on the shared
+    # machine slows a window or two, not the run.
+    rates = []
     t0 = time.perf_counter()
-    for i in range(warmup, steps):
-        step(i)
-    torch.cuda.synchronize()
+    start, begun = warmup, t0
+    while start < steps:
+        end = min(start + WINDOW, steps)
+        for i in range(start, end):
+            step(i)
+        torch.cuda.synchronize()
+        now = time.perf_counter()
+        rates.append((end - start) / (now - begun))
+        start, begun = end, now
     elapsed = time.perf_counter() - t0
     out = {
         "losses": [float(v) for v in torch.stack(losses).cpu()],
         "steps_per_s": (steps - warmup) / elapsed,
+        "window_steps_per_s": sorted(rates)[len(rates) // 2],
     }
     if profile:
         from torch.profiler import ProfilerActivity, profile as prof  # noqa: PLC0415
