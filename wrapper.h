@@ -386,8 +386,21 @@ void *curt_dropin_alloc(size_t size, int device, void *stream);
  * is used by `stream` (a cudaStream_t of its device, or 0, alive until the memory is
  * freed): once freed it is reused only after `stream`'s work up to the free. */
 void curt_torch_record_stream(void *ptr, void *stream);
-/* CuPy CFunctionAllocator malloc (`param` unused): on cuda-rt's current stream of
- * `device` (CuPy's current stream is not visible here; CuPy does not check for NULL). */
+/* What curt_cupy_malloc's `param` may point to (python/cuda_rt_alloc.py fills one):
+ * how to read CuPy's current stream and how to raise a Python exception, both called
+ * with the GIL held, as CuPy calls its allocator. */
+typedef struct curt_cupy_param {
+    /* CuPy's C API get_current_stream_ptr: the current cudaStream_t, or -1 with a
+     * Python exception set. NULL: cuda-rt's current stream. */
+    intptr_t (*current_stream)(void);
+    /* PyErr_SetString: sets the exception a failed allocation raises. NULL: none. */
+    void (*set_error)(void *exception_type, const char *message);
+    void *out_of_memory; /* the exception type (PyObject*) for an out-of-memory */
+    void *error;         /* the exception type for any other failure */
+} curt_cupy_param_t;
+/* CuPy CFunctionAllocator malloc: on the arena of CuPy's current stream when `param`
+ * (a curt_cupy_param_t, or NULL) says how to read it, else of cuda-rt's current stream
+ * of `device`. On failure NULL, with the exception of `param` set (CuPy raises it). */
 void *curt_cupy_malloc(void *param, size_t size, int device);
 /* CuPy CFunctionAllocator free. */
 void curt_cupy_free(void *param, void *ptr, int device);

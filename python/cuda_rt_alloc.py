@@ -154,23 +154,77 @@ def install_torch():
     return alloc
 
 
-def install_cupy(fast=False):
+class CupyParam(ctypes.Structure):
+    """``curt_cupy_param_t`` (wrapper.h): what ``curt_cupy_malloc`` calls to read CuPy's
+    current stream and to raise an exception."""
+
+    _fields_ = [
+        ("current_stream", ctypes.c_void_p),
+        ("set_error", ctypes.c_void_p),
+        ("out_of_memory", ctypes.c_void_p),
+        ("error", ctypes.c_void_p),
+    ]
+
+
+def _cupy_current_stream_function(cupy):
+    """The address of CuPy's C API ``get_current_stream_ptr`` (``intptr_t (void)``),
+    or None where this CuPy does not export it."""
+    capi = getattr(cupy.cuda.stream, "__pyx_capi__", {})
+    capsule = capi.get("get_current_stream_ptr")
+    if capsule is None:
+        return None
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    name = get_name(capsule)
+    # Cython names the capsule with the C signature ("intptr_t (void)", an exception
+    # clause possibly after it).
+    if name is None or not name.replace(b" ", b"").startswith(b"intptr_t(void)"):
+        return None
+    return get_pointer(capsule, name)
+
+
+def install_cupy(python=False):
     """Makes cuda-rt's pool CuPy's allocator. Returns the allocator object.
 
-    By default a ``PythonFunctionAllocator`` that passes CuPy's current stream (memory
-    comes from that stream's arena, as with CuPy's own pool) and raises CuPy's
-    ``OutOfMemoryError`` when the pool cannot allocate. ``fast=True`` installs the
-    C entry points directly (``CFunctionAllocator`` with ``curt_cupy_malloc`` /
-    ``curt_cupy_free``): no Python on the allocation path, but CuPy passes no stream
-    (memory is ordered on cuda-rt's current stream, the legacy default stream unless
-    set) and does not check for NULL, so an out-of-memory there is not raised."""
+    CuPy's ``CFunctionAllocator`` with ``curt_cupy_malloc`` / ``curt_cupy_free``: no
+    Python on the allocation path. Memory comes from the arena of CuPy's current stream
+    (read through CuPy's C API, as CuPy's own pool reads it), and a failure raises
+    CuPy's ``OutOfMemoryError`` (or ``CudaRtError``) from the allocation. Where this
+    CuPy does not export its current stream, or with ``python=True``, a
+    ``PythonFunctionAllocator`` that does the same in Python (slower per call)."""
     import cupy  # noqa: PLC0415 (optional dependency)
 
     lib = _library()
-    if fast:
+    current = None if python else _cupy_current_stream_function(cupy)
+    if current is not None:
+
+        # The C side raises with one message (PyErr_SetString): types made from it.
+        class OutOfMemoryError(cupy.cuda.memory.OutOfMemoryError):
+            def __init__(self, message):
+                MemoryError.__init__(self, message)
+
+        class AllocationError(CudaRtError):
+            def __init__(self, message):
+                RuntimeError.__init__(self, f"curt_cupy_malloc failed: {message}")
+                self.code = -1
+
+        param = CupyParam(
+            current,
+            ctypes.cast(ctypes.pythonapi.PyErr_SetString, ctypes.c_void_p).value,
+            id(OutOfMemoryError),
+            id(AllocationError),
+        )
         malloc = ctypes.cast(lib.curt_cupy_malloc, ctypes.c_void_p).value
         free = ctypes.cast(lib.curt_cupy_free, ctypes.c_void_p).value
-        alloc = cupy.cuda.memory.CFunctionAllocator(0, malloc, free, lib)
+        # The owner keeps the parameter block, the library and the exception types
+        # alive as long as CuPy holds the allocator.
+        owner = (param, lib, OutOfMemoryError, AllocationError)
+        alloc = cupy.cuda.memory.CFunctionAllocator(
+            ctypes.addressof(param), malloc, free, owner
+        )
         cupy.cuda.set_allocator(alloc.malloc)
         return alloc
     c_alloc, c_free = lib.curt_dropin_alloc, lib.curt_cupy_free

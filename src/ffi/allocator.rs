@@ -10,7 +10,7 @@
 //! device or stream (`MemoryPool::malloc_on_stream`).
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, PoisonError};
 
@@ -18,7 +18,9 @@ use cuda_rt::memory::{CAllocator, CFreeFn, CMallocFn};
 use cuda_rt::stream::ExternalStream;
 use cuda_rt::{get_default_memory_pool, Allocator, MemoryPointer};
 
-use super::status::{bad_arg, guard, set_last_error, unwind_guard, Fail, Res};
+use super::status::{
+    bad_arg, guard, set_last_error, unwind_guard, Fail, Res, CURT_ERROR_OUT_OF_MEMORY,
+};
 
 /// Makes `malloc(ctx, size, device)` / `free(ctx, ptr, device)` the process-wide
 /// allocator of `curt_alloc`.
@@ -138,14 +140,14 @@ pub unsafe extern "C" fn curt_dropin_live_count(count: *mut usize) -> c_int {
 }
 
 /// Runs an allocation: its pointer, or NULL with the message recorded (and returned).
-fn alloc_or_null(f: impl FnOnce() -> Res<*mut c_void>) -> (*mut c_void, Option<String>) {
+fn alloc_or_null(f: impl FnOnce() -> Res<*mut c_void>) -> (*mut c_void, Option<(c_int, String)>) {
     unwind_guard(
         || match f() {
             Ok(p) => (p, None),
             Err(e) => {
-                let (_, msg) = e.code_and_message();
+                let (code, msg) = e.code_and_message();
                 set_last_error(&msg);
-                (std::ptr::null_mut(), Some(msg))
+                (std::ptr::null_mut(), Some((code, msg)))
             }
         },
         (std::ptr::null_mut(), None),
@@ -207,7 +209,7 @@ pub unsafe extern "C-unwind" fn curt_torch_alloc(
         let size = usize::try_from(size).map_err(|_| bad_arg(format!("negative size {size}")))?;
         pool_alloc(size, device, Some(stream))
     });
-    if let Some(msg) = failure {
+    if let Some((_, msg)) = failure {
         // Outside the unwind guard: in PyTorch this throws (see `torch_error`).
         super::torch_error::raise_in_torch(&msg);
     }
@@ -249,22 +251,70 @@ pub unsafe extern "C" fn curt_dropin_alloc(
     alloc_or_null(|| pool_alloc(size, device, Some(stream))).0
 }
 
-/// CuPy's `CFunctionAllocator` malloc: `size` bytes from cuda-rt's pool for `device`
-/// on this thread's current stream of that device.
+/// What `curt_cupy_malloc`'s `param` points to (`curt_cupy_param_t` in wrapper.h):
+/// how to read CuPy's current stream and how to raise a Python exception, both called
+/// with the GIL held, as CuPy's `CFunctionAllocator` calls the malloc.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct curt_cupy_param_t {
+    /// CuPy's `get_current_stream_ptr` (its C API): the current `cudaStream_t`, or -1
+    /// with a Python exception set. NULL: cuda-rt's current stream.
+    pub current_stream: Option<unsafe extern "C" fn() -> isize>,
+    /// `PyErr_SetString`: sets the exception a failed allocation raises. NULL: none.
+    pub set_error: Option<unsafe extern "C" fn(*mut c_void, *const c_char)>,
+    /// The exception type (a `PyObject*`) raised when the pool is out of memory.
+    pub out_of_memory: *mut c_void,
+    /// The exception type raised on any other failure.
+    pub error: *mut c_void,
+}
+
+/// CuPy's `CFunctionAllocator` malloc: `size` bytes from cuda-rt's pool for `device`,
+/// on the arena of CuPy's current stream when `param` (a `curt_cupy_param_t`) says how
+/// to read it, else of cuda-rt's current stream. A failure sets the Python exception
+/// `param` names (CuPy raises it: its `CFunctionAllocator` checks for one) and returns
+/// NULL, with the message in `curt_last_error()`.
 ///
 /// # Safety
-/// Each pointer argument is NULL (refused with an error where the function needs
-/// it) or valid for what `wrapper.h` says the function does with it, for the
-/// duration of the call (and, for memory a copy or callback uses later, as long as
-/// `wrapper.h` says); function pointers are callable with the arguments given.
+/// `param` is NULL or points to a `curt_cupy_param_t` whose functions may be called on
+/// this thread now (CuPy holds the GIL while it calls this) and whose exception types
+/// are live Python types; a stream it reports is a live stream of `device`, alive until
+/// the memory is freed.
 #[no_mangle]
 pub unsafe extern "C" fn curt_cupy_malloc(
     param: *mut c_void,
     size: usize,
     device: c_int,
 ) -> *mut c_void {
-    let _ = param;
-    alloc_or_null(|| pool_alloc(size, device, None)).0
+    // SAFETY: NULL or a live `curt_cupy_param_t` (the caller's contract).
+    let param = unsafe { param.cast::<curt_cupy_param_t>().as_ref() };
+    let stream = match param.and_then(|p| p.current_stream) {
+        // SAFETY: callable now (the caller's contract); it takes no argument.
+        Some(current) => match unsafe { current() } {
+            // CuPy's error is set: CuPy raises it once this returns.
+            -1 => {
+                set_last_error("CuPy's current stream could not be read");
+                return std::ptr::null_mut();
+            }
+            s => Some(s as *mut c_void),
+        },
+        None => None,
+    };
+    let (p, failure) = alloc_or_null(|| pool_alloc(size, device, stream));
+    if let (Some((code, msg)), Some(param)) = (failure, param) {
+        let kind = if code == CURT_ERROR_OUT_OF_MEMORY {
+            param.out_of_memory
+        } else {
+            param.error
+        };
+        if let (Some(set), false) = (param.set_error, kind.is_null()) {
+            // A message with a NUL inside (none is made so) would be cut there.
+            let text = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+            // SAFETY: `set` and `kind` are live (the caller's contract); `text` is a
+            // NUL-terminated string alive for the call (Python copies it).
+            unsafe { set(kind, text.as_ptr()) };
+        }
+    }
+    p
 }
 
 /// CuPy's `CFunctionAllocator` free.

@@ -20,7 +20,9 @@ def main():
     if mode == "curt":
         import cuda_rt_alloc  # noqa: PLC0415
 
-        cuda_rt_alloc.install_cupy()
+        allocator = type(cuda_rt_alloc.install_cupy()).__name__
+    else:
+        allocator = "MemoryPool"
     import cupy as cp  # noqa: PLC0415
 
     digests = []
@@ -60,6 +62,7 @@ def main():
         cp.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)
     times.sort()
+    sections = streams_and_oom(cp, mode)
     if mode == "curt":
         import cuda_rt_alloc  # noqa: PLC0415
 
@@ -76,9 +79,44 @@ def main():
                 "digests": digests,
                 "median_round_s": times[len(times) // 2],
                 "peak_reserved": peak,
+                "sections": sections,
+                "allocator": allocator,
             },
             f,
         )
+
+
+def streams_and_oom(cp, mode):
+    """Work on a non-blocking stream (on cuda-rt, its memory comes from that stream's
+    arena, as CuPy's pool keys its free lists by stream) and an allocation past the
+    device's memory, which must raise CuPy's OutOfMemoryError."""
+    out = {}
+    st = cp.cuda.Stream(non_blocking=True)
+    with st:
+        x = cp.ones(1 << 20, dtype=cp.float32)
+        total = (x * 2).sum()
+    st.synchronize()
+    out["stream_values_ok"] = float(total) == float(2 << 20)
+    if mode == "curt":
+        import cuda_rt_alloc  # noqa: PLC0415
+
+        ptr = x.data.ptr
+        segs = [
+            s
+            for s in cuda_rt_alloc.snapshot(0)["segments"]
+            if s["address"] <= ptr < s["address"] + s["total_size"]
+        ]
+        out["arena_stream_ok"] = len(segs) == 1 and segs[0]["stream"] == st.ptr
+    del x, total
+    try:
+        cp.empty(1 << 52, dtype=cp.uint8)
+        out["oom"] = "no error raised"
+    except cp.cuda.memory.OutOfMemoryError as e:
+        out["oom"] = "ok"
+        out["oom_message"] = str(e)
+    except Exception as e:  # noqa: BLE001 (the verdict names what was raised)
+        out["oom"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def digest(cp, arrays):
