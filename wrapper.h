@@ -400,7 +400,8 @@ typedef struct curt_cupy_param {
 } curt_cupy_param_t;
 /* CuPy CFunctionAllocator malloc: on the arena of CuPy's current stream when `param`
  * (a curt_cupy_param_t, or NULL) says how to read it, else of cuda-rt's current stream
- * of `device`. On failure NULL, with the exception of `param` set (CuPy raises it). */
+ * of `device`. On failure the exception of `param` is set and (void*)-1 returned, the
+ * value after which CuPy's Cython code raises it (NULL where none was set). */
 void *curt_cupy_malloc(void *param, size_t size, int device);
 /* CuPy CFunctionAllocator free. */
 void curt_cupy_free(void *param, void *ptr, int device);

@@ -298,20 +298,21 @@ fn cupy_malloc_reads_the_stream_and_raises_through_its_parameter_block() {
     unsafe {
         let p = (&mut param as *mut curt_cupy_param_t).cast::<c_void>();
         // Past any device's memory: out of memory with a GPU, no driver without one;
-        // either way NULL with the matching exception set, the stream read first.
+        // either way the matching exception set, the stream read first.
         let huge = curt_cupy_malloc(p, usize::MAX / 4, 0);
-        assert!(huge.is_null());
+        // -1: the value after which CuPy's Cython code raises the exception set.
+        assert_eq!(huge as usize, usize::MAX);
         assert_eq!(STREAM_READS.load(std::sync::atomic::Ordering::SeqCst), 1);
         let raised = RAISED.lock().unwrap().clone();
         assert_eq!(raised.len(), 1, "{raised:?}");
         let expected = if curt_is_available() != 0 { 0x10 } else { 0x20 };
         assert_eq!(raised[0].0, expected, "{raised:?}");
         assert_eq!(raised[0].1, last_error());
-        // A stream that cannot be read: NULL, CuPy's own error stands (nothing raised
-        // over it).
+        // A stream that cannot be read: CuPy's own error stands (nothing raised over
+        // it).
         param.current_stream = Some(failing_stream);
         let p = (&mut param as *mut curt_cupy_param_t).cast::<c_void>();
-        assert!(curt_cupy_malloc(p, 256, 0).is_null());
+        assert_eq!(curt_cupy_malloc(p, 256, 0) as usize, usize::MAX);
         assert!(last_error().contains("current stream"), "{}", last_error());
         assert_eq!(RAISED.lock().unwrap().len(), 1);
     }

@@ -271,8 +271,9 @@ pub struct curt_cupy_param_t {
 /// CuPy's `CFunctionAllocator` malloc: `size` bytes from cuda-rt's pool for `device`,
 /// on the arena of CuPy's current stream when `param` (a `curt_cupy_param_t`) says how
 /// to read it, else of cuda-rt's current stream. A failure sets the Python exception
-/// `param` names (CuPy raises it: its `CFunctionAllocator` checks for one) and returns
-/// NULL, with the message in `curt_last_error()`.
+/// `param` names and returns `(void*)-1`, the value after which CuPy's Cython code
+/// raises it (NULL where no exception was set), with the message in
+/// `curt_last_error()`.
 ///
 /// # Safety
 /// `param` is NULL or points to a `curt_cupy_param_t` whose functions may be called on
@@ -293,7 +294,7 @@ pub unsafe extern "C" fn curt_cupy_malloc(
             // CuPy's error is set: CuPy raises it once this returns.
             -1 => {
                 set_last_error("CuPy's current stream could not be read");
-                return std::ptr::null_mut();
+                return CUPY_RAISE;
             }
             s => Some(s as *mut c_void),
         },
@@ -312,10 +313,17 @@ pub unsafe extern "C" fn curt_cupy_malloc(
             // SAFETY: `set` and `kind` are live (the caller's contract); `text` is a
             // NUL-terminated string alive for the call (Python copies it).
             unsafe { set(kind, text.as_ptr()) };
+            return CUPY_RAISE;
         }
     }
     p
 }
+
+/// What `curt_cupy_malloc` returns once it has set a Python exception: CuPy's Cython
+/// `_call_malloc` is `except? -1` (Cython 3's default), so it looks for an exception
+/// only when the result is -1; NULL with an exception set would surface as a
+/// `SystemError` instead.
+const CUPY_RAISE: *mut c_void = usize::MAX as *mut c_void;
 
 /// CuPy's `CFunctionAllocator` free.
 ///
