@@ -207,8 +207,10 @@ gpu_test!(a_device_buffer_dropped_under_a_copy_is_not_reused, {
     let others: Vec<_> = (0..4)
         .map(|i| DeviceBuffer::from_slice(&pattern(n, 10 + i)).unwrap())
         .collect();
+    // Judged when the gate held the copy back through the allocations (it times out
+    // after 5 s, e.g. while another test's cuMemFreeHost waits for the whole device).
     assert!(
-        !in_flight || others.iter().all(|o| o.device_ptr() != addr),
+        !(in_flight && gate.held()) || others.iter().all(|o| o.device_ptr() != addr),
         "memory under a copy was reused"
     );
     gate.open();
@@ -235,13 +237,17 @@ gpu_test!(a_pinned_buffer_dropped_under_a_copy_is_not_reused, {
     let others: Vec<_> = (0..4)
         .map(|i| PinnedBuffer::from_slice(&pattern(n, 20 + i)).unwrap())
         .collect();
-    if in_flight {
+    // Judged when the gate held the copy back through the allocations (it times out
+    // after 5 s, e.g. while another test's cuMemFreeHost waits for the whole device).
+    if in_flight && gate.held() {
         assert!(
             others.iter().all(|o| o.host_ptr() != addr),
             "pinned memory under a copy was reused"
         );
     } else {
-        eprintln!("the copy finished before the drop (sanitizer?): reuse not judged");
+        eprintln!(
+            "the copy could finish before the allocations (the gate timed out): reuse not judged"
+        );
     }
     gate.open();
     stream.synchronize().unwrap();

@@ -100,19 +100,31 @@ pub fn pattern(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// A gate that holds a stream at a host function until opened: work queued after
-/// it stays pending.
+/// A gate that holds a stream at a host function until opened (or for 5 s, so that a
+/// failing test cannot hang the device): work queued after it stays pending.
 pub struct Gate {
     tx: Option<std::sync::mpsc::Sender<()>>,
-    rx: Box<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
+    state: Box<GateState>,
+}
+
+/// What the host function reads: the receiver it waits on, and whether it gave up.
+struct GateState {
+    rx: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    timed_out: std::sync::atomic::AtomicBool,
 }
 
 extern "C" fn gate_fn(p: *mut std::ffi::c_void) {
-    // SAFETY: `p` points to the gate's boxed receiver, alive until the stream is
+    // SAFETY: `p` points to the gate's boxed state, alive until the stream is
     // synchronized after the gate opens (Gate::drop waits for that).
-    let rx = unsafe { &*(p as *const std::sync::Mutex<std::sync::mpsc::Receiver<()>>) };
-    if let Ok(rx) = rx.lock() {
-        let _ = rx.recv_timeout(std::time::Duration::from_secs(5));
+    let state = unsafe { &*(p as *const GateState) };
+    if let Ok(rx) = state.rx.lock() {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            rx.recv_timeout(std::time::Duration::from_secs(5))
+        {
+            state
+                .timed_out
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 }
 
@@ -122,16 +134,32 @@ impl Gate {
         let (tx, rx) = std::sync::mpsc::channel();
         let g = Gate {
             tx: Some(tx),
-            rx: Box::new(std::sync::Mutex::new(rx)),
+            state: Box::new(GateState {
+                rx: std::sync::Mutex::new(rx),
+                timed_out: std::sync::atomic::AtomicBool::new(false),
+            }),
         };
         let api = sys::api().unwrap();
-        let p = &*g.rx as *const _ as *mut std::ffi::c_void;
+        let p = &*g.state as *const GateState as *mut std::ffi::c_void;
         // SAFETY: `p` stays valid until the host function has run (see gate_fn).
         check(
             unsafe { api.cuLaunchHostFunc().unwrap()(stream, Some(gate_fn), p) },
             "cuLaunchHostFunc",
         );
         g
+    }
+
+    /// Whether the gate has held its stream until now (not opened, not timed out):
+    /// work queued after it has not run. A test judging "still in flight" asks this
+    /// after its checks (another thread's call that waits for the whole device, such
+    /// as `cuMemFreeHost`, can stall a test until the gate times out).
+    #[allow(dead_code)]
+    pub fn held(&self) -> bool {
+        self.tx.is_some()
+            && !self
+                .state
+                .timed_out
+                .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// A sender that opens the gate from another thread.
