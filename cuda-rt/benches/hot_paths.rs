@@ -4,7 +4,7 @@
 //! pairs, event create + drop pairs (the event cache) and pinned pool malloc + free pairs;
 //! `lock` times an uncontended lock + unlock (a compare-exchange and a release store),
 //! the host's cost of one locked instruction, with no driver at all.
-//! `cargo bench -p cuda-rt --bench hot_paths -- [async|raw|pool|event|pinned|lock] N`
+//! `cargo bench -p cuda-rt --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|lock] N`
 //! times it; for instruction counts run the binary that `cargo bench --no-run` names
 //! under `valgrind --tool=callgrind` with the same arguments. Prints one figure (the
 //! shared reporter of `common`: a JSON line, then a table), named after the path;
@@ -77,6 +77,19 @@ fn main() {
         }
         "pool" => {
             // The default pool, as benches/pool.rs measures it.
+            let pool = cuda_rt::memory::get_default_memory_pool();
+            drop(pool.malloc(1 << 20).unwrap());
+            for _ in 0..n {
+                let p = pool.malloc(black_box(1 << 20)).unwrap();
+                drop(black_box(p));
+            }
+        }
+        "pool_history" => {
+            // The same with allocation history recorded (a `HistoryHook` registered on
+            // this thread): what recording costs when on; off, no hook is registered.
+            let hook = cuda_rt::memory::history::HistoryHook::new(4096);
+            let _guard =
+                cuda_rt::memory::hook::register_hook("history", std::rc::Rc::new(hook)).unwrap();
             let pool = cuda_rt::memory::get_default_memory_pool();
             drop(pool.malloc(1 << 20).unwrap());
             for _ in 0..n {
