@@ -114,7 +114,7 @@ pub(super) struct ArenaCounters {
 }
 
 /// A segment's address and its chunks as `(address, size, in use)`.
-pub(super) type SegmentChunks = (u64, Vec<(u64, u64, bool)>);
+pub(super) type SegmentChunks = (u64, bool, Vec<(u64, u64, bool)>);
 
 /// The chunks of one arena.
 #[derive(Debug)]
@@ -658,9 +658,9 @@ impl Bins {
                 blocks.push((b.addr, b.size, b.state != State::Free));
                 j = b.next;
             }
-            out.push((c.addr, blocks));
+            out.push((c.addr, self.is_segment_head(i as u32), blocks));
         }
-        out.sort_unstable_by_key(|(a, _)| *a);
+        out.sort_unstable_by_key(|(a, _, _)| *a);
         out
     }
 

@@ -31,8 +31,12 @@ pub struct SegmentSnapshot {
     pub stream: u64,
     /// Its address.
     pub address: u64,
-    /// Its size in bytes: the sum of its blocks.
+    /// Its size in bytes: the sum of its blocks (for an expandable segment, what is
+    /// mapped now).
     pub total_size: u64,
+    /// An expandable segment (grown in place, see
+    /// [`Pool::set_expandable_segments`](super::Pool::set_expandable_segments)).
+    pub expandable: bool,
     /// Its blocks in address order.
     pub blocks: Vec<BlockSnapshot>,
 }
@@ -97,9 +101,9 @@ impl PoolSnapshot {
                 "{{\"device\": {device}, \"address\": {}, \"total_size\": {}, \
                  \"allocated_size\": {allocated}, \"active_size\": {allocated}, \
                  \"requested_size\": {allocated}, \"stream\": {}, \"segment_type\": \"{kind}\", \
-                 \"segment_pool_id\": [0, 0], \"is_expandable\": false, \"frames\": [], \
+                 \"segment_pool_id\": [0, 0], \"is_expandable\": {}, \"frames\": [], \
                  \"blocks\": [",
-                s.address, s.total_size, s.stream
+                s.address, s.total_size, s.stream, s.expandable
             );
             for (j, b) in s.blocks.iter().enumerate() {
                 if j > 0 {
@@ -135,7 +139,7 @@ impl<B: Backend> Pool<B> {
         for arena in self.arenas.iter() {
             let key = arena.key;
             let pending = arena.awaiting_addresses();
-            for (address, chunks) in arena.lock_unchanged().segments() {
+            for (address, expandable, chunks) in arena.lock_unchanged().segments() {
                 let blocks: Vec<BlockSnapshot> = chunks
                     .into_iter()
                     .map(|(address, size, in_use)| BlockSnapshot {
@@ -149,6 +153,7 @@ impl<B: Backend> Pool<B> {
                     stream: key,
                     address,
                     total_size: blocks.iter().map(|b| b.size).sum(),
+                    expandable,
                     blocks,
                 });
             }
@@ -216,10 +221,38 @@ mod tests {
         let opens = j.matches(['{', '[']).count();
         let closes = j.matches(['}', ']']).count();
         assert_eq!(opens, closes, "{j}");
+        assert!(j.contains("\"is_expandable\": false"), "{j}");
         pool.free(a).unwrap();
         assert_eq!(
             Pool::new(FakeBackend::checked()).snapshot().to_json(),
             "{\"segments\": [], \"device_traces\": [[]]}"
         );
+    }
+
+    #[test]
+    fn expandable_segments_say_so_and_plain_ones_do_not() {
+        use super::super::backend::SegmentSpec;
+        let backend = std::sync::Arc::new(FakeBackend::checked().with_segments(SegmentSpec {
+            granularity: 2 << 20,
+            reserve: 1 << 30,
+        }));
+        let pool = Pool::new(backend);
+        let plain = pool.malloc(3 << 20, 0).unwrap();
+        pool.set_expandable_segments(true);
+        let grown = pool.malloc(3 << 20, 0).unwrap();
+        let snap = pool.snapshot();
+        let kind = |addr: u64| {
+            snap.segments
+                .iter()
+                .find(|s| s.address <= addr && addr < s.address + s.total_size)
+                .map(|s| s.expandable)
+        };
+        assert_eq!(kind(plain.addr()), Some(false), "{snap:?}");
+        assert_eq!(kind(grown.addr()), Some(true), "{snap:?}");
+        let j = snap.to_json();
+        assert!(j.contains("\"is_expandable\": true"), "{j}");
+        assert!(j.contains("\"is_expandable\": false"), "{j}");
+        pool.free(plain).unwrap();
+        pool.free(grown).unwrap();
     }
 }
