@@ -62,7 +62,6 @@ def main():
         cp.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)
     times.sort()
-    sections = streams_and_oom(cp, mode)
     if mode == "curt":
         import cuda_rt_alloc  # noqa: PLC0415
 
@@ -71,6 +70,9 @@ def main():
         # CuPy's pool keeps what it reserved until free_all_blocks: its total now is
         # its peak.
         peak = cp.get_default_memory_pool().total_bytes()
+    # After the peak is read: CuPy's pool gives back everything it cached when an
+    # allocation fails.
+    sections = streams_and_oom(cp, mode)
     with open(out, "w") as f:
         json.dump(
             {
