@@ -47,13 +47,19 @@ def fail(why):
     sys.exit(1)
 
 
-def torch(runs, floor):
+def alternate(script, native_mode, runs):
+    """`runs` runs of `script` on each allocator, one pair at a time, alternating which
+    goes first so neither always follows the other: (native results, cuda-rt's)."""
     native, ours = [], []
     for i in range(runs):
-        # Alternating which goes first, so neither always follows the other.
-        pair = [("torch", native), ("curt", ours)]
+        pair = [(native_mode, native), ("curt", ours)]
         for mode, into in pair if i % 2 == 0 else pair[::-1]:
-            into.append(run("torch_workload.py", mode))
+            into.append(run(script, mode))
+    return native, ours
+
+
+def torch(runs, floor):
+    native, ours = alternate("torch_workload.py", "torch", runs)
     for r in native + ours:
         if not r["side_stream"]["ok"]:
             fail(f"{r['mode']}: the side-stream section computed wrong values")
@@ -93,11 +99,7 @@ def torch(runs, floor):
 
 
 def cupy(runs, floor):
-    native, ours = [], []
-    for i in range(runs):
-        pair = [("cupy", native), ("curt", ours)]
-        for mode, into in pair if i % 2 == 0 else pair[::-1]:
-            into.append(run("cupy_workload.py", mode))
+    native, ours = alternate("cupy_workload.py", "cupy", runs)
     for r in native + ours:
         sec = r["sections"]
         if not sec["stream_values_ok"]:

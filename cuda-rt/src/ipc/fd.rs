@@ -17,6 +17,26 @@ fn io_error(what: &str, e: io::Error) -> Error {
     Error::invalid_state(crate::error::StateKind::Other, format!("{what}: {e}"))
 }
 
+/// Room in a control buffer for one descriptor: `CMSG_SPACE(sizeof(int))` bytes, as
+/// `u64`s so that the buffer is aligned for `cmsghdr`.
+fn control_for_one_fd() -> Vec<u64> {
+    // SAFETY: CMSG_SPACE is a pure computation on its argument.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    vec![0u64; space.div_ceil(8)]
+}
+
+/// A message header over one payload buffer (`iov`) and a control buffer from
+/// [`control_for_one_fd`]; it points into both, which must outlive its use.
+fn message(iov: &mut libc::iovec, control: &mut [u64]) -> libc::msghdr {
+    // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths); filled below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(control) as _;
+    msg
+}
+
 /// Sends `fd` and `payload` (at most [`MAX_FD_PAYLOAD`] bytes, at least one) over
 /// `socket` in one message; the other end gets its own descriptor for the same open
 /// file with [`recv_fd`]. `fd` stays the caller's.
@@ -35,18 +55,10 @@ pub fn send_fd(socket: &UnixStream, fd: BorrowedFd<'_>, payload: &[u8]) -> Resul
         iov_base: payload.as_ptr() as *mut libc::c_void,
         iov_len: payload.len(),
     };
-    // SAFETY: CMSG_SPACE is a pure computation on its argument.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
-    // u64 elements: the control buffer must be aligned for `cmsghdr`.
-    let mut control = vec![0u64; space.div_ceil(8)];
-    // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths); filled below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: `msg` points at a control buffer of CMSG_SPACE(sizeof(int)) bytes, so the
-    // first header and its int-sized data lie inside it.
+    let mut control = control_for_one_fd();
+    let msg = message(&mut iov, &mut control);
+    // SAFETY: `msg` points at a control buffer of at least CMSG_SPACE(sizeof(int))
+    // bytes, so the first header and its int-sized data lie inside it.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
@@ -78,15 +90,8 @@ pub fn recv_fd(socket: &UnixStream) -> Result<(OwnedFd, Vec<u8>)> {
         iov_base: payload.as_mut_ptr().cast(),
         iov_len: payload.len(),
     };
-    // SAFETY: a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    // SAFETY: an all-zero msghdr is valid; filled below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let mut control = control_for_one_fd();
+    let mut msg = message(&mut iov, &mut control);
     // SAFETY: `msg` points at live buffers of the lengths it states; MSG_CMSG_CLOEXEC
     // marks the received descriptor close-on-exec.
     let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
