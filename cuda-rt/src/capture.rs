@@ -34,17 +34,18 @@
 
 use std::any::Any;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::ThreadId;
 
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::make_current;
-use crate::error::{explain_capture, CaptureKind, Error, Result};
+use crate::error::{explain_capture, CaptureKind, Error, Result, StateKind};
 use crate::stream::{
     current_stream_of, get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE,
+    PER_THREAD_DEFAULT_HANDLE,
 };
 
 pub(crate) mod fork_join;
@@ -116,6 +117,15 @@ struct Entry {
 }
 
 impl Entry {
+    /// Whether this is the capture begun on stream `handle` of `device` as this
+    /// thread names it: the per-thread default stream has one handle on every thread
+    /// but is a different stream on each, so its captures are told apart by thread.
+    fn began_on(&self, handle: usize, device: i32) -> bool {
+        self.stream == handle
+            && self.device == device
+            && (handle != PER_THREAD_DEFAULT_HANDLE || self.thread == std::thread::current().id())
+    }
+
     /// Whether `ptr` is in one of the capture's own allocations.
     fn allocated(&self, ptr: u64) -> bool {
         self.allocs.iter().any(|a| a.contains(ptr))
@@ -150,6 +160,12 @@ impl Captures {
 
 /// How many captures begun through cuda-rt are under way in the process.
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+/// Held shared by every cuda-rt operation that enqueues work on memory, from before
+/// the enqueue until its use is noted ([`enqueue_using`]), and exclusively by
+/// [`begin`] and [`end`] around the driver's begin and end of a capture and the
+/// update of the record: so an operation is either captured and noted in its
+/// capture's record, or not captured at all, never captured unnoted.
+static TRANSITION: RwLock<()> = RwLock::new(());
 /// Those captures.
 static CAPTURES: Mutex<Captures> = Mutex::new(Captures {
     entries: Vec::new(),
@@ -213,6 +229,7 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
         ));
     }
     make_current(s.device_id())?;
+    let _no_enqueue = TRANSITION.write().unwrap_or_else(|e| e.into_inner());
     // SAFETY (the three calls below): the stream is live while `s` is borrowed
     // (`AsStream`), not the legacy default stream (refused above), and its context was
     // made current above.
@@ -243,6 +260,7 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
     let stale = take_entry(handle, s.device_id());
     captures().entries.push(entry);
     ACTIVE.fetch_add(1, Ordering::Relaxed);
+    drop(_no_enqueue);
     finish(stale);
     Ok(())
 }
@@ -254,7 +272,7 @@ impl Captures {
         let i = self
             .entries
             .iter()
-            .position(|e| e.stream == handle && e.device == device)?;
+            .position(|e| e.began_on(handle, device))?;
         let entry = self.entries.remove(i);
         ACTIVE.fetch_sub(1, Ordering::Relaxed);
         Some(entry)
@@ -311,12 +329,9 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S) -> Result<Ended> {
     // record gone. The failed graph, if any, is destroyed after: its user objects'
     // destructors run outside the lock.
     let (ended, entry) = {
+        let _no_enqueue = TRANSITION.write().unwrap_or_else(|e| e.into_inner());
         let mut c = captures();
-        if let Some(e) = c
-            .entries
-            .iter()
-            .find(|e| e.stream == handle && e.device == s.device_id())
-        {
+        if let Some(e) = c.entries.iter().find(|e| e.began_on(handle, s.device_id())) {
             // SAFETY: `s` is the live origin of this capture, which is under way (its
             // status was asked above, and only `end` removes the record, under this
             // lock); the noted nodes were captured into it.
@@ -436,41 +451,62 @@ pub(crate) fn keep_for_graph<M: Keepable + ?Sized>(mem: &M) {
     }
 }
 
-/// Notes that work enqueued on `s` reads or writes the memory objects `mems`: while
-/// `s` is in a capture cuda-rt began, that capture's graph keeps them alive (once
-/// each), so no pool reuses them while the graph can run, whichever thread drops
-/// their last pointer. The capture's own allocations are left alone (their drop
-/// frees them inside the graph). One relaxed atomic load while no capture is active.
+/// Runs `enqueue`, which queues work on `s` that reads or writes the memory objects
+/// `mems`, and notes that use where a capture takes it: while `s` is in a capture
+/// cuda-rt began, that capture's graph keeps them alive (once each), so no pool
+/// reuses them while the graph can run, whichever thread drops their last pointer;
+/// the capture's own allocations remember the node of the use instead, so that
+/// their free inside the graph depends on it (see [`AllocState`]). Returns what
+/// `enqueue` returned and whether a capture took the use (`false`: the work was not
+/// captured, and the caller records the use for the memory's free).
 ///
-/// cuda-rt's memory operations that enqueue work on a stream call it (the
-/// asynchronous device copies and memsets of [`MemoryPointer`]).
-///
-/// [`MemoryPointer`]: crate::memory::MemoryPointer
+/// The enqueue and the note happen under [`TRANSITION`], which [`begin`] and [`end`]
+/// hold exclusively: an operation is never captured without being noted. While no
+/// capture is active that costs a shared lock and one relaxed atomic load.
 #[inline]
-pub(crate) fn note_use<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> Result<()> {
+pub(crate) fn enqueue_using<S: AsStream + ?Sized, M: Keepable, R>(
+    s: &S,
+    mems: &[&M],
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<(R, bool)> {
+    let _steady = TRANSITION.read().unwrap_or_else(|e| e.into_inner());
+    let r = enqueue()?;
     if !any_capture_active() {
-        return Ok(());
+        return Ok((r, false));
     }
-    note_use_slow(s, mems)
+    Ok((r, note_use_slow(s, mems)))
 }
 
+/// [`enqueue_using`]'s note while some capture is active: `true` when `s` captures
+/// (into a capture cuda-rt began, or any other: then nothing can be noted, and an
+/// event recorded on it for a free would say nothing, see `memory::uses`).
 #[cold]
-fn note_use_slow<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> Result<()> {
+fn note_use_slow<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> bool {
     // Asked under the lock: the capture cannot end between the answer and the note.
     let mut c = captures();
-    let (status, _) = info(s)?;
-    let CaptureStatus::Active { id } = status else {
-        return Ok(());
+    let id = match info(s) {
+        Ok((CaptureStatus::Active { id }, _)) => id,
+        Ok((CaptureStatus::None, _)) => return false,
+        // Invalidated, or the driver cannot say: the work may sit in a graph.
+        _ => return true,
     };
     let Some(e) = c
         .entries
         .iter_mut()
         .find(|e| e.id == id && e.device == s.device_id())
     else {
-        return Ok(());
+        return true;
     };
     for &m in mems {
-        if m.size() == 0 || e.allocated(m.ptr()) {
+        if m.size() == 0 {
+            continue;
+        }
+        if let Some(a) = e.allocs.iter().find(|a| a.contains(m.ptr())) {
+            // SAFETY: the stream is live while `s` is borrowed and captures (asked
+            // above, under the lock that `end` takes to end it).
+            if let Ok(nodes) = unsafe { result::stream::get_capture_dependencies(s.as_raw()) } {
+                a.used_by(s.as_raw() as usize, nodes);
+            }
             continue;
         }
         // The address of a kept object is unique while the entry keeps it.
@@ -478,7 +514,7 @@ fn note_use_slow<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> Resul
             e.keep.push(m.keep());
         }
     }
-    Ok(())
+    true
 }
 
 /// Adds `obj` to the keep-alive list of the capture `s` belongs to; `false` when `s`
@@ -554,9 +590,11 @@ pub(crate) struct AllocState {
     /// Its device.
     pub(crate) device: i32,
     phase: Mutex<Phase>,
-    /// Set with the phase's move to `Abandoned`, so that `size` (asked on every
-    /// bounds check, possibly under other locks) reads it without taking `phase`.
-    abandoned: AtomicBool,
+    /// The nodes of the captured work that used the block, the latest per stream (as
+    /// addresses): its free inside the graph depends on all of them, so that a use
+    /// on a forked stream, not joined yet, is never raced by the memory's next owner
+    /// in the graph.
+    uses: Mutex<Vec<(usize, Vec<usize>)>>,
 }
 
 impl AllocState {
@@ -573,13 +611,70 @@ impl AllocState {
             size,
             device,
             phase: Mutex::new(Phase::Capturing { stream, id }),
-            abandoned: AtomicBool::new(false),
+            uses: Mutex::new(Vec::new()),
         }
     }
 
-    /// Whether its capture ended in error (the block died with it).
-    pub(crate) fn is_abandoned(&self) -> bool {
-        self.abandoned.load(Ordering::Acquire)
+    /// Whether work on `stream` (`None`: synchronous) may use the block now: during
+    /// its capture, work on a stream of that capture; after it, once a launch of its
+    /// graph allocated the block; never once its capture failed or its graph went
+    /// without a launch (the address may belong to another graph's memory then).
+    pub(crate) fn check_use(&self, stream: Option<&StreamRef>) -> Result<()> {
+        let id = match &*self.phase() {
+            Phase::Capturing { id, .. } => *id,
+            Phase::GraphOwned(rec) if rec.with_last(|_| ()).is_some() => return Ok(()),
+            Phase::GraphOwned(_) => {
+                return Err(self.gone(
+                    "is not allocated outside its graph yet: only work captured into the \
+                     graph may use it until the graph's first launch",
+                ))
+            }
+            Phase::Abandoned | Phase::FreedInGraph => {
+                return Err(self.gone(
+                    "was never allocated: its capture failed, or its graph was dropped or \
+                     failed to instantiate before any launch; its address may belong to \
+                     another graph's memory",
+                ))
+            }
+        };
+        if let Some(s) = stream {
+            if matches!(info(s), Ok((CaptureStatus::Active { id: now }, _)) if now == id) {
+                return Ok(());
+            }
+        }
+        Err(self.gone(
+            "was made during a capture that is still under way: only work queued on a \
+             stream of that capture may use it until the graph's first launch",
+        ))
+    }
+
+    fn gone(&self, why: &str) -> Error {
+        Error::invalid_state(
+            StateKind::GraphMemoryGone,
+            format!(
+                "the graph allocation at {:#x} ({} bytes) {why}",
+                self.ptr, self.size
+            ),
+        )
+    }
+
+    /// Notes the frontier `nodes` of `stream` just after captured work used the block.
+    fn used_by(&self, stream: usize, nodes: Vec<sys::CUgraphNode>) {
+        let nodes: Vec<usize> = nodes.into_iter().map(|n| n as usize).collect();
+        let mut u = self.uses.lock().unwrap_or_else(|e| e.into_inner());
+        match u.iter_mut().find(|(s, _)| *s == stream) {
+            Some((_, n)) => *n = nodes,
+            None => u.push((stream, nodes)),
+        }
+    }
+
+    /// Its graph goes: if no launch of it ever allocated the block, the block never
+    /// existed, and its pointers are refused from now on.
+    pub(crate) fn graph_gone(&self) {
+        let mut p = self.phase();
+        if matches!(&*p, Phase::GraphOwned(rec) if rec.with_last(|_| ()).is_none()) {
+            *p = Phase::Abandoned;
+        }
     }
 
     fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
@@ -596,7 +691,6 @@ impl AllocState {
         let mut p = self.phase();
         if matches!(*p, Phase::Capturing { .. }) {
             *p = Phase::Abandoned;
-            self.abandoned.store(true, Ordering::Release);
         }
     }
 
@@ -658,8 +752,11 @@ impl AllocState {
                 // joined back at the capture's end (`fork_join`). The block is freed
                 // once: the phase becomes `FreedInGraph` below.
                 let cur = current_stream_of(stream.device_id());
-                fork_join::free_in_capture(&cur, *id, self.ptr)
-                    || fork_join::free_in_capture(stream, *id, self.ptr)
+                let uses =
+                    std::mem::take(&mut *self.uses.lock().unwrap_or_else(|e| e.into_inner()));
+                let after: Vec<usize> = uses.into_iter().flat_map(|(_, n)| n).collect();
+                fork_join::free_in_capture(&cur, *id, self.ptr, &after)
+                    || fork_join::free_in_capture(stream, *id, self.ptr, &after)
             }
             _ => return,
         };

@@ -41,11 +41,13 @@ fn addrs(nodes: Vec<sys::CUgraphNode>) -> Vec<usize> {
 }
 
 /// Frees `ptr`, an allocation of the capture `id`, inside the graph on `s` when `s` is
-/// in that capture now; `false` (nothing done) when it is not or the driver refuses.
+/// in that capture now, after the captured nodes `uses` (the work that used it on
+/// any stream of the capture, joined or not); `false` (nothing done) when it is not
+/// or the driver refuses.
 /// The check and the free run under the lock [`end`](super::end) holds while it ends
 /// a capture, so the capture cannot end in between; a free on a stream other than the
 /// origin is noted to be joined at the end (see the module docs).
-pub(crate) fn free_in_capture(s: &StreamRef, id: u64, ptr: u64) -> bool {
+pub(crate) fn free_in_capture(s: &StreamRef, id: u64, ptr: u64, uses: &[usize]) -> bool {
     let mut c = captures();
     let now = matches!(info(s), Ok((CaptureStatus::Active { id: c }, _)) if c == id);
     if !now {
@@ -55,7 +57,16 @@ pub(crate) fn free_in_capture(s: &StreamRef, id: u64, ptr: u64) -> bool {
     let fork = c
         .entries
         .iter()
-        .any(|e| e.id == id && e.device == device && e.stream != s.handle());
+        .any(|e| e.id == id && !e.began_on(s.handle(), device));
+    if !uses.is_empty() {
+        let nodes: Vec<sys::CUgraphNode> = uses.iter().map(|&n| n as sys::CUgraphNode).collect();
+        // SAFETY: `s` is live and in the capture `id` (above, under the lock); `nodes`
+        // are nodes of that capture's graph (noted by `enqueue_using` while it was
+        // under way). Refused, the free is not made: nothing may race the next owner.
+        if unsafe { result::stream::add_capture_dependencies(s.as_raw(), &nodes) }.is_err() {
+            return false;
+        }
+    }
     // SAFETY (the three calls): `s` is a live stream (kept by the `StreamRef`) in the
     // capture `id`, which cannot end meanwhile (the lock is held); `info` made its
     // context current. The caller hands over a block allocated in this capture, freed

@@ -98,6 +98,13 @@ pub enum StateKind {
     /// A graph owns allocations made during its capture: their addresses belong to
     /// it, so it can be neither cloned nor added to another graph.
     GraphOwnsAllocations,
+    /// Memory allocated during a graph capture used where it does not exist: before
+    /// its graph's first launch, by work outside its capture, or after its capture
+    /// failed or its graph went without a launch.
+    GraphMemoryGone,
+    /// A cuda-rt call from a host function or stream callback, where CUDA forbids
+    /// every CUDA call (it may fail or deadlock).
+    InHostFunction,
     /// A user allocator (closure or C function) returned a null pointer.
     AllocatorFailed,
     /// A table of fixed size is full (a pool's arenas or chunks: about 4.29 billion).

@@ -222,6 +222,7 @@ impl Graph {
         if !g.allocs.is_empty() {
             g.flags |= InstantiateFlags::AUTO_FREE_ON_LAUNCH;
         }
+        // A failed instantiation drops `g`, which abandons its allocations.
         g.instantiate(g.flags)?;
         Ok(g)
     }
@@ -511,9 +512,15 @@ fn update_reason(r: sys::CUgraphExecUpdateResult) -> &'static str {
 impl Drop for Graph {
     fn drop(&mut self) {
         let _ = make_current(self.device);
-        // What the graph keeps alive may be in use by queued launches: wait for them.
-        if !self.keep.get_mut().is_empty() && self.launched.get() {
+        // What the graph keeps alive may be in use by queued launches, or by work
+        // queued outside the capture on a stream that joined it (noted as the
+        // capture's, see `capture::enqueue_using`): wait for them.
+        if !self.keep.get_mut().is_empty() {
             let _ = result::context::synchronize();
+        }
+        // Allocations of a graph never launched never existed: refuse their pointers.
+        for a in &self.allocs {
+            a.graph_gone();
         }
         self.drop_exec();
         // SAFETY: the graph is owned by `self`, destroyed once, here; its nodes borrow

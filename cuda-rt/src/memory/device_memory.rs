@@ -52,6 +52,26 @@ pub unsafe trait BaseMemory: Send + Sync + fmt::Debug + 'static {
         let _ = stream;
         Ok(())
     }
+
+    /// [`record_stream`](Self::record_stream) for work cuda-rt has just queued on
+    /// `stream` (see `memory::uses`), which cannot be taken back: an implementation
+    /// that fails to record must keep its memory from reuse rather than report. The
+    /// default calls `record_stream`, whose error it can only drop: implement this
+    /// where `record_stream` can fail.
+    #[inline]
+    fn record_use(&self, stream: &StreamRef) {
+        let _ = self.record_stream(stream);
+    }
+
+    /// Whether work on `stream` (`None`: a synchronous operation on the thread's
+    /// current stream) may use the memory now. Always, but for memory that exists
+    /// only at times (a graph's allocation: inside its capture, and once a launch of
+    /// its graph made it), which says why not.
+    #[inline]
+    fn check_use(&self, stream: Option<&StreamRef>) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
 }
 
 /// A Rust allocation function: `malloc(size, device)` returns a device address of at

@@ -18,18 +18,21 @@
 //! What happens to such memory depends on when its last pointer drops:
 //! - during the capture: it is freed inside the graph (`cuMemFreeAsync`, a
 //!   memory-free node) on the current stream when that stream is in the same capture,
-//!   else on the stream it was allocated on while that one still is. The free is
-//!   ordered after the work already captured on the stream it lands on, so drop a
-//!   buffer used on several streams where all its uses are ordered before the drop
-//!   (after the forks are joined back). A free captured on a forked stream after its
+//!   else on the stream it was allocated on while that one still is. The free node
+//!   depends on every captured use cuda-rt made of the block, on any stream of the
+//!   capture (a fork's memset not joined back yet included), so the graph never
+//!   hands the block to a later allocation node while a use may still run. A free captured on a forked stream after its
 //!   join event (a temporary going out of scope at the end of the fork's block) adds
 //!   no unjoined work: `end_capture` joins such free nodes into the origin stream
 //!   (see [`crate::capture::fork_join`]). When neither stream is in the capture any
 //!   more (it was invalidated, say), nothing is freed: the capture's end decides, as
 //!   for memory still referred to then.
-//! - if the capture ends in error: no graph comes of it and the block never existed
-//!   outside it; its address may be given to another graph's memory, so the drop
-//!   frees nothing.
+//! - if the capture ends in error, or its graph goes (or fails to instantiate) before
+//!   any launch: the block never existed outside it; its address may be given to
+//!   another graph's memory, so every cuda-rt operation on it is refused
+//!   ([`StateKind::GraphMemoryGone`](crate::StateKind::GraphMemoryGone)) and the drop
+//!   frees nothing. The same error refuses its use outside the capture before the
+//!   graph's first launch, when the address holds nothing yet.
 //! - after the capture: the graph owns it. Its graph is instantiated with
 //!   [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`](crate::graph::InstantiateFlags), so each
 //!   launch frees the previous launch's block before allocating it again, and the
@@ -50,7 +53,7 @@ use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::Result;
 use crate::memory::{BaseMemory, MemoryPointer};
-use crate::stream::{current_stream_of, AsStream, LEGACY_DEFAULT_HANDLE};
+use crate::stream::{current_stream_of, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
 
 /// Memory allocated during a capture: a memory-allocation node's block.
 pub(crate) struct GraphMemory {
@@ -69,21 +72,24 @@ impl fmt::Debug for GraphMemory {
 
 // SAFETY: the block is a graph memory node's: its address is fixed for the life of the
 // graph, and the state (shared with the graph) frees it only after both the pointers
-// and the graph are gone; fields never change.
+// and the graph are gone; fields never change. Where the block does not exist (before
+// the graph's first launch, outside its capture, after its capture failed or its
+// graph went unlaunched), `check_use` refuses every cuda-rt operation on it.
 unsafe impl BaseMemory for GraphMemory {
     fn ptr(&self) -> u64 {
         self.state.ptr
     }
-    /// 0 once its capture failed: the address may belong to another graph's memory
-    /// by then, so every bounds-checked operation on it is refused.
     fn size(&self) -> usize {
-        if self.state.is_abandoned() {
-            return 0;
-        }
         self.state.size
     }
     fn device_id(&self) -> i32 {
         self.state.device
+    }
+    /// During its capture: only work captured into it (on a stream in the capture).
+    /// After: once a launch of its graph allocated it, never if its capture failed or
+    /// its graph went without a launch.
+    fn check_use(&self, stream: Option<&StreamRef>) -> Result<()> {
+        self.state.check_use(stream)
     }
 }
 

@@ -1,13 +1,14 @@
 //! Memset on a [`MemoryPointer`]: bytes, 16-bit and 32-bit words, synchronous or on a
 //! stream, bounds- and alignment-checked before any CUDA call.
 
+use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use super::pointer::{capture_error, stream_or_current, sync_via, synchronize, SyncVia};
-use super::MemoryPointer;
+use super::{uses, MemoryPointer};
 use crate::device::context::make_current;
 use crate::error::{ArgumentKind, Error, Result};
-use crate::stream::{AsStream, StreamRef};
+use crate::stream::AsStream;
 
 impl MemoryPointer {
     /// Sets `size` bytes to `value`, synchronously.
@@ -92,34 +93,38 @@ impl MemoryPointer {
                 SyncVia::Stream(s) => Some(s),
             }
         };
+        uses::check(stream.as_ref().filter(|_| is_async), &[self.m()])?;
         let p = self.ptr();
         // SAFETY (every call below): `count` elements of `width` bytes fit behind the
         // pointer (`check_room`), allocated as the "device ranges" comment at the top of
         // pointer.rs says, and aligned for the width (`check_align`); `stream` keeps its
         // stream alive, and a context was made current above.
-        let r = match (fill, stream.as_ref().map(StreamRef::as_raw)) {
-            (Fill::U8(v), None) => unsafe { result::memory::memset_d8(p, v, count) },
-            (Fill::U16(v), None) => unsafe { result::memory::memset_d16(p, v, count) },
-            (Fill::U32(v), None) => unsafe { result::memory::memset_d32(p, v, count) },
-            (Fill::U8(v), Some(s)) => unsafe { result::memory::memset_d8_async(p, v, count, s) },
-            (Fill::U16(v), Some(s)) => unsafe { result::memory::memset_d16_async(p, v, count, s) },
-            (Fill::U32(v), Some(s)) => unsafe { result::memory::memset_d32_async(p, v, count, s) },
+        let set = |s: Option<sys::CUstream>| -> Result<()> {
+            Ok(match (fill, s) {
+                (Fill::U8(v), None) => unsafe { result::memory::memset_d8(p, v, count) },
+                (Fill::U16(v), None) => unsafe { result::memory::memset_d16(p, v, count) },
+                (Fill::U32(v), None) => unsafe { result::memory::memset_d32(p, v, count) },
+                (Fill::U8(v), Some(s)) => unsafe {
+                    result::memory::memset_d8_async(p, v, count, s)
+                },
+                (Fill::U16(v), Some(s)) => unsafe {
+                    result::memory::memset_d16_async(p, v, count, s)
+                },
+                (Fill::U32(v), Some(s)) => unsafe {
+                    result::memory::memset_d32_async(p, v, count, s)
+                },
+            }?)
         };
         match (is_async, &stream) {
-            (false, None) => r.map_err(|e| capture_error(what, e.into())),
+            (false, None) => set(None).map_err(|e| capture_error(what, e)),
             (false, Some(s)) => {
-                r?;
+                set(Some(s.as_raw()))?;
                 synchronize(s)
             }
-            // A graph captured on the stream sets this memory on every launch: it
-            // keeps it.
-            (true, _) => {
-                r?;
-                match &stream {
-                    Some(s) => crate::capture::note_use(s, &[self.m()]),
-                    None => Ok(()),
-                }
-            }
+            // The memory's free waits for the stream (or, captured, the graph keeps it
+            // and sets it on every launch).
+            (true, Some(s)) => uses::enqueue(s, &[self.m()], || set(Some(s.as_raw()))),
+            (true, None) => Ok(()),
         }
     }
 }

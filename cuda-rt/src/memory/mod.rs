@@ -41,6 +41,7 @@ pub(crate) mod pointer;
 pub mod pool;
 pub(crate) mod recycler;
 mod unowned;
+pub(crate) mod uses;
 
 pub use allocator::{alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator};
 pub use arena::PoolStats;

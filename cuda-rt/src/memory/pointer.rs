@@ -29,6 +29,7 @@ use crate::device::context::{make_current, primary};
 use crate::error::{ArgumentKind, CaptureKind, Error, Result};
 use crate::memory::device_memory::{BaseMemory, Memory};
 use crate::memory::pod::{as_bytes, as_bytes_mut};
+use crate::memory::uses;
 use crate::memory::Pod;
 use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
 
@@ -36,8 +37,9 @@ use crate::stream::{get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HAND
 // call first checks that its bytes fit behind the pointer (`check_room`), in memory the
 // pointer's object keeps allocated while the pointer lives (`BaseMemory`'s contract).
 // After the last pointer goes, plain memory is freed with `cuMemFree`, which waits for
-// the work already queued on it, and pool memory is handed out again in stream order;
-// during a capture the graph keeps what its nodes use (`graph::note_use`).
+// the work already queued on it, and pool memory is handed out again once every stream
+// that used it has passed the use (`memory::uses`); during a capture the graph keeps
+// what its nodes use (`capture::enqueue_using`).
 
 /// A pointer into a memory object: the object (kept alive) and a byte offset in it.
 /// Clones share the memory.
@@ -410,21 +412,27 @@ impl MemoryPointer {
             return Ok(());
         }
         let s = host_async_stream(what, stream)?;
+        uses::check(Some(&s), &[self.m()])?;
         let pinned = is_page_locked(src);
         let src = as_bytes(src);
-        // SAFETY: the `src.len()` bytes behind this pointer fit (`check_room`) in memory
-        // its object keeps alive (`BaseMemory`) while `self` is borrowed. The driver
-        // stages pageable `src` before it returns; page-locked `src` is waited for below,
-        // so it stays borrowed until the copy has read it. `s` keeps its stream alive,
-        // and `host_async_stream` made its context current.
-        unsafe {
-            result::memory::memcpy_htod_async(
-                self.ptr(),
-                src.as_ptr().cast(),
-                src.len(),
-                s.as_raw(),
-            )
-        }?;
+        // The driver may write the device after this returns (a staged pageable copy):
+        // the memory's free waits for `s`.
+        uses::enqueue(&s, &[self.m()], || {
+            // SAFETY: the `src.len()` bytes behind this pointer fit (`check_room`) in
+            // memory its object keeps alive (`BaseMemory`) while `self` is borrowed, and
+            // until `s` has passed the copy (`uses`). The driver stages pageable `src`
+            // before it returns; page-locked `src` is waited for below, so it stays
+            // borrowed until the copy has read it. `s` keeps its stream alive, and
+            // `host_async_stream` made its context current.
+            Ok(unsafe {
+                result::memory::memcpy_htod_async(
+                    self.ptr(),
+                    src.as_ptr().cast(),
+                    src.len(),
+                    s.as_raw(),
+                )
+            }?)
+        })?;
         if pinned {
             synchronize(&s)?;
         }
@@ -448,6 +456,7 @@ impl MemoryPointer {
             return Ok(());
         }
         let s = host_async_stream(what, stream)?;
+        uses::check(Some(&s), &[self.m()])?;
         let pinned = is_page_locked(dst);
         let dst = as_bytes_mut(dst);
         // SAFETY: the `dst.len()` bytes behind this pointer fit (`check_room`) in memory
@@ -482,6 +491,7 @@ impl MemoryPointer {
         if size == 0 {
             return Ok(());
         }
+        uses::check(None, &[self.m(), src.m()])?;
         match sync_via(what)? {
             SyncVia::Legacy => {
                 make_current(self.device_id())?;
@@ -511,9 +521,9 @@ impl MemoryPointer {
         }
         let s = stream_or_current(stream);
         make_current(s.device_id())?;
-        self.d2d(src, size, Some(&s))?;
-        // A graph captured on `s` copies between these on every launch: it keeps both.
-        crate::capture::note_use(&s, &[self.m(), src.m()])
+        let mems = [self.m(), src.m()];
+        uses::check(Some(&s), &mems)?;
+        uses::enqueue(&s, &mems, || self.d2d(src, size, Some(&s)))
     }
 
     /// Copies `size` bytes from this pointer to `dst`, synchronously.

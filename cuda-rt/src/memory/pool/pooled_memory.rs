@@ -95,9 +95,16 @@ unsafe impl BaseMemory for PooledMemory {
     }
 
     /// Marks the block as used by `stream`: when it is freed, an event is recorded on
-    /// `stream` and the block is handed out again only once it has completed. Nothing
-    /// for the block's own stream. `stream` is kept alive until then.
+    /// `stream` and the block is handed out again only once it has completed (a
+    /// stream of another device is waited for at the free). Nothing for the block's
+    /// own stream. `stream` is kept alive until then. Never fails.
     fn record_stream(&self, stream: &StreamRef) -> Result<()> {
+        self.record_use(stream);
+        Ok(())
+    }
+
+    #[inline]
+    fn record_use(&self, stream: &StreamRef) {
         self.uses.record(stream, self.core.device, self.block.key())
     }
 

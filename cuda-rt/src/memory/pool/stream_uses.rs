@@ -13,7 +13,7 @@ use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::make_current;
-use crate::error::{ArgumentKind, Error, Result};
+use crate::error::{Error, Result};
 use crate::event::EventFlags;
 use crate::memory::arena::StreamFence;
 use crate::stream::{AsStream, StreamRef, PER_THREAD_DEFAULT_HANDLE};
@@ -52,36 +52,32 @@ impl StreamUses {
     }
 
     /// Records that `stream` uses the block of `device` allocated in arena
-    /// `block_key`: nothing for the block's own stream.
-    pub(super) fn record<S: AsStream + ?Sized>(
-        &self,
-        stream: &S,
-        device: i32,
-        block_key: u64,
-    ) -> Result<()> {
-        if stream.device_id() != device {
-            return Err(Error::invalid_argument(
-                ArgumentKind::Incompatible,
-                format!(
-                    "record_stream: the stream is on device {}, the memory on device \
-                     {device}; record a stream of the memory's device",
-                    stream.device_id()
-                ),
-            ));
-        }
+    /// `block_key`: nothing for the block's own stream (one key compare). A stream of
+    /// another device (a peer copy's) is recorded too: the free waits for it on the
+    /// host, since an event of its device cannot be polled by this device's arena.
+    #[inline]
+    pub(super) fn record<S: AsStream + ?Sized>(&self, stream: &S, device: i32, block_key: u64) {
         let key = stream_key(stream.ptr());
-        if key == block_key {
-            return Ok(());
+        if key == block_key && stream.device_id() == device {
+            return;
         }
+        self.record_other(stream, key);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_other<S: AsStream + ?Sized>(&self, stream: &S, key: u64) {
         let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
-        if !list.iter().any(|u| u.key == key) {
+        if !list
+            .iter()
+            .any(|u| u.key == key && u.stream.device_id() == stream.device_id())
+        {
             list.push(Use {
                 stream: stream.as_stream_ref(),
                 key,
             });
         }
         self.any.store(true, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Records a fence on each recorded stream of `device` and hands them to `free`
@@ -144,6 +140,14 @@ impl StreamUses {
 /// instead (another thread's per-thread default stream, which no handle names here,
 /// or a stream that refused the event); `Err` when it could not be waited for.
 fn fence_one(device: i32, u: &Use) -> Result<Option<StreamFence>> {
+    if u.stream.device_id() != device {
+        // A peer's stream: its events belong to its own device.
+        make_current(u.stream.device_id())?;
+        // SAFETY: `u.stream` keeps its stream alive (as below); its device's context
+        // was made current above.
+        unsafe { result::stream::synchronize(u.stream.as_raw()) }?;
+        return Ok(None);
+    }
     make_current(device)?;
     let handle = u.stream.handle();
     if handle == PER_THREAD_DEFAULT_HANDLE && stream_key(handle) != u.key {
