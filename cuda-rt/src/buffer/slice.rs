@@ -383,6 +383,12 @@ macro_rules! view_common {
             pub fn device_ptr(&self) -> u64 {
                 self.addr
             }
+
+            /// The memory object the view is in (what a use of it records).
+            #[inline]
+            pub(crate) fn memory(&self) -> &std::sync::Arc<dyn crate::memory::BaseMemory> {
+                self.base.mem()
+            }
         }
 
         // SAFETY: `param_ptr` points to the view's own `addr` field, 8 readable bytes

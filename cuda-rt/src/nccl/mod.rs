@@ -43,6 +43,7 @@ pub mod bootstrap;
 use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use cuda_sys::nccl::{ncclComm_t, ncclDataType_t, ncclRedOp_t};
 use cuda_sys::result::nccl as raw;
@@ -51,7 +52,7 @@ use crate::buffer::{DeviceSlice, DeviceSliceMut};
 use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, Error, Result};
-use crate::memory::{Bf16, Pod, F16};
+use crate::memory::{uses, BaseMemory, Bf16, Pod, F16};
 use crate::stream::AsStream;
 
 /// NCCL's version as an integer, e.g. 22703 for 2.27.3; an [`Error::Load`] when NCCL
@@ -162,12 +163,65 @@ nccl_types!(half::f16 => ncclFloat16, half::bf16 => ncclBfloat16);
 /// launched together, as several point-to-point transfers or one thread driving
 /// several communicators need. [`group`] pairs the two.
 pub fn group_start() -> Result<()> {
-    Ok(raw::group_start()?)
+    raw::group_start()?;
+    GROUP.with(|g| g.depth.set(g.depth.get() + 1));
+    Ok(())
 }
 
-/// Ends a group (`ncclGroupEnd`) and launches its calls.
+/// Ends a group (`ncclGroupEnd`) and launches its calls. The memory the group's calls
+/// use is let go only after the launch, so a buffer dropped inside the group is
+/// freed after the work that uses it, not before.
 pub fn group_end() -> Result<()> {
-    Ok(raw::group_end()?)
+    let r = raw::group_end();
+    let held = GROUP.with(|g| {
+        let d = g.depth.get().saturating_sub(1);
+        g.depth.set(d);
+        if d == 0 {
+            std::mem::take(&mut *g.held.borrow_mut())
+        } else {
+            Vec::new()
+        }
+    });
+    drop(held);
+    Ok(r?)
+}
+
+/// This thread's NCCL groups: how deep it is in `ncclGroupStart`s, and the memory the
+/// calls inside use, held until the outermost `ncclGroupEnd` has launched them (NCCL
+/// queues a grouped call on its stream only then, so a free recorded earlier would
+/// come before it in the stream).
+struct Group {
+    depth: std::cell::Cell<u32>,
+    held: std::cell::RefCell<Vec<Arc<dyn BaseMemory>>>,
+}
+
+thread_local! {
+    static GROUP: Group = const {
+        Group {
+            depth: std::cell::Cell::new(0),
+            held: std::cell::RefCell::new(Vec::new()),
+        }
+    };
+}
+
+/// Queues NCCL work on `stream` through `call`, noting its uses of `mems` (see
+/// `memory::uses`), and holding them until the group's end inside a group.
+fn enqueue<S: AsStream + ?Sized>(
+    stream: &S,
+    mems: &[&Arc<dyn BaseMemory>],
+    call: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let s = stream.as_stream_ref();
+    uses::check(Some(&s), mems)?;
+    uses::enqueue(&s, mems, call)?;
+    GROUP.with(|g| {
+        if g.depth.get() > 0 {
+            if let Ok(mut held) = g.held.try_borrow_mut() {
+                held.extend(mems.iter().map(|m| Arc::clone(m)));
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Runs `f` inside `ncclGroupStart`/`ncclGroupEnd`; the group is ended also when `f`
@@ -376,17 +430,19 @@ impl Communicator {
         // SAFETY: both views are device memory of this rank's device holding
         // `send.len()` elements of `T` (checked), borrowed for the call and kept
         // valid for queued work as copies are; the stream is live while borrowed.
-        Ok(unsafe {
-            raw::all_reduce(
-                s,
-                r,
-                send.len(),
-                T::DATA_TYPE,
-                op.raw(),
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[send.memory(), recv.memory()], || {
+            Ok(unsafe {
+                raw::all_reduce(
+                    s,
+                    r,
+                    send.len(),
+                    T::DATA_TYPE,
+                    op.raw(),
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 
     /// [`all_reduce`](Self::all_reduce) with `buf` as both send and receive buffer.
@@ -400,17 +456,19 @@ impl Communicator {
         let p = self.dst(what, &buf)?;
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`; NCCL allows send == recv.
-        Ok(unsafe {
-            raw::all_reduce(
-                p,
-                p,
-                buf.len(),
-                T::DATA_TYPE,
-                op.raw(),
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[buf.memory()], || {
+            Ok(unsafe {
+                raw::all_reduce(
+                    p,
+                    p,
+                    buf.len(),
+                    T::DATA_TYPE,
+                    op.raw(),
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 
     /// Every rank's `recv` = `root`'s `send` (`ncclBroadcast`); `send` is read at the
@@ -428,17 +486,19 @@ impl Communicator {
         let (s, r) = (self.src(what, &send)?, self.dst(what, &recv)?);
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        Ok(unsafe {
-            raw::broadcast(
-                s,
-                r,
-                recv.len(),
-                T::DATA_TYPE,
-                root,
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[send.memory(), recv.memory()], || {
+            Ok(unsafe {
+                raw::broadcast(
+                    s,
+                    r,
+                    recv.len(),
+                    T::DATA_TYPE,
+                    root,
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 
     /// [`broadcast`](Self::broadcast) in place: `buf` of every rank = `buf` of `root`.
@@ -453,17 +513,19 @@ impl Communicator {
         let p = self.dst(what, &buf)?;
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        Ok(unsafe {
-            raw::broadcast(
-                p,
-                p,
-                buf.len(),
-                T::DATA_TYPE,
-                root,
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[buf.memory()], || {
+            Ok(unsafe {
+                raw::broadcast(
+                    p,
+                    p,
+                    buf.len(),
+                    T::DATA_TYPE,
+                    root,
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 
     /// `root`'s `recv` = `op` over every rank's `send` (`ncclReduce`); `recv` is
@@ -482,18 +544,20 @@ impl Communicator {
         let (s, r) = (self.src(what, &send)?, self.dst(what, &recv)?);
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        Ok(unsafe {
-            raw::reduce(
-                s,
-                r,
-                send.len(),
-                T::DATA_TYPE,
-                op.raw(),
-                root,
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[send.memory(), recv.memory()], || {
+            Ok(unsafe {
+                raw::reduce(
+                    s,
+                    r,
+                    send.len(),
+                    T::DATA_TYPE,
+                    op.raw(),
+                    root,
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 
     /// Every rank's `recv` = the ranks' `send`s one after the other
@@ -510,16 +574,18 @@ impl Communicator {
         let (s, r) = (self.src(what, &send)?, self.dst(what, &recv)?);
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`; `recv` holds `size` times `send.len()`.
-        Ok(unsafe {
-            raw::all_gather(
-                s,
-                r,
-                send.len(),
-                T::DATA_TYPE,
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[send.memory(), recv.memory()], || {
+            Ok(unsafe {
+                raw::all_gather(
+                    s,
+                    r,
+                    send.len(),
+                    T::DATA_TYPE,
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 
     /// Rank `r`'s `recv` = `op` over every rank's `send[r * n..(r + 1) * n]`, `n` the
@@ -537,17 +603,19 @@ impl Communicator {
         let (s, r) = (self.src(what, &send)?, self.dst(what, &recv)?);
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`; `send` holds `size` times `recv.len()`.
-        Ok(unsafe {
-            raw::reduce_scatter(
-                s,
-                r,
-                recv.len(),
-                T::DATA_TYPE,
-                op.raw(),
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[send.memory(), recv.memory()], || {
+            Ok(unsafe {
+                raw::reduce_scatter(
+                    s,
+                    r,
+                    recv.len(),
+                    T::DATA_TYPE,
+                    op.raw(),
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 
     /// Sends `send` to rank `peer` (`ncclSend`), which posts a [`recv`](Self::recv)
@@ -564,16 +632,18 @@ impl Communicator {
         let s = self.src(what, &send)?;
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        Ok(unsafe {
-            raw::send(
-                s,
-                send.len(),
-                T::DATA_TYPE,
-                peer,
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[send.memory()], || {
+            Ok(unsafe {
+                raw::send(
+                    s,
+                    send.len(),
+                    T::DATA_TYPE,
+                    peer,
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 
     /// Receives into `recv` from rank `peer` (`ncclRecv`), which posts a
@@ -589,16 +659,18 @@ impl Communicator {
         let r = self.dst(what, &recv)?;
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        Ok(unsafe {
-            raw::recv(
-                r,
-                recv.len(),
-                T::DATA_TYPE,
-                peer,
-                self.as_raw(),
-                stream.as_raw().cast(),
-            )
-        }?)
+        enqueue(stream, &[recv.memory()], || {
+            Ok(unsafe {
+                raw::recv(
+                    r,
+                    recv.len(),
+                    T::DATA_TYPE,
+                    peer,
+                    self.as_raw(),
+                    stream.as_raw().cast(),
+                )
+            }?)
+        })
     }
 }
 
