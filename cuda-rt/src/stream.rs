@@ -139,8 +139,10 @@ pub trait AsStream: sealed::Sealed {
     /// Runs `f` on a driver thread once all work queued before it on this stream is
     /// done; work queued after it waits for it (`cuLaunchHostFunc`). `f` runs exactly
     /// once; a panic in it is caught (see [`host_func_panic_count`]) and never reaches
-    /// the driver. `f` must not call CUDA. An error when the stream is capturing a
-    /// graph; then, and when the launch fails, `f` is dropped without running.
+    /// the driver. CUDA forbids CUDA calls in `f`: a cuda-rt call made there (also by
+    /// a drop) returns [`StateKind::InHostFunction`](crate::StateKind::InHostFunction)
+    /// instead of reaching the driver. An error when the stream is capturing a graph;
+    /// then, and when the launch fails, `f` is dropped without running.
     fn launch_host_func<F>(&self, f: F) -> Result<()>
     where
         F: FnOnce() + Send + 'static,
@@ -156,7 +158,7 @@ pub trait AsStream: sealed::Sealed {
     /// CuPy's `Stream.add_callback`: runs `f` in stream order with the stream's status
     /// (`Err` when an earlier operation on the stream failed), exactly once, on a driver
     /// thread (`cuStreamAddCallback`). A panic is caught as in
-    /// [`launch_host_func`](AsStream::launch_host_func); `f` must not call CUDA.
+    /// [`launch_host_func`](AsStream::launch_host_func), and so are cuda-rt calls in it.
     fn add_callback<F>(&self, f: F) -> Result<()>
     where
         F: FnOnce(std::result::Result<(), DriverError>) + Send + 'static,

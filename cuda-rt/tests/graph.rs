@@ -13,8 +13,8 @@ use cuda_rt::graph::{
 };
 use cuda_rt::memory::{ClosureAllocator, MemoryPointer};
 use cuda_rt::{
-    gpu_test, ArgumentKind, AsStream, CaptureKind, Error, Event, EventFlags, Graph, Module, Stream,
-    StreamCaptureExt, StreamEventExt,
+    gpu_test, ArgumentKind, AsStream, CaptureKind, Error, Event, EventFlags, Graph, Module, StateKind,
+    Stream, StreamCaptureExt, StreamEventExt,
 };
 use kernels::{add_one, axpy, Kernels};
 
@@ -928,11 +928,25 @@ gpu_test!(
         let e = s.end_capture().unwrap_err();
         assert!(e.to_string().contains("invalidated"), "{e}");
         let stale_addrs: Vec<u64> = stale.iter().map(MemoryPointer::ptr).collect();
-        // Nothing can be written through them any more: they have no room left.
+        // Nothing can be written through them any more: every use is refused, and
+        // their size never changes (BaseMemory's rule).
+        let gone = |e: Error| {
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidState {
+                        kind: StateKind::GraphMemoryGone,
+                        ..
+                    }
+                ),
+                "{e}"
+            )
+        };
         for p in &stale {
-            assert_eq!(p.size(), 0);
-            assert!(p.memset_async(1, 4, Some(&s)).is_err());
-            assert!(p.copy_from_host(&[1.0f32]).is_err());
+            assert_eq!(p.size(), N * 4);
+            gone(p.memset_async(1, 4, Some(&s)).unwrap_err());
+            gone(p.copy_from_host(&[1.0f32]).unwrap_err());
+            gone(p.memset(1, 4).unwrap_err());
         }
         // Capture B allocates (its addresses may be A's) and keeps its allocation;
         // half of A's pointers drop during B's capture, on B's stream.

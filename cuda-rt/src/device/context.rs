@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use cuda_sys::driver::CUcontext;
 use cuda_sys::result;
 
-use crate::error::{ArgumentKind, Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 pub(crate) use crate::thread_state::MAX_DEVICES;
 use crate::thread_state::{
     context_device, context_made_current, forget_context, set_context_device,
@@ -64,6 +64,17 @@ pub(crate) fn make_current(id: i32) -> Result<()> {
 
 #[cold]
 fn make_current_slow(id: i32) -> Result<()> {
+    // A driver thread running a host function never gets a context from cuda-rt (the
+    // fast path above is never taken there), so every cuda-rt call that reaches the
+    // driver passes here first and is refused, as CUDA requires.
+    if result::stream::in_host_function() {
+        return Err(Error::invalid_state(
+            StateKind::InHostFunction,
+            "a cuda-rt call from a host function, stream callback or graph host node: CUDA \
+             forbids CUDA calls there (they may fail or deadlock); queue the work from \
+             another thread, after the function has run",
+        ));
+    }
     let ctx = primary(id)?;
     if context_made_current() != ctx as usize {
         // Unknown until the call succeeds.

@@ -485,8 +485,10 @@ impl Graph {
     /// A host node: `f` runs on a driver thread each time the graph runs, in
     /// dependency order (`cuGraphAddHostNode`). `f` lives as long as the graph and
     /// every executable, clone or child node made from it; a panic in it is caught
-    /// (see [`host_func_panic_count`](crate::stream::host_func_panic_count)). `f`
-    /// must not call CUDA, nor own anything whose drop calls CUDA.
+    /// (see [`host_func_panic_count`](crate::stream::host_func_panic_count)). A
+    /// cuda-rt call in `f` returns
+    /// [`StateKind::InHostFunction`](crate::StateKind::InHostFunction), as CUDA forbids
+    /// CUDA calls there.
     pub fn add_host_node<F>(&self, deps: &[Node<'_>], f: F) -> Result<Node<'_>>
     where
         F: Fn() + Send + Sync + 'static,

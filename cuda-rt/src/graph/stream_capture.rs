@@ -22,8 +22,8 @@ pub trait StreamCaptureExt: AsStream {
     /// [`launch_host_func`](AsStream::launch_host_func), but also while the stream
     /// captures a graph: then `f` becomes a host node of the graph and runs once per
     /// launch, for as long as the graph, its clones or executables live (the graph
-    /// owns `f`). Not capturing, it runs once. A panic in `f` is caught; `f` must not
-    /// call CUDA, nor own anything whose drop calls CUDA.
+    /// owns `f`). Not capturing, it runs once. A panic in `f` is caught; a cuda-rt
+    /// call in `f` returns [`StateKind::InHostFunction`](crate::StateKind::InHostFunction).
     fn launch_host_func_repeatable<F>(&self, f: F) -> Result<()>
     where
         F: Fn() + Send + Sync + 'static,

@@ -37,6 +37,7 @@ impl MemoryPointer {
         if src.is_empty() || std::mem::size_of::<T>() == 0 {
             return Ok(());
         }
+        self.mem().check_use(None)?;
         let via = sync_via(what)?;
         if staged(src) {
             let s = via.stream(self.device_id());
@@ -78,6 +79,7 @@ impl MemoryPointer {
         if dst.is_empty() || std::mem::size_of::<T>() == 0 {
             return Ok(());
         }
+        self.mem().check_use(None)?;
         let via = sync_via(what)?;
         if staged(dst) {
             let s = via.stream(self.device_id());

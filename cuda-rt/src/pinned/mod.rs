@@ -168,6 +168,10 @@ pub(crate) fn check_room(what: &str, side: &str, p: &MemoryPointer, bytes: usize
     if bytes > p.size() {
         return Err(no_room(what, side, p, bytes));
     }
+    // Pinned copies are never captured: the memory must exist outside any graph.
+    if bytes != 0 {
+        p.mem().check_use(None)?;
+    }
     Ok(())
 }
 

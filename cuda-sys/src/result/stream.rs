@@ -259,12 +259,28 @@ pub fn host_fn_panic_count() -> u64 {
     HOST_FN_PANICS.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    /// How many host functions (or stream callbacks, or host nodes) run on this
+    /// thread now: see [`in_host_function`].
+    static IN_HOST_FN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread is running a host function, stream callback or graph host
+/// node queued through this crate, where CUDA forbids every CUDA call (it may fail
+/// with `CUDA_ERROR_NOT_PERMITTED`, or deadlock). Safe layers refuse their calls
+/// there with an error.
+pub fn in_host_function() -> bool {
+    IN_HOST_FN.try_with(|n| n.get() > 0).unwrap_or(false)
+}
+
 /// Runs `f`, catching a panic (also one raised by dropping what `f` owns), and counts
-/// it.
+/// it; [`in_host_function`] says `true` meanwhile.
 pub(crate) fn run_caught(f: impl FnOnce()) {
+    let _ = IN_HOST_FN.try_with(|n| n.set(n.get() + 1));
     if catch_unwind(AssertUnwindSafe(f)).is_err() {
         HOST_FN_PANICS.fetch_add(1, Ordering::Relaxed);
     }
+    let _ = IN_HOST_FN.try_with(|n| n.set(n.get().saturating_sub(1)));
 }
 
 /// The `CUhostFn` for a boxed closure `F`: takes the box back and runs it once.
