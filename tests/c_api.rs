@@ -904,3 +904,77 @@ fn gpu_dlpack_export_and_import_keep_the_memory_and_call_the_deleter_once() {
         ((*v).deleter.unwrap())(v);
     }
 }
+
+/// Whether the C gate below may let its stream go on, and whether it gave up waiting.
+static C_GATE_OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static C_GATE_TIMED_OUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A host function that holds its stream until `C_GATE_OPEN` (or 5 s).
+extern "C" fn c_gate(_: *mut c_void) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let t0 = std::time::Instant::now();
+    while !C_GATE_OPEN.load(SeqCst) {
+        if t0.elapsed() > std::time::Duration::from_secs(5) {
+            C_GATE_TIMED_OUT.store(true, SeqCst);
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Issue 26, item 1 through the C ABI: `curt_memset_async` on another stream, then
+/// `curt_free`: wrapper.h promises the memory goes back once the queued work using it
+/// is done. The memset is held behind a gate; the next `curt_malloc`s must not get the
+/// block, and keep their own bytes after the memset ran.
+#[test]
+fn gpu_memory_freed_under_a_memset_on_another_stream_is_not_reused() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _serial = serial();
+    // SAFETY: every pointer passed to the shim is a live local of the type wrapper.h
+    // names; the gate's host function takes no data; the stream is synchronised
+    // before it is destroyed.
+    unsafe {
+        if !gpu_or_skip("gpu_memory_freed_under_a_memset_on_another_stream_is_not_reused") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let n = 1usize << 20;
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        let mut m = null_mut();
+        ok(curt_malloc(n, null_mut(), &mut m));
+        let mut addr = 0u64;
+        ok(curt_memory_ptr(m, &mut addr));
+        C_GATE_OPEN.store(false, SeqCst);
+        C_GATE_TIMED_OUT.store(false, SeqCst);
+        ok(curt_stream_launch_host_func(s, Some(c_gate), null_mut()));
+        ok(curt_memset_async(m, 0, 0xAB, n as _, s));
+        ok(curt_free(m));
+        let mut others = Vec::new();
+        for i in 0..4u8 {
+            let mut o = null_mut();
+            ok(curt_malloc(n, null_mut(), &mut o));
+            ok(curt_memset(o, 0, i as _, n));
+            let mut p = 0u64;
+            ok(curt_memory_ptr(o, &mut p));
+            others.push((o, p, i));
+        }
+        let held = !C_GATE_TIMED_OUT.load(SeqCst);
+        assert!(
+            !held || others.iter().all(|&(_, p, _)| p != addr),
+            "a block under a queued memset was handed out again"
+        );
+        C_GATE_OPEN.store(true, SeqCst);
+        ok(curt_stream_synchronize(s));
+        for (o, _, i) in others {
+            let mut back = vec![0u8; n];
+            ok(curt_memcpy_dtoh(back.as_mut_ptr().cast(), o, 0, n));
+            assert!(
+                back.iter().all(|&b| b == i),
+                "the memset wrote into the new owner {i}'s memory"
+            );
+            ok(curt_free(o));
+        }
+        ok(curt_stream_destroy(s));
+    }
+}

@@ -13,8 +13,8 @@ use cuda_rt::graph::{
 };
 use cuda_rt::memory::{ClosureAllocator, MemoryPointer};
 use cuda_rt::{
-    gpu_test, ArgumentKind, AsStream, CaptureKind, Error, Event, EventFlags, Graph, Module, StateKind,
-    Stream, StreamCaptureExt, StreamEventExt,
+    gpu_test, ArgumentKind, AsStream, CaptureKind, Error, Event, EventFlags, Graph, Module,
+    StateKind, Stream, StreamCaptureExt, StreamEventExt,
 };
 use kernels::{add_one, axpy, Kernels};
 

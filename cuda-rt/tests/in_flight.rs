@@ -1,0 +1,365 @@
+//! Nothing lost in flight (issue 26): memory stays owned until every stream, thread
+//! and graph that uses it is done. Each test drives a sequence that handed memory
+//! still being written to a new owner, holds the queued work behind a gate (or a slow
+//! kernel) so that the race is certain, and checks the next owner's bytes: a race
+//! that stays in bounds is invisible to compute-sanitizer. Without a GPU each test
+//! skips (see `cuda_rt::testing`).
+
+mod common;
+mod common_kernel;
+
+use std::sync::{Arc, Barrier};
+
+use common::{pattern, Gate};
+use cuda_rt::buffer::DeviceBuffer;
+use cuda_rt::compiler::RawKernel;
+use cuda_rt::graph::CaptureMode;
+use cuda_rt::launch::LaunchConfig;
+use cuda_rt::stream::Stream;
+use cuda_rt::{gpu_test, AsStream, Error, StateKind, StreamCaptureExt, StreamEventExt};
+
+const N: usize = 1 << 20;
+
+/// Tests that capture run one at a time: a global-mode capture makes other tests'
+/// allocations fail.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn is_gone(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::InvalidState {
+            kind: StateKind::GraphMemoryGone,
+            ..
+        }
+    )
+}
+
+/// How one test queues work on `side` that writes the whole of `buf` with 0xAB bytes.
+#[derive(Debug, Clone, Copy)]
+enum Writer {
+    Memset,
+    Fill,
+    CopyFrom,
+}
+
+/// Item 1: work on another stream (memset, fill, copy), then the buffer dropped: the
+/// pool must not hand the block to the next allocation of the buffer's own stream
+/// while the work is held behind the gate; the new owners keep their own bytes.
+fn held_work_on_another_stream(w: Writer) {
+    let _serial = serial();
+    let side = Stream::non_blocking().unwrap();
+    let source = DeviceBuffer::from_slice(&vec![0xABu8; N]).unwrap();
+    let mut buf = DeviceBuffer::<u8>::zeros(N).unwrap();
+    let addr = buf.device_ptr();
+    let mut gate = Gate::close(side.as_raw());
+    match w {
+        Writer::Memset => buf.memset_async(0xAB, &side).unwrap(),
+        Writer::Fill => buf.fill_async(0xAB, &side).unwrap(),
+        Writer::CopyFrom => buf.copy_from_async(&source, &side).unwrap(),
+    }
+    drop(buf);
+    let others: Vec<DeviceBuffer<u8>> = (0..4)
+        .map(|i| DeviceBuffer::from_slice(&pattern(N, 40 + i)).unwrap())
+        .collect();
+    let held = gate.held();
+    assert!(
+        !held || others.iter().all(|o| o.device_ptr() != addr),
+        "{w:?}: the block under queued work on another stream was handed out again"
+    );
+    gate.open();
+    side.synchronize().unwrap();
+    for (i, o) in others.iter().enumerate() {
+        assert!(
+            o.to_vec().unwrap() == pattern(N, 40 + i as u64),
+            "{w:?}: the new owner {i} holds the old owner's bytes"
+        );
+    }
+    drop(gate);
+}
+
+gpu_test!(a_memset_on_another_stream_keeps_the_block_until_it_ran, {
+    held_work_on_another_stream(Writer::Memset);
+});
+
+gpu_test!(a_fill_on_another_stream_keeps_the_block_until_it_ran, {
+    held_work_on_another_stream(Writer::Fill);
+});
+
+gpu_test!(a_copy_on_another_stream_keeps_the_block_until_it_ran, {
+    held_work_on_another_stream(Writer::CopyFrom);
+});
+
+gpu_test!(a_memory_pointer_memset_on_another_stream_keeps_its_block, {
+    let _serial = serial();
+    let side = Stream::non_blocking().unwrap();
+    let p = cuda_rt::alloc(N).unwrap();
+    let addr = p.ptr();
+    let mut gate = Gate::close(side.as_raw());
+    p.memset_async(0xAB, N, Some(&side)).unwrap();
+    drop(p);
+    let q = cuda_rt::alloc(N).unwrap();
+    q.copy_from_host(&pattern(N, 7)).unwrap();
+    let held = gate.held();
+    assert!(!held || q.ptr() != addr, "reused under the memset");
+    gate.open();
+    side.synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    q.copy_to_host(&mut back).unwrap();
+    assert!(
+        back == pattern(N, 7),
+        "the memset wrote the new owner's bytes"
+    );
+    drop(gate);
+});
+
+// The same work on the block's own stream costs nothing: no stream is recorded and
+// the block is reused at once (stream order protects it).
+gpu_test!(work_on_the_blocks_own_stream_records_nothing, {
+    let _serial = serial();
+    let s = Stream::non_blocking().unwrap();
+    let _on = s.enter().unwrap();
+    let pool = cuda_rt::get_default_memory_pool();
+    let p = cuda_rt::alloc(N).unwrap();
+    let addr = p.ptr();
+    let before = pool.device_stats(0).stream_fences;
+    p.memset_async(1, N, None).unwrap();
+    drop(p);
+    assert_eq!(pool.device_stats(0).stream_fences, before, "no fence");
+    let q = cuda_rt::alloc(N).unwrap();
+    assert_eq!(q.ptr(), addr, "reused at once in stream order");
+    s.synchronize().unwrap();
+});
+
+// Item 3: two threads each capture their own per-thread default stream (one handle,
+// two streams): the second `begin_capture` must not drop the first capture's record,
+// whose graph keeps the memory its memset uses.
+gpu_test!(
+    per_thread_stream_captures_on_two_threads_keep_their_own_records,
+    {
+        let _serial = serial();
+        let both = Arc::new(Barrier::new(2));
+        let run = |seed: u64, both: Arc<Barrier>| {
+            move || {
+                let pt = Stream::per_thread();
+                let _on = pt.enter().unwrap();
+                let x = cuda_rt::alloc(N).unwrap();
+                x.memset(0, N).unwrap();
+                pt.begin_capture(CaptureMode::ThreadLocal).unwrap();
+                x.memset_async(0xAB, N, None).unwrap();
+                // Both captures are under way before either ends.
+                both.wait();
+                let g = pt.end_capture().unwrap();
+                both.wait();
+                // The graph alone keeps x's block now.
+                drop(x);
+                let y = cuda_rt::alloc(N).unwrap();
+                y.copy_from_host(&pattern(N, seed)).unwrap();
+                g.launch(&pt).unwrap();
+                pt.synchronize().unwrap();
+                let mut back = vec![0u8; N];
+                y.copy_to_host(&mut back).unwrap();
+                assert!(
+                    back == pattern(N, seed),
+                    "thread {seed}: the graph's memset wrote a block handed out again"
+                );
+            }
+        };
+        let a = std::thread::spawn(run(1, both.clone()));
+        let b = std::thread::spawn(run(2, both));
+        a.join().unwrap();
+        b.join().unwrap();
+    }
+);
+
+// Item 5: allocations of a graph that never ran hold nothing: before the first
+// launch and after the graph went unlaunched every use is refused, and the size
+// never changes.
+gpu_test!(allocations_of_a_graph_never_launched_are_refused, {
+    let _serial = serial();
+    let s = Stream::non_blocking().unwrap();
+    let (p, g) = {
+        let _on = s.enter().unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        let p = cuda_rt::alloc(N).unwrap();
+        p.memset_async(1, N, None).unwrap();
+        (p, s.end_capture().unwrap())
+    };
+    assert_eq!(g.owned_allocation_count(), 1);
+    let e = p.memset(2, N).unwrap_err();
+    assert!(is_gone(&e), "before the first launch: {e}");
+    assert!(is_gone(&p.memset_async(2, N, Some(&s)).unwrap_err()));
+    drop(g);
+    assert_eq!(p.size(), N, "the size never changes");
+    let e = p.copy_from_host(&[1u8; 16]).unwrap_err();
+    assert!(is_gone(&e), "after the graph went unlaunched: {e}");
+    assert!(e.to_string().contains("never allocated"), "{e}");
+    // A launched graph's allocation is usable outside it afterwards.
+    let (q, g) = {
+        let _on = s.enter().unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        let q = cuda_rt::alloc(N).unwrap();
+        q.memset_async(3, N, None).unwrap();
+        (q, s.end_capture().unwrap())
+    };
+    g.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    q.copy_to_host(&mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 3));
+    drop(g);
+    q.memset(4, N).unwrap();
+});
+
+// Item 5: during its capture a graph allocation may be used by work of that capture
+// only; work on a stream outside it is refused.
+gpu_test!(
+    a_capture_allocation_is_refused_to_work_outside_the_capture,
+    {
+        let _serial = serial();
+        let s = Stream::non_blocking().unwrap();
+        let other = Stream::non_blocking().unwrap();
+        let _on = s.enter().unwrap();
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        let p = cuda_rt::alloc(N).unwrap();
+        p.memset_async(1, N, Some(&s)).unwrap();
+        let e = p.memset_async(1, N, Some(&other)).unwrap_err();
+        assert!(is_gone(&e), "{e}");
+        drop(p);
+        s.end_capture().unwrap();
+    }
+);
+
+/// Spins for `cycles` clock cycles, then fills `p[0..n]` with `v`.
+const SPIN_FILL: &str = r#"
+extern "C" __global__ void spin_fill(unsigned int* p, int n, unsigned int v, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        p[i] = v;
+    }
+}
+"#;
+
+// Item 6: inside a capture, an allocation dropped on the origin stream while a
+// forked stream's memset of it is not joined yet. The fork waits (a slow kernel)
+// before its memset; the origin allocates again after the free, sets the new block,
+// waits longer, then copies it out. The free node must depend on the fork's memset,
+// or the new block (the same memory) is overwritten before the copy.
+gpu_test!(a_free_in_a_capture_waits_for_an_unjoined_forks_use, {
+    if !common_kernel::nvrtc_or_skip("a_free_in_a_capture_waits_for_an_unjoined_forks_use") {
+        return;
+    }
+    let _serial = serial();
+    cuda_rt::device::set_device_id(0).unwrap();
+    let k = RawKernel::new(SPIN_FILL, "spin_fill", &[]).unwrap();
+    let words = (N / 4) as i32;
+    let s1 = Stream::non_blocking().unwrap();
+    let s2 = Stream::non_blocking().unwrap();
+    let scratch1 = cuda_rt::alloc(N).unwrap();
+    let scratch2 = cuda_rt::alloc(N).unwrap();
+    let out = cuda_rt::alloc(N).unwrap();
+    let cfg = LaunchConfig::new(64, 256);
+    const SHORT: i64 = 20_000_000; // ~10 ms
+    const LONG: i64 = 200_000_000; // ~100 ms
+                                   // Loaded before the capture (a module load is refused on a capturing thread).
+                                   // SAFETY: as below, on scratch1, with no spin.
+    unsafe { cuda_rt::launch!(k, &cfg, &s1, (scratch1.ptr(), words, 0u32, 0i64)).unwrap() };
+    s1.synchronize().unwrap();
+    let graph = {
+        let _on = s1.enter().unwrap();
+        s1.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        let p = cuda_rt::alloc(N).unwrap();
+        let fork = s1.record(None).unwrap();
+        s2.wait_event(&fork).unwrap();
+        // SAFETY: spin_fill(unsigned* p, int n, unsigned v, long long cycles); scratch2
+        // holds N bytes (n/4 words written), kept by the test past every launch.
+        unsafe { cuda_rt::launch!(k, &cfg, &s2, (scratch2.ptr(), words, 0u32, SHORT)).unwrap() };
+        p.memset_async(0xAB, N, Some(&s2)).unwrap();
+        // Dropped on the origin while the fork's memset is not joined.
+        drop(p);
+        let q = cuda_rt::alloc(N).unwrap();
+        q.memset_async(0x11, N, None).unwrap();
+        // SAFETY: as above, on scratch1.
+        unsafe { cuda_rt::launch!(k, &cfg, &s1, (scratch1.ptr(), words, 0u32, LONG)).unwrap() };
+        out.copy_from_device_async(&q, N, None).unwrap();
+        drop(q);
+        let join = s2.record(None).unwrap();
+        s1.wait_event(&join).unwrap();
+        s1.end_capture().unwrap()
+    };
+    graph.launch(&s1).unwrap();
+    s1.synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    out.copy_to_host(&mut back).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0x11),
+        "the fork's memset of the freed block overwrote the next allocation: {:#x?}",
+        &back[..8]
+    );
+});
+
+// Item 9: a cuda-rt call from a host function is refused with an error, not made.
+gpu_test!(cuda_rt_calls_in_a_host_function_are_refused, {
+    let s = Stream::non_blocking().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    s.launch_host_func(move || {
+        // Creating a stream always reaches the driver.
+        let r = Stream::non_blocking().map(|_| ());
+        let _ = tx.send(r);
+    })
+    .unwrap();
+    s.synchronize().unwrap();
+    let r = rx.recv().unwrap();
+    let e = r.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidState {
+                kind: StateKind::InHostFunction,
+                ..
+            }
+        ),
+        "{e}"
+    );
+});
+
+// Item 9: an operation enqueued on a stream while another thread begins and ends a
+// capture of it is either captured and kept by the graph, or not captured: the
+// graph never runs on memory the pool handed out again.
+gpu_test!(enqueues_racing_a_capture_are_noted_or_not_captured, {
+    let _serial = serial();
+    let s = Arc::new(Stream::non_blocking().unwrap());
+    for round in 0..20u64 {
+        let go = Arc::new(Barrier::new(2));
+        let worker = {
+            let (s, go) = (s.clone(), go.clone());
+            std::thread::spawn(move || {
+                let x = cuda_rt::alloc(N).unwrap();
+                go.wait();
+                // May land inside or outside the capture: either is fine.
+                let _ = x.memset_async(0xAB, N, Some(&*s));
+                drop(x);
+            })
+        };
+        go.wait();
+        s.begin_capture(CaptureMode::Relaxed).unwrap();
+        worker.join().unwrap();
+        let g = s.end_capture().unwrap();
+        let y = cuda_rt::alloc(N).unwrap();
+        y.copy_from_host(&pattern(N, round)).unwrap();
+        g.launch(&*s).unwrap();
+        s.synchronize().unwrap();
+        let mut back = vec![0u8; N];
+        y.copy_to_host(&mut back).unwrap();
+        assert!(
+            back == pattern(N, round),
+            "round {round}: a captured memset wrote memory handed out again"
+        );
+        drop(g);
+    }
+});
