@@ -8,6 +8,13 @@
 //!   aggregate pairs per second, vs raw pairs at the same thread count; target: 16
 //!   threads at least 8x the single-thread rate (`speedup`).
 //!
+//! - one cross-stream use: a 1 MiB pair whose block another stream used
+//!   (`record_stream`, what every operation cuda-rt queues on another stream records),
+//!   less the plain pair, i.e. the fence recorded at the free plus its poll before
+//!   reuse, vs a raw `cuEventRecord` + `cuStreamWaitEvent`; and a `memset_async` on the
+//!   block's own stream (the same-stream path, which records nothing) vs a raw
+//!   `cuMemsetD8Async`.
+//!
 //! First a line saying whether cached pairs take no lock in this process
 //! (`memory::lock_free_cached_pairs`: the Linux `membarrier` call is there). Then one
 //! JSON object per line (`ratio` = value / raw for times, raw / value for rates;
@@ -209,6 +216,76 @@ fn scaling(report: &mut Report) -> Res<()> {
     Ok(())
 }
 
+/// `iters` raw `cuEventRecord` on `side` + `cuStreamWaitEvent` of `main` on it.
+fn raw_record_wait(iters: usize, ev: sys::CUevent, side: sys::CUstream) -> Res<()> {
+    let api = sys::api()?;
+    let (record, wait) = (api.cuEventRecord()?, api.cuStreamWaitEvent()?);
+    for _ in 0..iters {
+        // SAFETY: `ev` and `side` are live handles of the current context; the legacy
+        // default stream (null) is valid there.
+        check(unsafe { record(ev, side) }, "cuEventRecord")?;
+        // SAFETY: as above.
+        check(unsafe { wait(std::ptr::null_mut(), ev, 0) }, "cuStreamWaitEvent")?;
+    }
+    Ok(())
+}
+
+fn cross_stream(report: &mut Report) -> Res<()> {
+    const SIZE: usize = 1 << 20;
+    const ITERS: usize = 20_000;
+    let pool = get_default_memory_pool();
+    let side = Stream::non_blocking()?;
+    let ev = cuda_rt::Event::with_flags(cuda_rt::EventFlags::DISABLE_TIMING)?;
+    drop(pool.malloc(SIZE)?);
+    let per = |secs: f64| secs / ITERS as f64 * 1e9;
+    let used = || -> Res<()> {
+        for _ in 0..ITERS {
+            let p = pool.malloc(SIZE)?;
+            p.record_stream(&side)?;
+            drop(std::hint::black_box(p));
+        }
+        Ok(())
+    };
+    let with_use = per(median_secs(used)?);
+    let plain = per(median_secs(|| pool_pairs(&pool, SIZE, ITERS))?);
+    let raw = per(median_secs(|| raw_record_wait(ITERS, ev.as_raw(), side.as_raw()))?);
+    report.push(
+        Figure::new("cross_stream_use", (with_use - plain).max(0.0), "ns")
+            .size(SIZE)
+            .raw(raw, "cuEventRecord+cuStreamWaitEvent")
+            .field("pair_with_use_ns", with_use)
+            .field("pair_ns", plain),
+    );
+    // The same-stream path: a memset on the block's own stream.
+    let p = pool.malloc(SIZE)?;
+    let api = sys::api()?;
+    let memset = api.cuMemsetD8Async()?;
+    let ours = per(median_secs(|| {
+        for _ in 0..ITERS {
+            p.memset_async(1, 256, None)?;
+        }
+        Ok(())
+    })?);
+    let raw_memset = per(median_secs(|| {
+        for _ in 0..ITERS {
+            // SAFETY: 256 bytes of `p`'s live block, on the legacy default stream.
+            check(
+                unsafe { memset(p.ptr(), 1, 256, std::ptr::null_mut()) },
+                "cuMemsetD8Async",
+            )?;
+        }
+        Ok(())
+    })?);
+    cuda_rt::synchronize()?;
+    report.push(
+        Figure::new("memset_async_own_stream", ours, "ns")
+            .size(256usize)
+            .raw(raw_memset, "cuMemsetD8Async"),
+    );
+    side.synchronize()?;
+    Ok(())
+}
+
 fn main() {
     if !common::gpu_or_skip("pool") {
         return;
@@ -224,6 +301,7 @@ fn main() {
     for (name, step) in [
         ("pairs", pairs as fn(&mut Report) -> Res<()>),
         ("scaling", scaling),
+        ("cross_stream", cross_stream),
     ] {
         if let Err(e) = step(&mut report) {
             eprintln!("pool bench: {name} failed: {e}");
