@@ -225,7 +225,10 @@ fn raw_record_wait(iters: usize, ev: sys::CUevent, side: sys::CUstream) -> Res<(
         // default stream (null) is valid there.
         check(unsafe { record(ev, side) }, "cuEventRecord")?;
         // SAFETY: as above.
-        check(unsafe { wait(std::ptr::null_mut(), ev, 0) }, "cuStreamWaitEvent")?;
+        check(
+            unsafe { wait(std::ptr::null_mut(), ev, 0) },
+            "cuStreamWaitEvent",
+        )?;
     }
     Ok(())
 }
@@ -248,7 +251,9 @@ fn cross_stream(report: &mut Report) -> Res<()> {
     };
     let with_use = per(median_secs(used)?);
     let plain = per(median_secs(|| pool_pairs(&pool, SIZE, ITERS))?);
-    let raw = per(median_secs(|| raw_record_wait(ITERS, ev.as_raw(), side.as_raw()))?);
+    let raw = per(median_secs(|| {
+        raw_record_wait(ITERS, ev.as_raw(), side.as_raw())
+    })?);
     report.push(
         Figure::new("cross_stream_use", (with_use - plain).max(0.0), "ns")
             .size(SIZE)

@@ -4,6 +4,9 @@
 //! below two GPUs, fail under `CUDA_RT_REQUIRE_MULTI_GPU=1`), and, on any machine,
 //! the errors: NCCL missing, status names.
 
+mod common;
+
+use common::Gate;
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt::cuda_sys::result::nccl::status_name;
 use cuda_rt::memory::{Bf16, F16};
@@ -280,3 +283,49 @@ fn zz_nccl_rank_process_entry() {
     comm.destroy().unwrap();
     println!("rank ok");
 }
+
+// Issue 26, item 1: a collective queued on another stream (held behind a gate), then
+// its receive buffer dropped: the pool must not hand the block out before the
+// collective ran, and the new owners keep their own values. Inside a group, the
+// buffer dropped before `group_end` (NCCL queues the work only there) is held until
+// the group has launched.
+gpu_test!(a_buffer_dropped_under_a_collective_is_not_reused, {
+    let comm = single_rank();
+    let side = Stream::non_blocking().unwrap();
+    let n = 1 << 18;
+    let src = DeviceBuffer::from_slice(&vec![7.0f32; n]).unwrap();
+    for grouped in [false, true] {
+        let mut dst = DeviceBuffer::<f32>::zeros(n).unwrap();
+        let addr = dst.device_ptr();
+        let mut gate = Gate::close(cuda_rt::AsStream::as_raw(&side));
+        if grouped {
+            group(|| {
+                comm.all_reduce(src.as_slice(), dst.as_mut_slice(), ReduceOp::Sum, &side)?;
+                drop(dst);
+                Ok(())
+            })
+            .unwrap();
+        } else {
+            comm.all_reduce(src.as_slice(), dst.as_mut_slice(), ReduceOp::Sum, &side)
+                .unwrap();
+            drop(dst);
+        }
+        let others: Vec<DeviceBuffer<f32>> = (0..4)
+            .map(|i| DeviceBuffer::from_slice(&vec![i as f32; n]).unwrap())
+            .collect();
+        let held = gate.held();
+        assert!(
+            !held || others.iter().all(|o| o.device_ptr() != addr),
+            "grouped {grouped}: the receive buffer was handed out under the collective"
+        );
+        gate.open();
+        side.synchronize().unwrap();
+        for (i, o) in others.iter().enumerate() {
+            assert!(
+                o.to_vec().unwrap().iter().all(|&v| v == i as f32),
+                "grouped {grouped}: the collective wrote the new owner {i}'s memory"
+            );
+        }
+        drop(gate);
+    }
+});
