@@ -364,10 +364,7 @@ impl MemoryAsync {
         if freed_on_another_thread(self.stream.handle(), self.key) {
             // The allocating thread's per-thread default stream has no handle here:
             // wait for the context's whole work, which holds the recorded uses too.
-            count_host_wait();
-            let done = result::context::synchronize().is_ok();
-            self.uses.clear();
-            return done;
+            return self.wait_for_context();
         }
         // SAFETY: `self.stream` keeps its stream alive (or is a default stream, or a
         // handle its maker keeps alive); its context is current (caller).
@@ -385,14 +382,24 @@ impl MemoryAsync {
                 // The driver refuses the handle (an external stream gone): wait for
                 // the context's work; `release` then frees on the legacy default
                 // stream (`free_on_stale_stream`).
-                count_host_wait();
-                let done = result::context::synchronize().is_ok();
-                self.uses.clear();
-                return done;
+                return self.wait_for_context();
             }
         }
         self.uses
             .order_before(self.device, &self.stream, count_host_wait)
+    }
+}
+
+impl MemoryAsync {
+    /// Waits on the host for all the work of the current context (the memory's
+    /// device's), which orders the free after every use; `false` when the driver
+    /// refused. The recorded uses are forgotten either way.
+    #[cold]
+    fn wait_for_context(&self) -> bool {
+        count_host_wait();
+        let done = result::context::synchronize().is_ok();
+        self.uses.clear();
+        done
     }
 }
 
