@@ -1,7 +1,12 @@
 //! Stream-ordered allocation and the driver's memory pools. GPU tests skip without a GPU.
 
-use std::sync::Arc;
+mod common;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Gate;
+use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::memory::{
     malloc_async, MemoryAsync, MemoryAsyncPool, MemoryPointer, NO_LIMIT, ROUND_SIZE,
 };
@@ -198,3 +203,176 @@ cuda_rt::gpu_test!(pool_freed_memory_is_reused_in_stream_order, {
         "same stream: the freed block comes back"
     );
 });
+
+// ---- Issue 26, items 2 and 3: a free waits for the other streams that used the memory.
+//
+// Each test queues, behind a gate, a write of 0xAA by another stream, drops the memory,
+// allocates the same size again and fills it with 0x55 on the allocation stream while
+// the gate still holds the first write; then it opens the gate. A correct free orders
+// the reuse after the 0xAA write, so the new owner reads 0x55 whatever the timing (a
+// gate that timed out only lets the write run earlier): the bytes are judged always.
+// Without the ordering, the driver hands the same address out at once on the same
+// stream and the gated write lands on the new owner.
+
+/// The size of the tests' allocations.
+const N: usize = 1 << 20;
+
+/// Queues a raw `cuMemsetD8Async` of `value` over `p` on `stream` (raw, so that the
+/// use is known to cuda-rt only through the test's `record_stream`).
+fn set_raw(p: &MemoryPointer, value: u8, stream: sys::CUstream) {
+    // SAFETY: `p` is `p.size()` bytes of this device, kept from reuse until the set has
+    // run by the `record_stream` (or the allocating thread's stream) that follows; the
+    // device's context is current (the callers set device 0) and `stream` is alive.
+    unsafe { cuda_rt::cuda_sys::result::memory::memset_d8_async(p.ptr(), value, p.size(), stream) }
+        .unwrap();
+}
+
+fn host_bytes(p: &MemoryPointer) -> Vec<u8> {
+    let mut v = vec![0u8; p.size()];
+    p.copy_to_host(&mut v).unwrap();
+    v
+}
+
+/// Asserts that `q` holds the 0x55 its owner wrote; `reused` (its address was the
+/// dropped memory's) and `held` (the gate held through the reuse; `None` when a timer
+/// opened it) say how sharp the test was.
+fn assert_own_bytes(q: &MemoryPointer, reused: bool, held: Option<bool>) {
+    eprintln!("address reused: {reused}; gate held through the reuse: {held:?}");
+    assert!(
+        host_bytes(q).iter().all(|&b| b == 0x55),
+        "the new owner's bytes were overwritten by another stream's queued write \
+         (address reused: {reused}, gate held: {held:?})"
+    );
+}
+
+/// The scenario above on two non-blocking streams, with `alloc` allocating `N` bytes
+/// on the first one.
+fn another_streams_write_is_ordered_before_reuse(alloc: impl Fn(&Stream) -> MemoryPointer) {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let s1 = Stream::non_blocking().unwrap();
+    let s2 = Stream::non_blocking().unwrap();
+    let p = alloc(&s1);
+    let addr = p.ptr();
+    let mut gate = Gate::close(s2.as_raw());
+    set_raw(&p, 0xAA, s2.as_raw());
+    p.record_stream(&s2).unwrap();
+    drop(p); // with S2's use pending: the free waits for it on the device
+    let q = alloc(&s1);
+    q.memset_async(0x55, N, Some(&s1)).unwrap();
+    let held = gate.held();
+    gate.open();
+    cuda_rt::device::synchronize().unwrap();
+    assert_own_bytes(&q, q.ptr() == addr, Some(held));
+    drop(gate);
+}
+
+cuda_rt::gpu_test!(
+    pool_memory_used_by_another_stream_is_reused_only_after_that_use,
+    {
+        let pool = MemoryAsyncPool::create(0).unwrap();
+        another_streams_write_is_ordered_before_reuse(|s| pool.malloc_on(N, s).unwrap());
+    }
+);
+
+cuda_rt::gpu_test!(
+    malloc_async_memory_used_by_another_stream_is_reused_only_after_that_use,
+    {
+        another_streams_write_is_ordered_before_reuse(|s| {
+            let _in = s.enter().unwrap();
+            malloc_async(N).unwrap()
+        });
+    }
+);
+
+/// Opens the gate of `opener` after a moment, from another thread: long enough for
+/// the test's next allocation and fill to be queued first when nothing waits for the
+/// gate (the bug), and it lets a correct free's host wait end.
+fn open_later(opener: std::sync::mpsc::Sender<()>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = opener.send(());
+    })
+}
+
+cuda_rt::gpu_test!(
+    malloc_async_on_a_per_thread_stream_freed_on_another_thread_waits_for_the_allocating_thread,
+    {
+        cuda_rt::device::set_device_id(0).unwrap();
+        let before = MemoryAsync::host_waits();
+        let (to_main, from_a) = std::sync::mpsc::channel();
+        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        // Thread A allocates on its per-thread default stream and queues there, behind
+        // a gate, a write of 0xAA; it stays alive (with its stream) until the end.
+        let a = std::thread::spawn(move || {
+            cuda_rt::device::set_device_id(0).unwrap();
+            let ptds = Stream::per_thread();
+            let _in = ptds.enter().unwrap();
+            let p = malloc_async(N).unwrap();
+            let gate = Gate::close(ptds.as_raw());
+            set_raw(&p, 0xAA, ptds.as_raw());
+            to_main.send((p, gate)).unwrap();
+            let _ = wait_done.recv();
+        });
+        let (p, mut gate) = from_a.recv().unwrap();
+        // This thread (B) on its own per-thread default stream: the same handle (2),
+        // another stream.
+        let ptds = Stream::per_thread();
+        let _in = ptds.enter().unwrap();
+        let addr = p.ptr();
+        let opening = open_later(gate.opener());
+        drop(p); // freed on B: must wait for A's stream first
+        let q = malloc_async(N).unwrap();
+        q.memset_async(0x55, N, None).unwrap();
+        opening.join().unwrap();
+        gate.open();
+        cuda_rt::device::synchronize().unwrap();
+        assert_own_bytes(&q, q.ptr() == addr, None);
+        assert!(
+            MemoryAsync::host_waits() > before,
+            "the cross-thread free waited on the host"
+        );
+        drop(gate);
+        done.send(()).unwrap();
+        a.join().unwrap();
+    }
+);
+
+cuda_rt::gpu_test!(
+    a_use_by_another_threads_per_thread_stream_is_waited_for_at_the_free,
+    {
+        cuda_rt::device::set_device_id(0).unwrap();
+        let before = MemoryAsync::host_waits();
+        let pool = MemoryAsyncPool::create(0).unwrap();
+        let s1 = Stream::non_blocking().unwrap();
+        let p = pool.malloc_on(N, &s1).unwrap();
+        let addr = p.ptr();
+        let (to_main, from_c) = std::sync::mpsc::channel();
+        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        let user = p.clone();
+        // Thread C writes 0xAA on its per-thread default stream behind a gate and
+        // records that stream (handle 2, recorded on C) on the memory.
+        let c = std::thread::spawn(move || {
+            cuda_rt::device::set_device_id(0).unwrap();
+            let ptds = Stream::per_thread();
+            let gate = Gate::close(ptds.as_raw());
+            set_raw(&user, 0xAA, ptds.as_raw());
+            user.record_stream(&ptds).unwrap();
+            drop(user);
+            to_main.send(gate).unwrap();
+            let _ = wait_done.recv();
+        });
+        let mut gate = from_c.recv().unwrap();
+        let opening = open_later(gate.opener());
+        drop(p); // on this thread, handle 2 would name this thread's stream: waits
+        let q = pool.malloc_on(N, &s1).unwrap();
+        q.memset_async(0x55, N, Some(&s1)).unwrap();
+        opening.join().unwrap();
+        gate.open();
+        cuda_rt::device::synchronize().unwrap();
+        assert_own_bytes(&q, q.ptr() == addr, None);
+        assert!(MemoryAsync::host_waits() > before);
+        drop(gate);
+        done.send(()).unwrap();
+        c.join().unwrap();
+    }
+);

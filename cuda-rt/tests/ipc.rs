@@ -268,45 +268,66 @@ fn zz_ipc_child_process_entry() {
 const POOL_CHILD_VAR: &str = "CUDA_RT_POOL_IPC_CHILD";
 const POOL_CHILD_TEST: &str = "zz_pool_ipc_child_process_entry";
 
+/// Runs the test `child_test` of this binary in a child process with `child_var` set
+/// to a socket's path, sends it `pool`'s descriptor and `h` through the socket, and
+/// waits for it: `true` when it exited cleanly after sending one byte back.
+fn share_pool_with_child(
+    child_test: &str,
+    child_var: &str,
+    pool: &cuda_rt::memory::MemoryAsyncPool,
+    h: &cuda_rt::ipc::PoolPointerHandle,
+) -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixListener;
+    let path = std::env::temp_dir().join(format!("cuda-rt-{child_test}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([child_test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(child_var, &path)
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let watchdog = Watchdog::new("pool ipc test", child.id());
+    let socket = accept_within(&listener, std::time::Duration::from_secs(60));
+    cuda_rt::ipc::send_fd(&socket, pool.export_fd().unwrap().as_fd(), &h.to_bytes()).unwrap();
+    // The child does its part, synchronises, and says so with one byte.
+    let mut byte = [0u8; 1];
+    let got = std::io::Read::read(&mut &socket, &mut byte).unwrap_or(0);
+    let status = child.wait().unwrap();
+    drop(watchdog);
+    let _ = std::fs::remove_file(&path);
+    eprintln!("{child_test}: child exited with {status}, sent {got} byte(s)");
+    status.success() && got == 1
+}
+
+/// An exportable pool with one allocation of `POOL_WORDS` words holding pattern 3,
+/// and the allocation's handle.
+fn shared_pool_pointer() -> (
+    cuda_rt::memory::MemoryAsyncPool,
+    MemoryPointer,
+    cuda_rt::ipc::PoolPointerHandle,
+) {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let pool = cuda_rt::memory::MemoryAsyncPool::create_shareable(0).unwrap();
+    let p = pool.malloc(POOL_WORDS * 4).unwrap();
+    p.copy_from_host(&pattern(POOL_WORDS, 3)).unwrap();
+    cuda_rt::device::synchronize().unwrap();
+    let h = cuda_rt::ipc::PoolPointerHandle::export(&p).unwrap();
+    (pool, p, h)
+}
+
 gpu_test!(
     a_stream_ordered_pool_and_its_pointer_are_shared_with_a_child_process,
     {
-        use std::os::fd::AsFd;
-        use std::os::unix::net::UnixListener;
-        cuda_rt::device::set_device_id(0).unwrap();
-        let pool = cuda_rt::memory::MemoryAsyncPool::create_shareable(0).unwrap();
-        let p = pool.malloc(POOL_WORDS * 4).unwrap();
-        p.copy_from_host(&pattern(POOL_WORDS, 3)).unwrap();
-        cuda_rt::device::synchronize().unwrap();
-        let h = cuda_rt::ipc::PoolPointerHandle::export(&p).unwrap();
+        let (pool, p, h) = shared_pool_pointer();
         // An offset pointer is refused before the driver sees it.
         assert!(cuda_rt::ipc::PoolPointerHandle::export(&p.checked_add(256).unwrap()).is_err());
-
-        let path = std::env::temp_dir().join(format!("cuda-rt-pool-ipc-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                POOL_CHILD_TEST,
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(POOL_CHILD_VAR, &path)
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let watchdog = Watchdog::new("pool ipc test", child.id());
-        let socket = accept_within(&listener, std::time::Duration::from_secs(60));
-        cuda_rt::ipc::send_fd(&socket, pool.export_fd().unwrap().as_fd(), &h.to_bytes()).unwrap();
-        // The child writes its pattern, synchronises, and says so with one byte.
-        let mut byte = [0u8; 1];
-        let got = std::io::Read::read(&mut &socket, &mut byte).unwrap_or(0);
-        let status = child.wait().unwrap();
-        drop(watchdog);
-        let _ = std::fs::remove_file(&path);
-        assert!(status.success() && got == 1, "child failed: {status}");
+        assert!(
+            share_pool_with_child(POOL_CHILD_TEST, POOL_CHILD_VAR, &pool, &h),
+            "child failed"
+        );
         assert_eq!(read_words(&p, POOL_WORDS), pattern(POOL_WORDS, 13));
     }
 );
@@ -331,5 +352,78 @@ fn zz_pool_ipc_child_process_entry() {
     q.copy_from_host(&pattern(POOL_WORDS, 13)).unwrap();
     cuda_rt::device::synchronize().unwrap();
     drop(q); // freed here before the exporter frees the allocation
+    std::io::Write::write_all(&mut &socket, &[1]).unwrap();
+}
+
+const IMPORTS_CHILD_VAR: &str = "CUDA_RT_POOL_IMPORTS_CHILD";
+const IMPORTS_CHILD_TEST: &str = "zz_pool_imports_child_process_entry";
+
+// Issue 26, item 7: the driver maps one allocation once per process, so two imports
+// share a mapping; dropping one must not unmap the other's memory, and a handle whose
+// size was forged (from_bytes) must not reach past the mapping. The child does it all
+// and reports with its exit status.
+gpu_test!(
+    two_imports_of_one_pool_pointer_share_the_mapping_and_a_larger_size_is_refused,
+    {
+        let (pool, p, h) = shared_pool_pointer();
+        assert!(
+            share_pool_with_child(IMPORTS_CHILD_TEST, IMPORTS_CHILD_VAR, &pool, &h),
+            "child failed (see its output above)"
+        );
+        // The exporter's allocation is untouched by the child's imports and frees.
+        assert_eq!(read_words(&p, POOL_WORDS), pattern(POOL_WORDS, 3));
+    }
+);
+
+/// Not a test of its own: the child's side of
+/// `two_imports_of_one_pool_pointer_share_the_mapping_and_a_larger_size_is_refused`;
+/// does nothing unless `CUDA_RT_POOL_IMPORTS_CHILD` is set.
+#[test]
+fn zz_pool_imports_child_process_entry() {
+    use cuda_rt::ipc::PoolPointerHandle;
+    use std::os::fd::AsFd;
+    let Some(path) = std::env::var_os(IMPORTS_CHILD_VAR) else {
+        return;
+    };
+    cuda_rt::device::set_device_id(0).unwrap();
+    let socket = std::os::unix::net::UnixStream::connect(path).unwrap();
+    let (fd, bytes) = cuda_rt::ipc::recv_fd(&socket).unwrap();
+    let pool = cuda_rt::memory::MemoryAsyncPool::import_fd(fd.as_fd(), 0).unwrap();
+    let h = PoolPointerHandle::from_bytes(&bytes).unwrap();
+
+    let q = h.import(&pool).unwrap();
+    let q2 = h.import(&pool).unwrap();
+    eprintln!(
+        "pool imports child: first import at {:#x}, second at {:#x}",
+        q.ptr(),
+        q2.ptr()
+    );
+    assert_eq!(read_words(&q2, POOL_WORDS), pattern(POOL_WORDS, 3));
+    // Dropping one import leaves the other mapped (a read of an unmapped address is
+    // an error, and a sticky one: the asserts below would fail).
+    drop(q2);
+    cuda_rt::device::synchronize().unwrap();
+    assert_eq!(read_words(&q, POOL_WORDS), pattern(POOL_WORDS, 3));
+
+    // A handle claiming far more than the allocation (1 TiB: no mapping is that
+    // large) is refused, and undoing it leaves the live import mapped.
+    let mut forged = bytes.clone();
+    forged[64..].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let e = PoolPointerHandle::from_bytes(&forged)
+        .unwrap()
+        .import(&pool)
+        .unwrap_err();
+    assert!(
+        matches!(e, cuda_rt::Error::InvalidArgument { .. }) && e.to_string().contains("claims"),
+        "{e}"
+    );
+    assert_eq!(read_words(&q, POOL_WORDS), pattern(POOL_WORDS, 3));
+
+    // The last import gone, the mapping is freed; a new import maps it again.
+    drop(q);
+    let q3 = h.import(&pool).unwrap();
+    assert_eq!(read_words(&q3, POOL_WORDS), pattern(POOL_WORDS, 3));
+    drop(q3);
+    cuda_rt::device::synchronize().unwrap();
     std::io::Write::write_all(&mut &socket, &[1]).unwrap();
 }

@@ -28,9 +28,24 @@
 //! importer's (an interprocess event), as with [`IpcMemHandle`](super::IpcMemHandle);
 //! the importer frees its mapping (when the last pointer goes) before the exporter
 //! frees the allocation.
+//!
+//! # One mapping, many imports
+//! Importing one allocation twice in a process gives the same mapping (the same
+//! address) from the driver, and one `cuMemFree` unmaps it for both. So imports are
+//! counted per mapping, process-wide: the mapping is freed when the last memory object
+//! of any import of it goes. Counting, importing, checking and freeing happen under one
+//! lock, so an import never meets a mapping that a drop is about to free.
+//!
+//! # The size is checked
+//! A handle's size is plain data ([`PoolPointerHandle::from_bytes`] takes any): the
+//! import asks the driver for the mapped range (`cuMemGetAddressRange`) and refuses a
+//! handle whose pointer is not the start of it or whose size is larger than it; when
+//! the driver cannot tell, the import is refused too (a size that cannot be checked
+//! is not trusted). The import is undone on refusal.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use cuda_sys::result;
 
@@ -121,16 +136,39 @@ impl PoolPointerHandle {
 
     /// The exported allocation mapped in this process from `pool` (the exporter's pool,
     /// imported with [`MemoryAsyncPool::import_fd`]): a pointer to the whole allocation,
-    /// freed (`cuMemFree`) when its last pointer goes; the pool stays alive until then.
+    /// freed (`cuMemFree`) when the last pointer of every import of it goes (see the
+    /// module docs); the pool stays alive until then. A handle whose size is larger
+    /// than the mapping the driver made, or that the driver cannot measure, is refused
+    /// ([`Error::InvalidArgument`]).
     pub fn import(&self, pool: &MemoryAsyncPool) -> Result<MemoryPointer> {
         let size = usize::try_from(self.size).map_err(|_| {
-            Error::invalid_argument(ArgumentKind::InvalidValue, "PoolPointerHandle: size")
+            Error::invalid_argument(
+                ArgumentKind::InvalidValue,
+                format!(
+                    "PoolPointerHandle::import: size {} does not fit this process's \
+                     address space",
+                    self.size
+                ),
+            )
         })?;
         make_current(pool.device_id())?;
+        let mut live = IMPORTS.lock().unwrap_or_else(PoisonError::into_inner);
         // SAFETY: the pool is live while `pool` is (and the memory object keeps a clone);
         // that the exporter keeps the allocation alive is the cross-process contract of
-        // the module docs, as for IPC handles.
+        // the module docs, as for IPC handles. The mapping is freed by the last import
+        // of it alone (`live` counts them; its lock is held).
         let ptr = unsafe { result::ipc::pool_import_pointer(pool.as_raw(), &self.data) }?;
+        live.acquire(ptr);
+        let range = result::ipc::get_address_range(ptr);
+        if let Err(e) = check_mapping(ptr, size, range.map_err(Error::from)) {
+            if live.release(ptr) {
+                // SAFETY: mapped by the import above and by no other live import (the
+                // count says so, under its lock): freed once, here.
+                let _ = unsafe { result::memory::free(ptr) };
+            }
+            return Err(e);
+        }
+        drop(live);
         Ok(MemoryPointer::from_memory(Arc::new(ImportedPoolMemory {
             ptr,
             size,
@@ -138,6 +176,65 @@ impl PoolPointerHandle {
         })))
     }
 }
+
+/// Whether a handle's `size` bytes at `ptr` fit the mapping the driver reports for
+/// `ptr` (`range`: its base and size, or why it could not tell). Pure.
+fn check_mapping(ptr: u64, size: usize, range: Result<(u64, usize)>) -> Result<()> {
+    let refuse = |why: String| {
+        Err(Error::invalid_argument(
+            ArgumentKind::InvalidValue,
+            format!("PoolPointerHandle::import: {why}; the import was undone"),
+        ))
+    };
+    match range {
+        Err(e) => refuse(format!(
+            "the driver cannot tell the size of the imported allocation at {ptr:#x} \
+             ({e}), so the handle's size of {size} bytes cannot be checked"
+        )),
+        Ok((base, _)) if base != ptr => refuse(format!(
+            "the imported pointer {ptr:#x} is not the start of its mapping (which starts \
+             at {base:#x})"
+        )),
+        Ok((_, mapped)) if size > mapped => refuse(format!(
+            "the handle claims {size} bytes, the imported allocation has {mapped} (a \
+             handle's size is plain data: from_bytes takes any)"
+        )),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// The live imports of each mapping, by address (one address is one mapping in a
+/// process), guarded by one lock with the driver calls that map and unmap them.
+#[derive(Debug, Default)]
+struct LiveImports {
+    count: HashMap<u64, usize>,
+}
+
+impl LiveImports {
+    /// One more import of the mapping at `ptr`.
+    fn acquire(&mut self, ptr: u64) {
+        *self.count.entry(ptr).or_insert(0) += 1;
+    }
+
+    /// One import of the mapping at `ptr` less; `true` when it was the last (the
+    /// caller frees the mapping). An address never acquired is `false`: not ours.
+    fn release(&mut self, ptr: u64) -> bool {
+        match self.count.get_mut(&ptr) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                self.count.remove(&ptr);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The process's imported mappings (see the module docs).
+static IMPORTS: LazyLock<Mutex<LiveImports>> = LazyLock::new(Mutex::default);
 
 /// An allocation of another process's stream-ordered pool, mapped here.
 struct ImportedPoolMemory {
@@ -157,12 +254,17 @@ impl fmt::Debug for ImportedPoolMemory {
 
 impl Drop for ImportedPoolMemory {
     fn drop(&mut self) {
-        if make_current(self.pool.device_id()).is_ok() {
-            // SAFETY: `ptr` came from cuMemPoolImportPointer and is freed once, here (the
-            // driver's documented way to release an imported pointer; it waits for the
-            // work queued on it). A failure at exit leaves nothing to do.
+        // Under the lock until the mapping is freed: an import of the same allocation
+        // waits, and maps it anew, rather than share a mapping about to go.
+        let mut live = IMPORTS.lock().unwrap_or_else(PoisonError::into_inner);
+        if live.release(self.ptr) && make_current(self.pool.device_id()).is_ok() {
+            // SAFETY: `ptr` came from cuMemPoolImportPointer and this was its last live
+            // import (the count, under its lock): freed once, here (the driver's
+            // documented way to release an imported pointer; it waits for the work
+            // queued on it). A failure at exit leaves nothing to do.
             let _ = unsafe { result::memory::free(self.ptr) };
         }
+        drop(live);
     }
 }
 
@@ -194,6 +296,37 @@ mod tests {
         assert_eq!(PoolPointerHandle::from_bytes(&b).unwrap(), h);
         assert!(PoolPointerHandle::from_bytes(&b[..71]).is_err());
         assert_eq!(h.size(), 1 << 20);
+    }
+
+    #[test]
+    fn a_mapping_is_freed_by_its_last_import_only() {
+        let mut live = LiveImports::default();
+        live.acquire(0x1000);
+        live.acquire(0x1000);
+        live.acquire(0x2000);
+        assert!(!live.release(0x1000), "another import still uses it");
+        assert!(live.release(0x1000), "the last import frees it");
+        assert!(!live.release(0x1000), "freed once");
+        assert!(live.release(0x2000));
+        assert!(!live.release(0x3000), "never imported: not ours to free");
+        assert!(live.count.is_empty());
+    }
+
+    #[test]
+    fn a_handle_larger_than_its_mapping_or_not_at_its_start_is_refused() {
+        check_mapping(0x1000, 4096, Ok((0x1000, 4096))).unwrap();
+        check_mapping(0x1000, 512, Ok((0x1000, 2 << 20))).unwrap();
+        let e = check_mapping(0x1000, 8192, Ok((0x1000, 4096))).unwrap_err();
+        assert!(e.to_string().contains("claims 8192 bytes"), "{e}");
+        let e = check_mapping(0x1200, 512, Ok((0x1000, 4096))).unwrap_err();
+        assert!(e.to_string().contains("not the start"), "{e}");
+        let unknown = Err(Error::invalid_argument(
+            ArgumentKind::InvalidValue,
+            "no range",
+        ));
+        let e = check_mapping(0x1000, 512, unknown).unwrap_err();
+        assert!(e.to_string().contains("cannot tell"), "{e}");
+        assert!(e.to_string().contains("undone"), "{e}");
     }
 
     #[test]

@@ -9,8 +9,29 @@
 //! is kept alive by its maker (its `from_raw` is `unsafe` and says so); should the
 //! driver refuse its handle at the free, the free falls back to synchronizing the
 //! device and freeing on the legacy default stream.
+//!
+//! # Uses by other streams
+//! The driver's pool hands freed memory out again in stream order: at once to later
+//! allocations on the freeing stream, to other streams once the free has run. Work
+//! that another stream queued on the memory is not ordered by that, so every
+//! stream-ordered operation cuda-rt queues on the memory on another stream records
+//! that stream ([`BaseMemory::record_stream`]; nothing, no lock, for the memory's own
+//! stream). At the free, an event is recorded on each recorded stream and the freeing
+//! stream waits for it on the device (`cuStreamWaitEvent`) before `cuMemFreeAsync`:
+//! no host wait. A stream that cannot be ordered so (the per-thread default stream
+//! of another thread, which no handle names here; an event the driver refuses) is
+//! waited for on the host; one that cannot be waited for either (capturing a graph,
+//! a driver error) leaks the memory rather than free it early.
+//!
+//! # The per-thread default stream
+//! Its handle (2) names a different stream on each thread, so memory allocated on it
+//! remembers the allocating thread ([`stream_key`]). Freed on that thread, nothing
+//! changes; freed on another, the free waits for the context's whole work on the host
+//! first (counted by [`MemoryAsync::host_waits`]), since the handle would name the
+//! freeing thread's stream instead of the allocating one's.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cuda_sys::driver as sys;
@@ -20,8 +41,12 @@ use crate::device::context::make_current;
 use crate::device::{get_device_id, Device};
 use crate::error::{ArgumentKind, Error, OutOfMemory, OutOfMemoryCause, Result};
 use crate::memory::device_memory::{make_current_checked, BaseMemory};
+use crate::memory::pool::stream_key::stream_key;
+use crate::memory::pool::stream_uses::StreamUses;
 use crate::memory::MemoryPointer;
-use crate::stream::{current_stream_of, get_current_stream, AsStream, StreamRef};
+use crate::stream::{
+    current_stream_of, get_current_stream, AsStream, StreamRef, PER_THREAD_DEFAULT_HANDLE,
+};
 
 /// Async-pool sizes are multiples of this many bytes (as CuPy's).
 pub const ROUND_SIZE: usize = 512;
@@ -60,6 +85,12 @@ pub struct MemoryAsync {
     device: i32,
     /// The stream it was allocated on and is freed on, kept alive until then.
     stream: StreamRef,
+    /// `stream`'s [`stream_key`] at the allocation: for the per-thread default stream,
+    /// the allocating thread's key, which tells whether the free runs on another thread.
+    key: u64,
+    /// Other streams that used the memory ([`BaseMemory::record_stream`]), which the
+    /// free waits for; empty again once freed.
+    uses: StreamUses,
     /// Keeps a pool this library created alive while its memory lives.
     _pool: Option<MemoryAsyncPool>,
 }
@@ -71,6 +102,7 @@ impl fmt::Debug for MemoryAsync {
             .field("size", &self.size)
             .field("device", &self.device)
             .field("stream", &format_args!("{:#x}", self.stream.handle()))
+            .field("other_streams", &self.uses.any())
             .finish()
     }
 }
@@ -93,6 +125,16 @@ impl MemoryAsync {
         &self.stream
     }
 
+    /// How many times, in this process, freeing stream-ordered memory waited on the
+    /// host because the device could not order the free after another stream's use:
+    /// memory of one thread's per-thread default stream freed on another thread, a
+    /// recorded use of another thread's per-thread default stream, or an event the
+    /// driver refused. Zero in the steady state of a well-ordered program; a figure to
+    /// watch, not a correctness signal.
+    pub fn host_waits() -> u64 {
+        HOST_WAITS.load(Ordering::Relaxed)
+    }
+
     fn alloc(
         size: usize,
         stream: StreamRef,
@@ -104,7 +146,9 @@ impl MemoryAsync {
                 ptr: 0,
                 size: 0,
                 device,
+                key: stream_key(stream.handle()),
                 stream,
+                uses: StreamUses::default(),
                 _pool: None,
             });
         }
@@ -114,7 +158,9 @@ impl MemoryAsync {
             ptr,
             size,
             device,
+            key: stream_key(stream.handle()),
             stream,
+            uses: StreamUses::default(),
             _pool: pool.filter(|p| p.inner.owned).cloned(),
         })
     }
@@ -219,6 +265,26 @@ unsafe impl BaseMemory for MemoryAsync {
         self.device
     }
 
+    /// Marks the memory as used by work queued on `stream`: its free waits for that
+    /// work (see the module docs). Nothing, and no lock, for the memory's own stream
+    /// (work there is ordered before the free already); `stream` is kept alive until
+    /// the free. A stream of another device is waited for on the host at the free.
+    /// Never fails.
+    #[inline]
+    fn record_stream(&self, stream: &StreamRef) -> Result<()> {
+        self.record_use(stream);
+        Ok(())
+    }
+
+    #[inline]
+    fn record_use(&self, stream: &StreamRef) {
+        if self.size == 0 {
+            // Nothing to protect: a null allocation is never freed.
+            return;
+        }
+        self.uses.record(stream, self.device, self.key)
+    }
+
     /// The last pointer went: the memory is freed on its stream now (as the drop
     /// would do) and an object of [`malloc_async`] (no stream or pool to keep alive)
     /// is kept, emptied, for the thread's next `malloc_async`.
@@ -247,8 +313,25 @@ impl Drop for MemoryAsync {
     }
 }
 
+/// Host waits of stream-ordered frees ([`MemoryAsync::host_waits`]).
+static HOST_WAITS: AtomicU64 = AtomicU64::new(0);
+
+fn count_host_wait() {
+    HOST_WAITS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Whether memory allocated on `handle` under stream key `alloc_key` is being freed on
+/// another thread's per-thread default stream: the handle names the current thread's
+/// stream, the key says which thread allocated. Pure but for the thread's key.
+#[inline]
+fn freed_on_another_thread(handle: usize, alloc_key: u64) -> bool {
+    handle == PER_THREAD_DEFAULT_HANDLE && stream_key(handle) != alloc_key
+}
+
 impl MemoryAsync {
-    /// Frees the memory on its stream (once: the object is empty afterwards).
+    /// Frees the memory on its stream (once: the object is empty afterwards), after
+    /// the work of the streams recorded on it. The hot path (no other stream, freed
+    /// where it was allocated) adds a compare and one relaxed load to the free.
     #[inline]
     fn release(&mut self) {
         let size = std::mem::replace(&mut self.size, 0);
@@ -258,12 +341,72 @@ impl MemoryAsync {
         if make_current(self.stream.device_id()).is_err() {
             return;
         }
+        if (self.uses.any() || freed_on_another_thread(self.stream.handle(), self.key))
+            && !self.order_free()
+        {
+            // Freeing now could hand the memory out under another stream's work:
+            // leaked instead (it stays allocated; a destroyed pool of its own is
+            // kept by the driver until then).
+            return;
+        }
         // SAFETY: `ptr` came from the allocation on this stream and is freed once
-        // (`size` was set to 0 above), its last pointer gone; `self.stream` keeps the
-        // stream alive, and its device's context was made current above.
+        // (`size` was set to 0 above), its last pointer gone, after the work of every
+        // other stream that used it (`order_free`; for another thread's per-thread
+        // default stream, the handle names this thread's, after a context-wide wait);
+        // `self.stream` keeps the stream alive, and its device's context was made
+        // current above.
         if unsafe { result::memory::free_async(self.ptr, self.stream.as_raw()) }.is_err() {
             free_on_stale_stream(self.ptr);
         }
+    }
+}
+
+impl MemoryAsync {
+    /// Orders the coming free after the work of the other streams that used the memory
+    /// (see the module docs); `false` when that is impossible and the memory must not
+    /// be freed. The context of the memory's device is current.
+    #[cold]
+    #[inline(never)]
+    fn order_free(&self) -> bool {
+        if freed_on_another_thread(self.stream.handle(), self.key) {
+            // The allocating thread's per-thread default stream has no handle here:
+            // wait for the context's whole work, which holds the recorded uses too.
+            return self.wait_for_context();
+        }
+        // SAFETY: `self.stream` keeps its stream alive (or is a default stream, or a
+        // handle its maker keeps alive); its context is current (caller).
+        match unsafe { result::stream::is_capturing(self.stream.as_raw()) } {
+            Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => {}
+            Ok(_) => {
+                // Capturing (a `MemoryAsync` owned directly and dropped inside a
+                // capture): the free would become a node of the graph, a wait for an
+                // event recorded outside the capture cannot join it, and a host wait
+                // would break the capture. Leaked.
+                self.uses.clear();
+                return false;
+            }
+            Err(_) => {
+                // The driver refuses the handle (an external stream gone): wait for
+                // the context's work; `release` then frees on the legacy default
+                // stream (`free_on_stale_stream`).
+                return self.wait_for_context();
+            }
+        }
+        self.uses
+            .order_before(self.device, &self.stream, count_host_wait)
+    }
+}
+
+impl MemoryAsync {
+    /// Waits on the host for all the work of the current context (the memory's
+    /// device's), which orders the free after every use; `false` when the driver
+    /// refused. The recorded uses are forgotten either way.
+    #[cold]
+    fn wait_for_context(&self) -> bool {
+        count_host_wait();
+        let done = result::context::synchronize().is_ok();
+        self.uses.clear();
+        done
     }
 }
 
@@ -294,7 +437,8 @@ pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
     let ptr = alloc_ptr(size, device, &stream, None)?;
     if let Some(mut o) = spare::take() {
         if let Some(m) = Arc::get_mut(&mut o) {
-            // An emptied object (size 0, nothing held): refill it in place.
+            // An emptied object (size 0, nothing held, no uses): refill it in place.
+            m.key = stream_key(stream.handle());
             (m.ptr, m.size, m.device, m.stream) = (ptr, size, device, stream);
             return Ok(MemoryPointer::from_memory_at(o, ptr));
         }
@@ -304,7 +448,9 @@ pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
         ptr,
         size,
         device,
+        key: stream_key(stream.handle()),
         stream,
+        uses: StreamUses::default(),
         _pool: None,
     })))
 }
@@ -576,7 +722,55 @@ impl MemoryAsyncPool {
 
 #[cfg(test)]
 mod tests {
-    use super::{round_up, threshold_for_limit, NO_LIMIT};
+    use super::{
+        freed_on_another_thread, round_up, stream_key, threshold_for_limit, MemoryAsync,
+        StreamUses, NO_LIMIT, PER_THREAD_DEFAULT_HANDLE,
+    };
+    use crate::memory::BaseMemory;
+    use crate::stream::StreamRef;
+
+    #[test]
+    fn only_the_per_thread_default_stream_freed_on_another_thread_needs_a_host_wait() {
+        let mine = stream_key(PER_THREAD_DEFAULT_HANDLE);
+        assert!(!freed_on_another_thread(PER_THREAD_DEFAULT_HANDLE, mine));
+        let theirs = std::thread::spawn(|| stream_key(PER_THREAD_DEFAULT_HANDLE))
+            .join()
+            .unwrap();
+        assert!(freed_on_another_thread(PER_THREAD_DEFAULT_HANDLE, theirs));
+        // Other handles name one stream on every thread.
+        assert!(!freed_on_another_thread(0, 0));
+        assert!(!freed_on_another_thread(0x7f00_0000, 0x7f00_0000));
+    }
+
+    /// A `MemoryAsync` that owns nothing real: dropped without a driver, `release`
+    /// stops at `make_current`.
+    fn fake(size: usize, stream: StreamRef) -> MemoryAsync {
+        MemoryAsync {
+            ptr: if size == 0 { 0 } else { 0x1000 },
+            size,
+            device: 0,
+            key: stream_key(stream.handle()),
+            stream,
+            uses: StreamUses::default(),
+            _pool: None,
+        }
+    }
+
+    #[test]
+    fn record_stream_keeps_other_streams_only() {
+        let m = fake(512, StreamRef::per_thread_default(0));
+        m.record_stream(&StreamRef::per_thread_default(0)).unwrap();
+        assert!(!m.uses.any(), "its own stream: nothing to do");
+        m.record_stream(&StreamRef::legacy_default(0)).unwrap();
+        assert!(m.uses.any(), "another stream is waited for at the free");
+        m.uses.clear();
+        // A peer's stream, even with the same handle: recorded (waited for on the host).
+        m.record_stream(&StreamRef::per_thread_default(3)).unwrap();
+        assert!(m.uses.any(), "a stream of another device is a use");
+        let empty = fake(0, StreamRef::per_thread_default(0));
+        empty.record_stream(&StreamRef::legacy_default(0)).unwrap();
+        assert!(!empty.uses.any(), "a null allocation is never freed");
+    }
 
     #[test]
     fn a_limit_of_zero_is_no_limit_as_in_cupy() {

@@ -55,7 +55,8 @@
 //! - `stream_key`: the arena key of the current stream; `limit_env`: [`LIMIT_ENV`].
 //! - `stream_uses`: the other streams recorded on a block
 //!   ([`MemoryPointer::record_stream`](crate::memory::MemoryPointer::record_stream))
-//!   and the events recorded on them when it is freed.
+//!   and the events recorded on them when it is freed; stream-ordered memory
+//!   ([`MemoryAsync`](crate::memory::MemoryAsync)) keeps its uses with it too.
 //! - `out_of_memory`: a failed malloc as the crate's error (shared with the pinned
 //!   pools).
 //!
@@ -68,8 +69,8 @@ pub(crate) mod limit_env;
 mod memory_pool;
 mod out_of_memory;
 mod pooled_memory;
-mod stream_key;
-mod stream_uses;
+pub(crate) mod stream_key;
+pub(crate) mod stream_uses;
 
 pub use device_backend::PoolAllocator;
 pub use expandable_env::{ALLOC_CONF_ENV, EXPANDABLE_ENV};

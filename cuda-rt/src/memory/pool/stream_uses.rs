@@ -1,6 +1,10 @@
-//! The streams other than its own that used a pooled block (`record_stream`), and the
-//! fences (events) recorded on them when the block is freed, which the arena polls
-//! before it hands the block out again (see `memory::arena`'s `awaiting`).
+//! The streams other than its own that used a block of memory (`record_stream`), and
+//! the fences (events) recorded on them when the block is freed: for a pooled block,
+//! fences the arena polls before it hands the block out again (see `memory::arena`'s
+//! `awaiting`, [`StreamUses::fence`]); for stream-ordered memory (`MemoryAsync`),
+//! fences the freeing stream waits for on the device before `cuMemFreeAsync`
+//! ([`StreamUses::order_before`]), so the driver's pool reuses the memory only after
+//! them.
 //!
 //! A block nobody recorded a stream on pays one relaxed load of [`StreamUses::any`]
 //! when it is freed, nothing more: the list, its lock and the driver are reached only
@@ -36,9 +40,10 @@ struct Use {
     key: u64,
 }
 
-/// The streams recorded on one pooled block since it was handed out.
+/// The streams recorded on one block since it was handed out. `Default` (empty) costs
+/// no heap allocation.
 #[derive(Debug, Default)]
-pub(super) struct StreamUses {
+pub(crate) struct StreamUses {
     /// Whether `list` may hold anything: the free's one test.
     any: AtomicBool,
     list: Mutex<Vec<Use>>,
@@ -47,7 +52,7 @@ pub(super) struct StreamUses {
 impl StreamUses {
     /// Whether any stream was recorded.
     #[inline]
-    pub(super) fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.any.load(Ordering::Relaxed)
     }
 
@@ -56,7 +61,7 @@ impl StreamUses {
     /// another device (a peer copy's) is recorded too: the free waits for it on the
     /// host, since an event of its device cannot be polled by this device's arena.
     #[inline]
-    pub(super) fn record<S: AsStream + ?Sized>(&self, stream: &S, device: i32, block_key: u64) {
+    pub(crate) fn record<S: AsStream + ?Sized>(&self, stream: &S, device: i32, block_key: u64) {
         let key = stream_key(stream.ptr());
         if key == block_key && stream.device_id() == device {
             return;
@@ -94,8 +99,7 @@ impl StreamUses {
         count_sync: impl Fn(),
         free: impl FnOnce(&[StreamFence]),
     ) -> bool {
-        let uses = std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner));
-        self.any.store(false, Ordering::Relaxed);
+        let uses = self.take();
         let mut inline = [StreamFence {
             stream: 0,
             fence: 0,
@@ -133,6 +137,62 @@ impl StreamUses {
         }
         free(fences);
         true
+    }
+
+    /// Orders a free on `free_stream` of `device` after every recorded stream's queued
+    /// work, on the device where it can: an event recorded on each recorded stream that
+    /// `free_stream` waits for (`cuStreamWaitEvent`, no host wait). A stream that cannot
+    /// take a fence is waited for on the host instead, as is a fence `free_stream`
+    /// refuses to wait for (`count_sync` counts each host wait). `false` when some
+    /// stream could not be waited for either (it is capturing a graph, or the driver
+    /// failed): the caller must not free the memory then (leak it). The list is empty
+    /// afterwards.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn order_before(
+        &self,
+        device: i32,
+        free_stream: &StreamRef,
+        count_sync: impl Fn(),
+    ) -> bool {
+        let mut ordered = true;
+        for u in &self.take() {
+            match fence_one(device, u) {
+                Ok(Some(f)) => {
+                    let event = f.fence as sys::CUevent;
+                    // SAFETY: `free_stream` is a live stream of `device` (the caller's
+                    // memory keeps it alive), `event` a live event of `device` just
+                    // recorded; the context is current (`fence_one`). The wait holds the
+                    // record as it is now: the event may go back to the cache at once.
+                    let waited = unsafe { result::stream::wait_event(free_stream.as_raw(), event) };
+                    if waited.is_err() {
+                        count_sync();
+                        // SAFETY: as above.
+                        if unsafe { result::event::synchronize(event) }.is_err() {
+                            ordered = false;
+                        }
+                    }
+                    crate::event::give_raw(device, FENCE_FLAGS, f.fence as usize);
+                }
+                Ok(None) => count_sync(),
+                Err(_) => ordered = false,
+            }
+        }
+        ordered
+    }
+
+    /// Forgets every recorded stream (dropping the references that kept them alive):
+    /// for a caller that waited for all of the device's work another way.
+    #[cold]
+    pub(crate) fn clear(&self) {
+        drop(self.take());
+    }
+
+    /// The recorded uses, leaving the list empty.
+    fn take(&self) -> Vec<Use> {
+        let uses = std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner));
+        self.any.store(false, Ordering::Relaxed);
+        uses
     }
 }
 
@@ -181,5 +241,57 @@ fn fence_one(device: i32, u: &Use) -> Result<Option<StreamFence>> {
             unsafe { result::stream::synchronize(raw) }?;
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_stream_is_not_recorded_and_others_are_recorded_once() {
+        let uses = StreamUses::default();
+        let legacy = StreamRef::legacy_default(0);
+        let own = stream_key(legacy.handle());
+        uses.record(&legacy, 0, own);
+        assert!(!uses.any(), "the block's own stream needs no fence");
+        let per_thread = StreamRef::per_thread_default(0);
+        uses.record(&per_thread, 0, own);
+        uses.record(&per_thread, 0, own);
+        assert!(uses.any());
+        assert_eq!(uses.take().len(), 1, "one use a stream");
+        assert!(!uses.any(), "taken: empty again");
+    }
+
+    #[test]
+    fn the_per_thread_default_stream_of_another_thread_is_another_use() {
+        let uses = StreamUses::default();
+        let mine = stream_key(PER_THREAD_DEFAULT_HANDLE);
+        uses.record(&StreamRef::per_thread_default(0), 0, mine);
+        assert!(
+            !uses.any(),
+            "this thread's per-thread stream is the block's own"
+        );
+        std::thread::scope(|s| {
+            s.spawn(|| uses.record(&StreamRef::per_thread_default(0), 0, mine));
+        });
+        assert!(
+            uses.any(),
+            "the other thread's per-thread stream is another stream"
+        );
+        let taken = uses.take();
+        assert_eq!(taken.len(), 1);
+        assert_ne!(taken[0].key, mine, "keyed by the recording thread");
+        uses.record(&StreamRef::legacy_default(0), 0, mine);
+        uses.clear();
+        assert!(!uses.any(), "cleared");
+    }
+
+    #[test]
+    fn a_stream_of_another_device_is_recorded_even_with_the_same_key() {
+        let uses = StreamUses::default();
+        let legacy = StreamRef::legacy_default(1);
+        uses.record(&legacy, 0, stream_key(legacy.handle()));
+        assert!(uses.any(), "a peer's use: waited for at the free");
     }
 }
