@@ -363,3 +363,36 @@ gpu_test!(enqueues_racing_a_capture_are_noted_or_not_captured, {
         drop(g);
     }
 });
+
+// Item 9: the stream-ordered allocator is capture-aware: during a capture,
+// `malloc_async` on the capturing stream makes the graph's allocation (as `alloc`
+// does), and a `MemoryAsync` that would be freed outside the graph is refused.
+gpu_test!(malloc_async_during_a_capture_is_the_graphs_allocation, {
+    let _serial = serial();
+    let s = Stream::non_blocking().unwrap();
+    let (p, g) = {
+        let _on = s.enter().unwrap();
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        let p = cuda_rt::memory::malloc_async(N).unwrap();
+        p.memset_async(5, N, None).unwrap();
+        let e = cuda_rt::memory::MemoryAsync::new_on(N, &s).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Capture {
+                    kind: cuda_rt::CaptureKind::Refused,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        (p, s.end_capture().unwrap())
+    };
+    assert_eq!(g.owned_allocation_count(), 1, "the graph owns it");
+    assert!(is_gone(&p.memset(1, N).unwrap_err()), "not before a launch");
+    g.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    p.copy_to_host(&mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 5));
+});

@@ -153,6 +153,7 @@ impl MemoryAsync {
             });
         }
         let size = round_up(size)?;
+        refuse_capture(&stream)?;
         let ptr = alloc_ptr(size, device, &stream, pool.filter(|p| p.inner.owned))?;
         Ok(MemoryAsync {
             ptr,
@@ -423,9 +424,42 @@ fn free_on_stale_stream(ptr: u64) {
     }
 }
 
+/// A `MemoryAsync` on a capturing stream would be a graph's memory node freed by a
+/// plain `cuMemFreeAsync` outside the graph, whatever became of the graph: refused
+/// (one relaxed atomic load while no capture is active).
+#[inline]
+fn refuse_capture(stream: &StreamRef) -> Result<()> {
+    if !crate::capture::any_capture_active()
+        || stream.handle() == crate::stream::LEGACY_DEFAULT_HANDLE
+    {
+        return Ok(());
+    }
+    match crate::capture::info(stream)? {
+        (crate::capture::CaptureStatus::None, _) => Ok(()),
+        _ => Err(Error::capture(
+            crate::error::CaptureKind::Refused,
+            format!(
+                "a stream-ordered allocation on stream {:#x}, which is capturing a graph: \
+                 allocate with malloc_async or alloc on the capturing stream (current), whose \
+                 memory becomes the graph's",
+                stream.handle()
+            ),
+        )),
+    }
+}
+
 /// `size` bytes (rounded up to 512) from the current device's current memory pool, on
-/// the current stream. Size 0 is a null pointer of size 0.
+/// the current stream. Size 0 is a null pointer of size 0. While the current stream
+/// captures a graph (a capture begun through cuda-rt), the memory is the graph's
+/// allocation, as [`alloc`](crate::memory::alloc)'s is then.
 pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
+    // While the current stream captures, the allocation is the graph's (a memory node,
+    // as for `alloc`): freed inside the graph or owned by it, never by a free outside.
+    if size != 0 {
+        if let Some(r) = crate::memory::graph_memory::capture_aware_alloc(size) {
+            return r;
+        }
+    }
     let stream = get_current_stream();
     if size == 0 {
         return Ok(MemoryPointer::from_memory(Arc::new(MemoryAsync::alloc(
