@@ -221,14 +221,19 @@ impl Backend for DeviceBackend {
     // from `free_raw_after` until `fence_release`.
 
     fn fence_done(&self, fence: u64) -> bool {
-        // An error (a failed context) counts as done: no work runs there any more.
+        // An error is not done: while another thread holds a global-mode capture every
+        // query fails though the stream still uses the block, so the block stays
+        // awaiting until a later query succeeds. A dead context fails for good: its
+        // blocks are never reused (leaked), which is safe.
         // SAFETY: the fence is a live event (above) until its release.
-        unsafe { result::event::query(fence as usize as sys::CUevent) }.unwrap_or(true)
+        let r = unsafe { result::event::query(fence as usize as sys::CUevent) };
+        matches!(r, Ok(true))
     }
 
-    fn fence_wait(&self, fence: u64) {
+    fn fence_wait(&self, fence: u64) -> bool {
+        // A failed wait is not done either (as in `fence_done`).
         // SAFETY: as in `fence_done`.
-        let _ = unsafe { result::event::synchronize(fence as usize as sys::CUevent) };
+        unsafe { result::event::synchronize(fence as usize as sys::CUevent) }.is_ok()
     }
 
     fn fence_release(&self, fence: u64) {
@@ -348,7 +353,7 @@ impl<B: Backend> Backend for HookedBackend<B> {
         self.backend.fence_done(fence)
     }
 
-    fn fence_wait(&self, fence: u64) {
+    fn fence_wait(&self, fence: u64) -> bool {
         self.backend.fence_wait(fence)
     }
 
