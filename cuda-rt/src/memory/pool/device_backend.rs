@@ -152,7 +152,10 @@ impl DeviceBackend {
     }
 
     /// Waits for the context's work, before a user allocator or the stream-ordered
-    /// one frees a block that work queued before the release may still use.
+    /// one frees a block that work queued before the release may still use; `false`
+    /// when the wait failed (during another thread's global-mode capture, or on a
+    /// dead context): the work is then not known to be done, and the caller leaks the
+    /// memory rather than free it under that work.
     fn drain(&self) -> bool {
         make_current(self.device).is_ok() && result::context::synchronize().is_ok()
     }
@@ -206,13 +209,16 @@ impl Backend for DeviceBackend {
                     let _ = unsafe { result::memory::free_async(addr, std::ptr::null_mut()) };
                 }
             }
+            // Not drained: leaked (see `drain`), never handed back under queued work.
             PoolAllocator::Closures(c) => {
-                self.drain();
-                c.free(addr, size, self.device);
+                if self.drain() {
+                    c.free(addr, size, self.device);
+                }
             }
             PoolAllocator::C(c) => {
-                self.drain();
-                c.free(addr, self.device);
+                if self.drain() {
+                    c.free(addr, self.device);
+                }
             }
         }
     }
@@ -304,12 +310,15 @@ impl Backend for DeviceBackend {
 
     fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
         let _ = base;
-        if make_current(self.device).is_ok() {
-            // Work queued before the release may still use the tail: `cuMemUnmap` does
-            // not wait for it as `cuMemFree` does.
-            let _ = result::context::synchronize();
+        // Work queued before the release may still use the tail: `cuMemUnmap` does not
+        // wait for it as `cuMemFree` does. A wait that fails (another thread's
+        // global-mode capture, a dead context) says nothing about that work: the tail
+        // then stays mapped (leaked; a later growth over it fails to map and reports
+        // it) rather than unmapped under a kernel.
+        let drained = make_current(self.device).is_ok() && result::context::synchronize().is_ok();
+        if drained {
+            self.unmap_granules(addr, len);
         }
-        self.unmap_granules(addr, len);
     }
 
     fn segment_release(&self, base: u64, size: u64) {
