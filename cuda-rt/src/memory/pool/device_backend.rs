@@ -157,7 +157,13 @@ impl DeviceBackend {
     /// dead context): the work is then not known to be done, and the caller leaks the
     /// memory rather than free it under that work.
     fn drain(&self) -> bool {
-        make_current(self.device).is_ok() && result::context::synchronize().is_ok()
+        if make_current(self.device).is_err() {
+            // With no driver at all (user pairs run without one) no device work can
+            // use the memory; with one, a context that cannot be made current cannot
+            // be waited for.
+            return sys::api().is_err();
+        }
+        result::context::synchronize().is_ok()
     }
 }
 
@@ -315,8 +321,7 @@ impl Backend for DeviceBackend {
         // global-mode capture, a dead context) says nothing about that work: the tail
         // then stays mapped (leaked; a later growth over it fails to map and reports
         // it) rather than unmapped under a kernel.
-        let drained = make_current(self.device).is_ok() && result::context::synchronize().is_ok();
-        if drained {
+        if self.drain() {
             self.unmap_granules(addr, len);
         }
     }
