@@ -8,7 +8,7 @@ use cuda_rt::cuda_sys::driver::CUresult;
 use cuda_rt::error::DriverError;
 use cuda_rt::memory::arena::{
     limit_from_fraction, parse_limit, round_size, Backend, BackendError, Block, FakeBackend,
-    FreeError, HostBackend, MallocError, Pool, PoolStats, ALLOCATION_UNIT,
+    FreeError, HostBackend, MallocError, Pool, PoolStats, StreamFence, ALLOCATION_UNIT,
 };
 use cuda_rt::{OutOfMemory, OutOfMemoryCause};
 
@@ -853,4 +853,160 @@ fn every_malloc_returns_the_address_plain_best_fit_would() {
         pool.free(b).unwrap();
     }
     assert_consistent(&pool, &backend);
+}
+
+// A fence that cannot be queried is not a finished fence: while another thread holds
+// a global-mode capture every `cuEventQuery` and `cuEventSynchronize` fails although
+// the stream still uses the block (`HostBackend::set_fences_fail` plays that part).
+
+fn host_pool() -> (Arc<HostBackend>, Pool<Arc<HostBackend>>) {
+    let backend = Arc::new(HostBackend::new());
+    (backend.clone(), Pool::new(backend))
+}
+
+/// A block of `size` bytes given back after a fence on stream 2, not done yet.
+fn awaiting_block(
+    backend: &HostBackend,
+    pool: &Pool<Arc<HostBackend>>,
+    size: usize,
+) -> (u64, StreamFence) {
+    let a = pool.malloc(size, 1).unwrap();
+    let addr = a.addr();
+    let f = StreamFence {
+        stream: 2,
+        fence: backend.new_fence(),
+    };
+    pool.free_after(a, &[f]).unwrap();
+    (addr, f)
+}
+
+#[test]
+fn a_block_whose_fence_query_fails_stays_awaiting_until_a_later_query_succeeds() {
+    let (backend, pool) = host_pool();
+    let (addr, f) = awaiting_block(&backend, &pool, 4096);
+    backend.set_fences_fail(true);
+    let mut held = Vec::new();
+    for round in 0..3 {
+        // Each miss polls (and fails to query); nothing may hand the block out.
+        let b = pool.malloc(4096, 1).unwrap();
+        assert_ne!(
+            b.addr(),
+            addr,
+            "round {round}: a block in use was handed out"
+        );
+        assert!(!pool.poll_awaiting());
+        held.push(b);
+        if round == 1 {
+            // The work finished, but no query can say so yet: still kept.
+            backend.complete_fence(f.fence);
+        }
+    }
+    let s = pool.stats();
+    assert_eq!((s.awaiting_blocks, s.awaiting_bytes), (1, 4096));
+    assert!(backend.counters().fence_queries >= 6);
+    // The capture ended: the next query succeeds, and the next miss reuses the block.
+    backend.set_fences_fail(false);
+    let c = pool.malloc(4096, 1).unwrap();
+    assert_eq!(c.addr(), addr, "the completed block is reused");
+    assert_eq!(pool.stats().awaiting_blocks, 0);
+    for b in held.into_iter().chain([c]) {
+        pool.free(b).unwrap();
+    }
+    pool.check().unwrap();
+    let k = backend.counters();
+    assert_eq!((k.live_fences, k.bad_fence_releases), (0, 0));
+}
+
+#[test]
+fn a_failed_fence_wait_on_out_of_memory_keeps_the_block_awaiting() {
+    let backend = Arc::new(HostBackend::with_capacity(8192));
+    let pool = Pool::new(backend.clone());
+    let _ = awaiting_block(&backend, &pool, 8192);
+    backend.set_fences_fail(true);
+    // Another arena needs the memory: the wait fails, so the block is neither handed
+    // out nor given back to the backend, and the malloc is out of memory.
+    let e = oom(pool.malloc(8192, 5));
+    assert_eq!(e.requested, 8192, "{e}");
+    let s = pool.stats();
+    assert_eq!(
+        (s.awaiting_blocks, s.total_bytes, s.oom_retries),
+        (1, 8192, 1)
+    );
+    assert!(s.fence_syncs >= 1, "the wait was tried: {s:?}");
+    let k = backend.counters();
+    assert_eq!((k.live_bytes, k.frees, k.bad_frees), (8192, 0, 0));
+    // In the same arena too: the awaiting block is not the cache's to hand out.
+    assert!(matches!(
+        pool.malloc(8192, 1),
+        Err(MallocError::OutOfMemory(_))
+    ));
+    // Once waits succeed again the out-of-memory path waits, releases and retries.
+    backend.set_fences_fail(false);
+    let b = pool.malloc(8192, 5).unwrap();
+    assert_eq!(pool.stats().awaiting_blocks, 0);
+    pool.free(b).unwrap();
+    pool.check().unwrap();
+    assert_eq!(backend.counters().live_fences, 0);
+}
+
+#[test]
+fn free_all_blocks_keeps_a_block_whose_fence_query_fails() {
+    let (backend, pool) = host_pool();
+    let (_addr, f) = awaiting_block(&backend, &pool, 4096);
+    backend.complete_fence(f.fence);
+    backend.set_fences_fail(true);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.stats().total_bytes, 4096, "not known done: kept");
+    assert_eq!(backend.counters().live_bytes, 4096);
+    backend.set_fences_fail(false);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.stats().total_bytes, 0);
+    let k = backend.counters();
+    assert_eq!((k.live_bytes, k.live_fences, k.bad_frees), (0, 0, 0));
+}
+
+#[test]
+fn dropping_the_pool_leaks_a_block_whose_fence_never_answers() {
+    let backend = Arc::new(HostBackend::new());
+    {
+        let pool = Pool::new(backend.clone());
+        let _ = awaiting_block(&backend, &pool, 4096);
+        let live = pool.malloc(512, 1).unwrap();
+        pool.free(live).unwrap();
+        // A dead context: no query or wait will ever succeed.
+        backend.set_fences_fail(true);
+    }
+    // The block's allocation is never given back (the stream may still use it); the
+    // other one is, and the fence is released.
+    let k = backend.counters();
+    assert_eq!(
+        (
+            k.live_bytes,
+            k.live_fences,
+            k.bad_frees,
+            k.bad_fence_releases
+        ),
+        (4096, 0, 0, 0)
+    );
+}
+
+#[test]
+fn a_failed_query_holds_back_the_later_fences_of_its_stream() {
+    let (backend, pool) = host_pool();
+    let (_, f1) = awaiting_block(&backend, &pool, 512);
+    let (_, f2) = awaiting_block(&backend, &pool, 512);
+    backend.complete_fence(f1.fence);
+    backend.complete_fence(f2.fence);
+    // Both done, but the first query fails: the stream counts as not past its
+    // first fence, so its later fence is not even asked about.
+    backend.set_fences_fail(true);
+    let before = backend.counters().fence_queries;
+    assert!(!pool.poll_awaiting());
+    assert_eq!(backend.counters().fence_queries, before + 1);
+    assert_eq!(pool.stats().awaiting_blocks, 2);
+    backend.set_fences_fail(false);
+    assert!(pool.poll_awaiting());
+    assert_eq!(pool.stats().awaiting_blocks, 0);
+    assert_eq!(pool.free_chunks(1).len(), 2);
+    pool.check().unwrap();
 }

@@ -7,6 +7,13 @@
 //! reported as `CURT_ERROR_INVALID_HANDLE`, never dereferenced. Objects sit in the
 //! table behind an `Arc`: a lookup clones it, so a destroy on another thread during a
 //! call only drops the table's reference.
+//!
+//! A slot's generation is never reused: the generation has 24 bits, so a slot whose
+//! generation reaches its last value is retired when that object is removed (never
+//! put back on the free list) instead of wrapping to 0, where a handle destroyed
+//! 2^24 reuses earlier would match again and, say, `curt_free` through it would free
+//! the new owner's memory. A retired slot costs its 16 bytes for good: one per 2^24
+//! objects of a kind.
 
 #![allow(non_camel_case_types)]
 
@@ -133,21 +140,42 @@ impl<T> Table<T> {
     }
 
     /// Takes the object behind `handle` out of the table (the handle is dead from now
-    /// on) and returns it, to be dropped by the caller outside the table's lock.
+    /// on, for good) and returns it, to be dropped by the caller outside the table's
+    /// lock. The slot goes back on the free list with the next generation, or, when
+    /// its generation was the last one, is retired: a generation that wrapped would
+    /// bring the slot's first handle back to life.
     pub(crate) fn remove(&self, handle: u64) -> Res<Arc<T>> {
         let value = {
             let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
             let i = self.find(&slots, handle)?;
             let slot = &mut slots[i];
-            slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK as u32;
             let v = slot.value.take();
-            self.free
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(i as u32);
+            // Retired: the generation stays at the last value and the slot stays
+            // empty, so no handle finds it again.
+            if slot.generation < GENERATION_MASK as u32 {
+                slot.generation += 1;
+                self.free
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(i as u32);
+            }
             v
         };
         value.ok_or_else(|| Fail::Handle(format!("the {} handle is empty", self.what)))
+    }
+
+    /// Moves the live object behind `handle` to `generation` of its slot (a test's
+    /// shortcut past 2^24 reuses) and returns its new handle.
+    #[cfg(test)]
+    fn age(&self, handle: u64, generation: u32) -> u64 {
+        let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+        let i = self
+            .find(&slots, handle)
+            .map_err(|_| ())
+            .expect("a live handle");
+        let g = generation & GENERATION_MASK as u32;
+        slots[i].generation = g;
+        self.encode(i as u32, g)
     }
 }
 
@@ -175,6 +203,38 @@ mod tests {
         assert_ne!(h, h2, "the reused slot has a new generation");
         assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
         assert_eq!(*T.get(h2).unwrap(), 8);
+    }
+
+    #[test]
+    fn a_slot_whose_generation_would_wrap_is_retired_and_its_old_handles_stay_invalid() {
+        static T: Table<u32> = Table::new(12, "test");
+        let first = T.insert(1);
+        assert_eq!(*T.remove(first).unwrap(), 1);
+        // The slot is reused with the next generation; then 2^24 - 2 more reuses
+        // later it holds an object of the last generation.
+        let reused = T.insert(2);
+        assert_eq!(reused & 0xffff_ffff, first & 0xffff_ffff, "the same slot");
+        let last = T.age(reused, GENERATION_MASK as u32);
+        assert_eq!(code(T.get(reused)), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(*T.get(last).unwrap(), 2);
+        assert_eq!(*T.remove(last).unwrap(), 2);
+        // Wrapping would give generation 0 again, the first handle's: the slot is
+        // retired instead, and no later object lands in it.
+        let later: Vec<u64> = (0..4).map(|n| T.insert(10 + n)).collect();
+        for &h in &later {
+            assert_ne!(
+                h & 0xffff_ffff,
+                first & 0xffff_ffff,
+                "a retired slot reused"
+            );
+        }
+        for old in [first, reused, last] {
+            assert_eq!(code(T.get(old)), CURT_ERROR_INVALID_HANDLE, "{old:#x}");
+            assert_eq!(code(T.remove(old)), CURT_ERROR_INVALID_HANDLE, "{old:#x}");
+        }
+        for (n, &h) in later.iter().enumerate() {
+            assert_eq!(*T.get(h).unwrap(), 10 + n as u32);
+        }
     }
 
     #[test]

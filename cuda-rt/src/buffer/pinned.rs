@@ -101,8 +101,9 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(self.as_slice()?.to_vec())
     }
 
-    /// Whether no copy recorded on the buffer is still in flight (an error of the
-    /// copy's stream counts as finished).
+    /// Whether no copy recorded on the buffer is known to be in flight: `false` while
+    /// one runs, and also when the query fails (during another thread's global-mode
+    /// capture, or on a dead context), the copy being then not known to be done.
     pub fn is_idle(&self) -> bool {
         self.mem.is_idle()
     }

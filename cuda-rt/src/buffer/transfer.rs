@@ -38,14 +38,17 @@ impl<'p> Transfer<'p> {
         Transfer { mem }
     }
 
-    /// Whether the copy has finished (without blocking). Copies queued later on the
-    /// same pinned buffer count too: a transfer is done when all of them are.
+    /// Whether the copy is known to have finished (without blocking). Copies queued
+    /// later on the same pinned buffer count too: a transfer is done when all of them
+    /// are. A query that fails (another thread holds a global-mode capture, or the
+    /// context died) says `false`: the copy is not known to be done.
     pub fn is_done(&self) -> bool {
         self.mem.is_idle()
     }
 
     /// Blocks until the copy has finished, ending the borrow of the pinned buffer;
-    /// the copy's error, if its stream failed.
+    /// the copy's error, if its stream failed, or the wait's (then the copy is not
+    /// known to be done: the buffer's views wait for it again).
     pub fn wait(self) -> Result<()> {
         self.mem.synchronize()
     }

@@ -30,12 +30,17 @@ pub(crate) fn give_event(device: i32, event: usize) {
 
 /// Something that finishes later: the pool's deferred list holds blocks until theirs
 /// is done. [`Fence`] is the CUDA one; tests use fakes.
+///
+/// A fence that cannot be queried is not a finished fence: while another thread holds
+/// a global-mode capture every `cuEventQuery` and `cuEventSynchronize` fails though
+/// the copy still runs, so an error says "not done" and the block is kept until a
+/// later query succeeds. On a dead context that never happens: the block is leaked.
 pub(crate) trait Pending: Send + 'static {
-    /// Whether the work has finished (an error counts as finished: a failed context
-    /// runs no more copies).
+    /// Whether the work is known to have finished (`false` on an error).
     fn is_done(&self) -> bool;
-    /// Blocks until the work has finished (errors as in `is_done`).
-    fn wait(&self);
+    /// Blocks until the work has finished; `false` when the wait failed (not known
+    /// to be done, as in `is_done`).
+    fn wait(&self) -> bool;
 }
 
 /// An event recorded on a stream after a copy; gives its event back when dropped.
@@ -128,11 +133,11 @@ fn same_memory(a: &MemoryPointer, b: &MemoryPointer) -> bool {
 impl Pending for Fence {
     fn is_done(&self) -> bool {
         // SAFETY: the event is the fence's own, live until its drop.
-        unsafe { result::event::query(self.event as sys::CUevent) }.unwrap_or(true)
+        let r = unsafe { result::event::query(self.event as sys::CUevent) };
+        matches!(r, Ok(true))
     }
-    fn wait(&self) {
-        // SAFETY: as above.
-        let _ = unsafe { result::event::synchronize(self.event as sys::CUevent) };
+    fn wait(&self) -> bool {
+        self.synchronize().is_ok()
     }
 }
 

@@ -123,8 +123,9 @@ impl Drop for PinnedMemory {
 
 /// Who gives the memory back when the last handle goes.
 enum Kind {
-    /// Held for its drop (`cuMemFreeHost`).
-    Direct(#[allow(dead_code)] PinnedMemory),
+    /// Held for its drop (`cuMemFreeHost`); taken out and leaked by the owner's drop
+    /// when the copy in flight cannot be waited for.
+    Direct(Option<PinnedMemory>),
     /// A block of a pool (none while the owner waits in a spare list: size 0).
     Pooled(Arc<PinnedCore>),
 }
@@ -242,12 +243,18 @@ impl Drop for Owner {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        match &self.kind {
-            Kind::Direct(_) => {
+        match &mut self.kind {
+            Kind::Direct(mem) => {
                 // The allocation is freed right after this (field drop): the copy
-                // must be over first.
+                // must be over first. A wait that fails (another thread's global
+                // capture, a dead context) does not say it is: then the allocation
+                // and the fence (with the device memory it keeps for the copy) are
+                // leaked, never freed under the copy.
                 if let Some(f) = fence {
-                    f.wait();
+                    if !f.wait() {
+                        std::mem::forget(mem.take());
+                        std::mem::forget(f);
+                    }
                 }
             }
             Kind::Pooled(_) => {
@@ -351,7 +358,7 @@ impl From<PinnedMemory> for PinnedMemoryPointer {
             chunk: 0,
             arena: 0,
         };
-        PinnedMemoryPointer::with_owner(Owner::new(Kind::Direct(mem), raw))
+        PinnedMemoryPointer::with_owner(Owner::new(Kind::Direct(Some(mem)), raw))
     }
 }
 
@@ -779,8 +786,10 @@ impl PinnedMemoryPointer {
         Ok(())
     }
 
-    /// Whether no copy recorded on the memory is still in flight, asked without
-    /// blocking (an error of the copy's stream counts as finished: it runs no more).
+    /// Whether no copy recorded on the memory is known to be in flight, asked without
+    /// blocking. A query that fails (every event query fails while another thread
+    /// holds a global-mode capture; a dead context fails for good) says `false`: the
+    /// copy is not known to be done.
     pub fn is_idle(&self) -> bool {
         match &self.owner {
             Some(o) => o.is_idle(),

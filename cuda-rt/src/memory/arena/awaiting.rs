@@ -17,6 +17,13 @@
 //!   cache and retries; so does the pool's drop. Nothing else waits: in the steady
 //!   state there is no host synchronisation.
 //!
+//! # A fence that cannot be queried is not done
+//! A query or a wait that fails (every `cuEventQuery` fails while another thread
+//! holds a global-mode capture, though the stream work goes on) leaves its block
+//! awaiting: the next poll asks again. A fence that never answers (a dead context)
+//! keeps its block for good; at the pool's drop such a block is leaked (its memory is
+//! never given back), never freed under work that may still use it.
+//!
 //! A block given back with no fence ([`Pool::free`]) never touches any of this: the
 //! miss path reads one counter (`n_awaiting`, 0) and nothing else.
 //!
@@ -132,9 +139,12 @@ impl<B: Backend> Pool<B> {
             return false;
         };
         let Ok(n) = u32::try_from(fences.len()) else {
-            // Four billion streams: wait for them rather than keep count.
-            self.wait_fences(fences);
-            return self.free_raw(raw);
+            // Four billion streams: wait for them rather than keep count. A wait that
+            // fails leaves the block in use for good (leaked), never handed out.
+            if self.wait_fences(fences) {
+                return self.free_raw(raw);
+            }
+            return true;
         };
         // Counted before the block can be seen awaiting, so no poll sees a fence
         // released before it was counted recorded.
@@ -174,12 +184,15 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    fn wait_fences(&self, fences: &[StreamFence]) {
+    /// Waits for every fence and releases each; `true` when every wait succeeded.
+    fn wait_fences(&self, fences: &[StreamFence]) -> bool {
+        let mut all = true;
         for f in fences {
-            self.backend.fence_wait(f.fence);
+            all &= self.backend.fence_wait(f.fence);
             self.fence_waits.fetch_add(1, Ordering::Relaxed);
             self.backend.fence_release(f.fence);
         }
+        all
     }
 
     /// Takes back into their arenas the awaiting blocks whose fences are all done
@@ -194,7 +207,8 @@ impl<B: Backend> Pool<B> {
 
     /// Waits for the fences of every awaiting block (a host synchronisation, counted
     /// in [`PoolStats::fence_syncs`](super::PoolStats::fence_syncs)) and takes the
-    /// blocks back; `true` if any went back.
+    /// blocks back; `true` if any went back. A block with a fence whose wait failed
+    /// stays awaiting (it is not known to be done).
     pub fn wait_awaiting(&self) -> bool {
         let mut any = false;
         for arena in self.arenas.iter() {
@@ -227,9 +241,8 @@ impl<B: Backend> Pool<B> {
         let mut freed = 0u64;
         fences.retain(|f| {
             let done = if wait {
-                self.backend.fence_wait(f.fence);
                 self.fence_waits.fetch_add(1, Ordering::Relaxed);
-                true
+                self.backend.fence_wait(f.fence)
             } else if blocked[..n_blocked].contains(&f.stream) {
                 false
             } else {
@@ -261,6 +274,28 @@ impl<B: Backend> Pool<B> {
             arena.n_awaiting.fetch_sub(freed, Ordering::Release);
         }
         freed > 0
+    }
+
+    /// At the pool's drop, after [`wait_awaiting`](Self::wait_awaiting): the blocks
+    /// still awaiting have fences that did not answer, so their memory may still be
+    /// in use. They stay deferred (their chunks are never whole, so never given to
+    /// the backend: leaked), and only their fences go back, the pool being done with
+    /// them. Returns how many blocks were left so.
+    pub(super) fn abandon_awaiting(&mut self) -> usize {
+        let mut left = 0;
+        for arena in self.arenas.iter_mut() {
+            let list = arena
+                .awaiting
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner);
+            for f in list.fences.drain(..) {
+                self.backend.fence_release(f.fence);
+            }
+            left += list.blocks.len() - list.vacant.len();
+            list.blocks.clear();
+            list.vacant.clear();
+        }
+        left
     }
 
     /// Whether any block of any arena awaits its streams.

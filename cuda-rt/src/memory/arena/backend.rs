@@ -66,11 +66,18 @@ pub trait Backend: Send + Sync {
     /// it was allocated with. Each allocation is freed exactly once.
     fn free(&self, addr: u64, size: usize);
 
-    /// Whether the work behind `fence` has completed, without blocking. A fence is an
-    /// opaque token that the pool's owner recorded (a CUDA event recorded on a stream
-    /// that used a block) and gave to [`Pool::free_after`](super::Pool::free_after);
-    /// the pool hands the block out again only once every fence of it is done. The
-    /// default (a backend with no fences) says `true`.
+    /// Whether the work behind `fence` is known to have completed, without blocking.
+    /// A fence is an opaque token that the pool's owner recorded (a CUDA event
+    /// recorded on a stream that used a block) and gave to
+    /// [`Pool::free_after`](super::Pool::free_after); the pool hands the block out
+    /// again only once every fence of it is done.
+    ///
+    /// A query that fails must say `false`: a fence that cannot be queried is not a
+    /// finished fence (while another thread holds a global-mode stream capture, every
+    /// `cuEventQuery` fails although the work still runs). The pool keeps the block
+    /// and asks again at its next poll; a fence that never answers (a dead context)
+    /// keeps its block out of use for good, a leak rather than a reuse under a copy.
+    /// The default (a backend with no fences) says `true`.
     fn fence_done(&self, fence: u64) -> bool {
         let _ = fence;
         true
@@ -78,9 +85,12 @@ pub trait Backend: Send + Sync {
 
     /// Blocks until the work behind `fence` has completed (a host synchronisation:
     /// the pool does it only when it must, before reporting out of memory, and when
-    /// it is dropped).
-    fn fence_wait(&self, fence: u64) {
+    /// it is dropped); `true` once it has, `false` when the wait failed, which the
+    /// pool treats as not done, as [`fence_done`](Backend::fence_done) does. The
+    /// default says `true`.
+    fn fence_wait(&self, fence: u64) -> bool {
         let _ = fence;
+        true
     }
 
     /// The pool is done with `fence` (it completed, or was waited for): called once
@@ -161,7 +171,7 @@ macro_rules! forward_backend {
             fn fence_done(&self, fence: u64) -> bool {
                 (**self).fence_done(fence)
             }
-            fn fence_wait(&self, fence: u64) {
+            fn fence_wait(&self, fence: u64) -> bool {
                 (**self).fence_wait(fence)
             }
             fn fence_release(&self, fence: u64) {
@@ -251,6 +261,8 @@ struct Accounting {
     fence_queries: AtomicU64,
     fence_waits: AtomicU64,
     bad_fence_releases: AtomicU64,
+    /// Every fence query and wait fails while set (`set_fences_fail`).
+    fences_fail: AtomicBool,
     live_segments: AtomicU64,
     segment_maps: AtomicU64,
     segment_unmaps: AtomicU64,
@@ -335,12 +347,20 @@ impl Accounting {
 
     fn fence_done(&self, fence: u64) -> bool {
         self.fence_queries.fetch_add(1, Ordering::Relaxed);
-        lock(&self.fences).get(&fence).copied().unwrap_or(true)
+        if self.fences_fail.load(Ordering::Relaxed) {
+            return false;
+        }
+        // An unknown token (released already) is not known to be done either.
+        lock(&self.fences).get(&fence).copied().unwrap_or(false)
     }
 
-    fn fence_wait(&self, fence: u64) {
+    fn fence_wait(&self, fence: u64) -> bool {
         self.fence_waits.fetch_add(1, Ordering::Relaxed);
+        if self.fences_fail.load(Ordering::Relaxed) {
+            return false;
+        }
         self.complete_fence(fence);
+        true
     }
 
     fn fence_release(&self, fence: u64) {
@@ -367,6 +387,14 @@ macro_rules! fake_fences {
             pub fn complete_fence(&self, fence: u64) {
                 self.acct.complete_fence(fence)
             }
+
+            /// While `true`, every fence query and wait fails (says "not done", and a
+            /// wait completes nothing), as every `cuEventQuery` and
+            /// `cuEventSynchronize` does while another thread holds a global-mode
+            /// stream capture, or forever on a dead context.
+            pub fn set_fences_fail(&self, fail: bool) {
+                self.acct.fences_fail.store(fail, Ordering::Relaxed);
+            }
         }
     };
 }
@@ -382,7 +410,7 @@ macro_rules! fence_methods {
         fn fence_done(&self, fence: u64) -> bool {
             self.acct.fence_done(fence)
         }
-        fn fence_wait(&self, fence: u64) {
+        fn fence_wait(&self, fence: u64) -> bool {
             self.acct.fence_wait(fence)
         }
         fn fence_release(&self, fence: u64) {

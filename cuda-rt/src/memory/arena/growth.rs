@@ -76,6 +76,8 @@ impl<B: Backend> Pool<B> {
             self.oom_retries.fetch_add(1, Ordering::Relaxed);
             // Blocks awaiting other streams are memory too: wait for them (a host
             // synchronisation, the only one) so the release below can give them back.
+            // A block whose wait failed stays awaiting (not known to be done): the
+            // retry then does without it.
             if self.any_awaiting() {
                 self.wait_awaiting();
             }

@@ -348,8 +348,11 @@ impl<B: Backend> Pool<B> {
 impl<B: Backend> Drop for Pool<B> {
     fn drop(&mut self) {
         self.settle_all();
-        // Blocks still used by other streams: wait for them, then they are free.
+        // Blocks still used by other streams: wait for them, then they are free. Those
+        // whose waits failed may still be in use: they stay deferred, and their
+        // chunks (never whole) are leaked below rather than freed.
         self.wait_awaiting();
+        self.abandon_awaiting();
         let mut out = Vec::new();
         let mut cuts = Vec::new();
         let gran = self.backend.segment_spec().map(|s| s.granularity);

@@ -152,9 +152,18 @@ impl DeviceBackend {
     }
 
     /// Waits for the context's work, before a user allocator or the stream-ordered
-    /// one frees a block that work queued before the release may still use.
+    /// one frees a block that work queued before the release may still use; `false`
+    /// when the wait failed (during another thread's global-mode capture, or on a
+    /// dead context): the work is then not known to be done, and the caller leaks the
+    /// memory rather than free it under that work.
     fn drain(&self) -> bool {
-        make_current(self.device).is_ok() && result::context::synchronize().is_ok()
+        if make_current(self.device).is_err() {
+            // With no driver at all (user pairs run without one) no device work can
+            // use the memory; with one, a context that cannot be made current cannot
+            // be waited for.
+            return sys::api().is_err();
+        }
+        result::context::synchronize().is_ok()
     }
 }
 
@@ -206,13 +215,16 @@ impl Backend for DeviceBackend {
                     let _ = unsafe { result::memory::free_async(addr, std::ptr::null_mut()) };
                 }
             }
+            // Not drained: leaked (see `drain`), never handed back under queued work.
             PoolAllocator::Closures(c) => {
-                self.drain();
-                c.free(addr, size, self.device);
+                if self.drain() {
+                    c.free(addr, size, self.device);
+                }
             }
             PoolAllocator::C(c) => {
-                self.drain();
-                c.free(addr, self.device);
+                if self.drain() {
+                    c.free(addr, self.device);
+                }
             }
         }
     }
@@ -221,14 +233,19 @@ impl Backend for DeviceBackend {
     // from `free_raw_after` until `fence_release`.
 
     fn fence_done(&self, fence: u64) -> bool {
-        // An error (a failed context) counts as done: no work runs there any more.
+        // An error is not done: while another thread holds a global-mode capture every
+        // query fails though the stream still uses the block, so the block stays
+        // awaiting until a later query succeeds. A dead context fails for good: its
+        // blocks are never reused (leaked), which is safe.
         // SAFETY: the fence is a live event (above) until its release.
-        unsafe { result::event::query(fence as usize as sys::CUevent) }.unwrap_or(true)
+        let r = unsafe { result::event::query(fence as usize as sys::CUevent) };
+        matches!(r, Ok(true))
     }
 
-    fn fence_wait(&self, fence: u64) {
+    fn fence_wait(&self, fence: u64) -> bool {
+        // A failed wait is not done either (as in `fence_done`).
         // SAFETY: as in `fence_done`.
-        let _ = unsafe { result::event::synchronize(fence as usize as sys::CUevent) };
+        unsafe { result::event::synchronize(fence as usize as sys::CUevent) }.is_ok()
     }
 
     fn fence_release(&self, fence: u64) {
@@ -299,12 +316,14 @@ impl Backend for DeviceBackend {
 
     fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
         let _ = base;
-        if make_current(self.device).is_ok() {
-            // Work queued before the release may still use the tail: `cuMemUnmap` does
-            // not wait for it as `cuMemFree` does.
-            let _ = result::context::synchronize();
+        // Work queued before the release may still use the tail: `cuMemUnmap` does not
+        // wait for it as `cuMemFree` does. A wait that fails (another thread's
+        // global-mode capture, a dead context) says nothing about that work: the tail
+        // then stays mapped (leaked; a later growth over it fails to map and reports
+        // it) rather than unmapped under a kernel.
+        if self.drain() {
+            self.unmap_granules(addr, len);
         }
-        self.unmap_granules(addr, len);
     }
 
     fn segment_release(&self, base: u64, size: u64) {
@@ -348,7 +367,7 @@ impl<B: Backend> Backend for HookedBackend<B> {
         self.backend.fence_done(fence)
     }
 
-    fn fence_wait(&self, fence: u64) {
+    fn fence_wait(&self, fence: u64) -> bool {
         self.backend.fence_wait(fence)
     }
 
