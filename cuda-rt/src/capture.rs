@@ -183,6 +183,20 @@ pub fn any_capture_active() -> bool {
     ACTIVE.load(Ordering::Relaxed) != 0
 }
 
+/// Whether this thread began a capture that is under way in a mode that refuses
+/// waits on it (global or thread-local): a wait refused now is refused until this
+/// thread ends it.
+pub(crate) fn this_thread_captures() -> bool {
+    if !any_capture_active() {
+        return false;
+    }
+    let me = std::thread::current().id();
+    captures()
+        .entries
+        .iter()
+        .any(|e| e.thread == me && e.mode != CaptureMode::Relaxed)
+}
+
 /// The status of `s`'s capture, with the graph being captured (null unless active).
 pub(crate) fn info<S: AsStream + ?Sized>(s: &S) -> Result<(CaptureStatus, sys::CUgraph)> {
     if s.as_raw() as usize == LEGACY_DEFAULT_HANDLE {

@@ -196,6 +196,33 @@ pub trait AsStream: sealed::Sealed {
     }
 }
 
+/// Waits for everything queued on `raw`, for a caller that lends the queued work
+/// something it takes back on return (a borrowed host slice, a staging buffer, memory
+/// whose last pointer may go next): an error must not mean "stop waiting" while the
+/// work may still run. A wait the driver refuses because another thread's capture is
+/// under way (a global-mode capture refuses waits on every thread) is retried until
+/// that capture ends; any other error (a lost context, where no work runs any more,
+/// or this thread's own capture, which no wait here can outlast) is returned.
+///
+/// # Safety
+/// `raw` is a live stream or a default-stream handle whose context is current.
+pub(crate) unsafe fn drain(raw: sys::CUstream) -> Result<()> {
+    let mut pause = std::time::Duration::from_micros(10);
+    loop {
+        // SAFETY: `raw` is live (caller).
+        let e = match unsafe { result::stream::synchronize(raw) } {
+            Ok(()) => return Ok(()),
+            Err(e) => Error::from(e),
+        };
+        let refused_by_a_capture = e.driver_code().is_some_and(crate::error::is_capture_code);
+        if !refused_by_a_capture || crate::capture::this_thread_captures() {
+            return Err(e);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(1));
+    }
+}
+
 fn check_device(s: &StreamRef) -> Result<()> {
     let cur = get_device_id();
     if s.device != cur {

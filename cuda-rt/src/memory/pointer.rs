@@ -139,11 +139,13 @@ fn is_capturing(s: &StreamRef) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// Waits for the work queued on `s`.
+/// Waits for the work queued on `s`, which a synchronous operation lends borrowed
+/// memory to: a wait refused by another thread's capture is retried until it ends
+/// (see [`crate::stream::drain`]).
 pub(crate) fn synchronize(s: &StreamRef) -> Result<()> {
     // SAFETY: `s` keeps its stream alive while borrowed (a `StreamRef` owns or borrows
     // it); the driver answers an error code for a context mismatch.
-    Ok(unsafe { result::stream::synchronize(s.as_raw()) }?)
+    unsafe { crate::stream::drain(s.as_raw()) }
 }
 
 /// Wraps a memory object so it can sit in a capture's keep-alive list.
@@ -414,6 +416,9 @@ impl MemoryPointer {
         let s = host_async_stream(what, stream)?;
         uses::check(Some(&s), &[self.m()])?;
         let pinned = is_page_locked(src);
+        if pinned {
+            refuse_own_capture(what)?;
+        }
         let src = as_bytes(src);
         // The driver may write the device after this returns (a staged pageable copy):
         // the memory's free waits for `s`.
@@ -458,6 +463,9 @@ impl MemoryPointer {
         let s = host_async_stream(what, stream)?;
         uses::check(Some(&s), &[self.m()])?;
         let pinned = is_page_locked(dst);
+        if pinned {
+            refuse_own_capture(what)?;
+        }
         let dst = as_bytes_mut(dst);
         // SAFETY: the `dst.len()` bytes behind this pointer fit (`check_room`) in memory
         // its object keeps alive (`BaseMemory`) while `self` is borrowed. The driver
@@ -616,7 +624,25 @@ pub(crate) fn sync_via(what: &str) -> Result<SyncVia> {
             ),
         ));
     }
+    refuse_own_capture(what)?;
     Ok(SyncVia::Stream(s))
+}
+
+/// Refuses, before anything is queued, an operation that must wait for its work while
+/// this thread holds a capture that refuses waits (global or thread-local mode): the
+/// work would run on after the refused wait, on memory the caller takes back.
+fn refuse_own_capture(what: &str) -> Result<()> {
+    if crate::capture::this_thread_captures() {
+        return Err(Error::capture(
+            CaptureKind::Refused,
+            format!(
+                "{what} waits for its work, and this thread is capturing a graph in global \
+                 or thread-local mode, which refuses waits; end the capture first (or \
+                 capture in relaxed mode)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The stream for an asynchronous host-slice copy, refusing a capturing stream (the

@@ -768,7 +768,7 @@ impl PinnedMemoryPointer {
             // The copy is queued but cannot be fenced: wait for it here (an error path
             // only), so nothing it uses is reused under it. The earlier fence stays.
             // SAFETY: as above.
-            let _ = unsafe { result::stream::synchronize(s) };
+            let _ = unsafe { crate::stream::drain(s) };
             return Err(e);
         }
         if after_earlier {

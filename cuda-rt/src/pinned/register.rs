@@ -125,7 +125,7 @@ impl RegisteredMemory<'_> {
             )
         }?;
         // SAFETY: as above.
-        Ok(unsafe { result::stream::synchronize(s) }?)
+        unsafe { crate::stream::drain(s) }
     }
 
     /// Fills the memory from the device memory at `src` on `stream` and waits for the
@@ -155,7 +155,7 @@ impl RegisteredMemory<'_> {
             )
         }?;
         // SAFETY: as above.
-        Ok(unsafe { result::stream::synchronize(s) }?)
+        unsafe { crate::stream::drain(s) }
     }
 
     /// Unregisters now, returning the driver's error if there is one (drop ignores it).

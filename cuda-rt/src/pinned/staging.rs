@@ -322,7 +322,7 @@ impl Drop for Drain<'_> {
             // buffers go back to the pool.
             // SAFETY: the copy's stream, live while the copy function borrows it, which
             // is longer than this drain lives.
-            let _ = unsafe { result::stream::synchronize(s) };
+            let _ = unsafe { crate::stream::drain(s) };
         }
     }
 }
@@ -483,7 +483,7 @@ pub unsafe fn copy_host_to_device_raw(
         // until the copy is waited for just after; `s` is live and current.
         unsafe { result::memory::memcpy_htod_async(dst, src.as_ptr().cast(), src.len(), s) }?;
         // SAFETY: as above.
-        return Ok(unsafe { result::stream::synchronize(s) }?);
+        return unsafe { crate::stream::drain(s) };
     }
     let p = Plan::new(src.len(), stream.device_id())?;
     let mut drain = p.drain(s);
@@ -529,7 +529,7 @@ pub unsafe fn copy_host_to_device_raw(
         }
     }
     // SAFETY: `s` is live and current (above).
-    unsafe { result::stream::synchronize(s) }?;
+    unsafe { crate::stream::drain(s) }?;
     drain.stream = None;
     Ok(())
 }
@@ -576,7 +576,7 @@ pub unsafe fn copy_device_to_host_raw(
         // `u8`; `s` is live and current.
         unsafe { result::memory::memcpy_dtoh_async(dst.as_mut_ptr().cast(), src, dst.len(), s) }?;
         // SAFETY: as above.
-        return Ok(unsafe { result::stream::synchronize(s) }?);
+        return unsafe { crate::stream::drain(s) };
     }
     let p = Plan::new(dst.len(), stream.device_id())?;
     let mut drain = p.drain(s);
