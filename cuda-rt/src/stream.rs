@@ -201,8 +201,9 @@ pub trait AsStream: sealed::Sealed {
 /// whose last pointer may go next): an error must not mean "stop waiting" while the
 /// work may still run. A wait the driver refuses because another thread's capture is
 /// under way (a global-mode capture refuses waits on every thread) is retried until
-/// that capture ends; any other error (a lost context, where no work runs any more,
-/// or this thread's own capture, which no wait here can outlast) is returned.
+/// that capture ends; any other error (a lost context, where no work runs any more;
+/// this thread's own capture, or the stream's, which no wait here can outlast, and
+/// whose work went into the graph rather than running) is returned.
 ///
 /// # Safety
 /// `raw` is a live stream or a default-stream handle whose context is current.
@@ -216,6 +217,13 @@ pub(crate) unsafe fn drain(raw: sys::CUstream) -> Result<()> {
         };
         let refused_by_a_capture = e.driver_code().is_some_and(crate::error::is_capture_code);
         if !refused_by_a_capture || crate::capture::this_thread_captures() {
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let own = unsafe { result::stream::is_capturing(raw) };
+        if own.is_ok_and(|st| st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) {
+            // The stream itself captures: its work went into a graph and runs only
+            // when that graph does; no wait outlasts its capture from here.
             return Err(e);
         }
         std::thread::sleep(pause);

@@ -158,10 +158,11 @@ impl DeviceBackend {
     /// memory rather than free it under that work.
     fn drain(&self) -> bool {
         if make_current(self.device).is_err() {
-            // With no driver at all (user pairs run without one) no device work can
-            // use the memory; with one, a context that cannot be made current cannot
-            // be waited for.
-            return sys::api().is_err();
+            // With no driver at all, or no such device (user pairs run without one),
+            // no device work can use the memory; a context of a real device that
+            // cannot be made current cannot be waited for.
+            let no_device = crate::device::device_count().map_or(true, |n| self.device >= n);
+            return sys::api().is_err() || no_device;
         }
         result::context::synchronize().is_ok()
     }
