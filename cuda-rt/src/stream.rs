@@ -140,7 +140,7 @@ pub trait AsStream: sealed::Sealed {
     /// done; work queued after it waits for it (`cuLaunchHostFunc`). `f` runs exactly
     /// once; a panic in it is caught (see [`host_func_panic_count`]) and never reaches
     /// the driver. CUDA forbids CUDA calls in `f`: a cuda-rt call made there (also by
-    /// a drop) returns [`StateKind::InHostFunction`](crate::StateKind::InHostFunction)
+    /// a drop) returns [`StateKind::InHostFunction`]
     /// instead of reaching the driver. An error when the stream is capturing a graph;
     /// then, and when the launch fails, `f` is dropped without running.
     fn launch_host_func<F>(&self, f: F) -> Result<()>

@@ -487,7 +487,7 @@ impl Graph {
     /// every executable, clone or child node made from it; a panic in it is caught
     /// (see [`host_func_panic_count`](crate::stream::host_func_panic_count)). A
     /// cuda-rt call in `f` returns
-    /// [`StateKind::InHostFunction`](crate::StateKind::InHostFunction), as CUDA forbids
+    /// [`StateKind::InHostFunction`], as CUDA forbids
     /// CUDA calls there.
     pub fn add_host_node<F>(&self, deps: &[Node<'_>], f: F) -> Result<Node<'_>>
     where

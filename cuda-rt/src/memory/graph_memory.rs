@@ -30,7 +30,7 @@
 //! - if the capture ends in error, or its graph goes (or fails to instantiate) before
 //!   any launch: the block never existed outside it; its address may be given to
 //!   another graph's memory, so every cuda-rt operation on it is refused
-//!   ([`StateKind::GraphMemoryGone`](crate::StateKind::GraphMemoryGone)) and the drop
+//!   ([`StateKind::GraphMemoryGone`]) and the drop
 //!   frees nothing. The same error refuses its use outside the capture before the
 //!   graph's first launch, when the address holds nothing yet.
 //! - after the capture: the graph owns it. Its graph is instantiated with
