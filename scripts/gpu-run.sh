@@ -3,7 +3,8 @@
 #   bash gpu-bin/run.sh            every test binary with CUDA_RT_REQUIRE_GPU=1, the C
 #                                  smoke and API programs, then every example (exit 0, no skip)
 #   SANITIZE=1 bash gpu-bin/run.sh the same under compute-sanitizer memcheck
-#   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables)
+#   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables) and the
+#                                  serving workloads (tests/python/serving.py, figures)
 #   ONLY=word bash gpu-bin/run.sh  only the test and example binaries named with `word`
 #   SKIP=word bash gpu-bin/run.sh  all but the test binaries named with `word` (e.g. the
 #                                  framework workloads under the sanitizer)
@@ -88,6 +89,19 @@ if [ "${BENCH:-0}" = 1 ]; then
     [ -e "$b" ] || continue
     echo "== bench $(basename "$b")"
     timeout "${BENCH_TIMEOUT:-180}" "$b" --bench 2>&1 | tee "$OUTDIR/bench-$(basename "$b").log" | tail -60
+  done
+  # The serving workloads (figures only): drifting shapes on each framework's allocator
+  # and on cuda-rt's drop-in (tests/python/serving.py); skipped where torch or CuPy is
+  # not installed.
+  for fw in torch cupy; do
+    if python3 -c "import $fw" >/dev/null 2>&1; then
+      echo "== serving $fw"
+      PYTHONPATH="$CUDA_RT_PYTHON_DIR" CUDA_RT_C_LIB="$HERE/lib/libcuda_rt_c.so" \
+        timeout "${SERVING_TIMEOUT:-400}" python3 "$HERE/../tests/python/serving.py" "$fw" \
+        2>&1 | tee "$OUTDIR/serving-$fw.log" | grep '^figure:'
+    else
+      echo "== serving $fw: skipped ($fw is not installed)"
+    fi
   done
 fi
 [ ${#failed_bins[@]} -gt 0 ] && echo "failing: ${failed_bins[*]}"
