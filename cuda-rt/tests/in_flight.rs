@@ -234,17 +234,6 @@ gpu_test!(
     }
 );
 
-/// Spins for `cycles` clock cycles, then fills `p[0..n]` with `v`.
-const SPIN_FILL: &str = r#"
-extern "C" __global__ void spin_fill(unsigned int* p, int n, unsigned int v, long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        p[i] = v;
-    }
-}
-"#;
-
 // Item 6: inside a capture, an allocation dropped on the origin stream while a
 // forked stream's memset of it is not joined yet. The fork waits (a slow kernel)
 // before its memset; the origin allocates again after the free, sets the new block,
@@ -256,7 +245,7 @@ gpu_test!(a_free_in_a_capture_waits_for_an_unjoined_forks_use, {
     }
     let _serial = serial();
     cuda_rt::device::set_device_id(0).unwrap();
-    let k = RawKernel::new(SPIN_FILL, "spin_fill", &[]).unwrap();
+    let k = RawKernel::new(common_kernel::SPIN_FILL, "spin_fill", &[]).unwrap();
     let words = (N / 4) as i32;
     let s1 = Stream::non_blocking().unwrap();
     let s2 = Stream::non_blocking().unwrap();

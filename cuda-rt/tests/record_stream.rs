@@ -15,17 +15,6 @@ use cuda_rt::prelude::*;
 use cuda_rt::stream::Stream;
 use cuda_rt::{gpu_test, DeviceBuffer};
 
-/// Spins for `cycles` clock cycles, then fills `p[0..n]` with `v`.
-const SPIN_FILL: &str = r#"
-extern "C" __global__ void spin_fill(unsigned int* p, int n, unsigned int v, long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        p[i] = v;
-    }
-}
-"#;
-
 /// About a second on a 2 GHz GPU (longer under compute-sanitizer).
 const SLOW: i64 = 2_000_000_000;
 
@@ -37,7 +26,7 @@ fn spin_kernel(name: &str) -> Option<RawKernel> {
         return None;
     }
     cuda_rt::device::set_device_id(0).unwrap();
-    Some(RawKernel::new(SPIN_FILL, "spin_fill", &[]).unwrap())
+    Some(RawKernel::new(common_kernel::SPIN_FILL, "spin_fill", &[]).unwrap())
 }
 
 gpu_test!(

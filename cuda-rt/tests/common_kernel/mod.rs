@@ -7,6 +7,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cuda_rt::cuda_sys::driver as sys;
 
+/// Spins for `cycles` clock cycles, then fills `p[0..n]` with `v`.
+pub const SPIN_FILL: &str = r#"
+extern "C" __global__ void spin_fill(unsigned int* p, int n, unsigned int v, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        p[i] = v;
+    }
+}
+"#;
+
 /// `true` when NVRTC loads. Otherwise prints why `name` is skipped, or panics when
 /// `CUDA_RT_REQUIRE_GPU=1` (the GPU machine has NVRTC).
 pub fn nvrtc_or_skip(name: &str) -> bool {
