@@ -83,9 +83,11 @@ fn batch(f: fn(usize), n: usize) -> f64 {
     t.elapsed().as_nanos() as f64 / n as f64
 }
 
-/// The doors, their goals (ratio to the pool's pair) and what they are called in the
-/// JSON lines.
-const DOORS: [(&str, &str, fn(usize), &str); 5] = [
+/// A door: its argument, its name in the JSON lines, its pairs and its goal.
+type Door = (&'static str, &'static str, fn(usize), &'static str);
+
+/// The doors and their goals (ratio to the pool's pair).
+const DOORS: [Door; 5] = [
     ("alloc", "alloc_drop_pair", alloc_pairs, "ratio <= 1.05"),
     (
         "typed",
