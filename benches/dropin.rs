@@ -1,21 +1,60 @@
-//! Host cost of the drop-in entry points that PyTorch and CuPy call per tensor:
-//! `curt_torch_alloc` + `curt_torch_free` and `curt_cupy_malloc` + `curt_cupy_free`
-//! pairs of a cached size, beside the caching pool's own `malloc` + drop pair in the
-//! same run (the floor the entry points add their registry and stream handling to).
-//! `cargo bench --bench dropin -- [all|torch|cupy|pool] N`; for instruction counts run
-//! the binary under `valgrind --tool=callgrind` with a fake driver
-//! (`CUDA_RT_LIBCUDA`). Without a GPU (or fake driver) it prints a skip line.
+//! Host cost of every door to a cached allocation, each beside the Rust pool's untyped
+//! pair measured in the same run (its `raw`, so the ratio is the door's cost over the
+//! pool's): the caching pool's `MemoryPool::malloc` + drop pair (the reference),
+//! `cuda_rt::memory::alloc` + drop, a typed `DeviceBuffer::<f32>::empty` + drop, and
+//! the C entry points `curt_malloc` + `curt_free`, `curt_torch_alloc` +
+//! `curt_torch_free` and `curt_cupy_malloc` + `curt_cupy_free` (what PyTorch and CuPy
+//! call per tensor), all of a cached 1 MiB.
+//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|torch|cupy|pool] N`: `all`
+//! (the default, what the GPU runner's `--bench` gets) prints every pair; one name
+//! runs that pair alone, for instruction counts under `valgrind --tool=callgrind`
+//! with a fake driver (`CUDA_RT_LIBCUDA`). Without a GPU (or fake driver) it prints a
+//! skip line.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use cuda_rt_c::{curt_cupy_free, curt_cupy_malloc, curt_torch_alloc, curt_torch_free};
+use cuda_rt::buffer::DeviceBuffer;
+use cuda_rt_c::{
+    curt_cupy_free, curt_cupy_malloc, curt_free, curt_malloc, curt_memory_t, curt_torch_alloc,
+    curt_torch_free,
+};
 
 #[path = "../cuda-rt/benches/common/mod.rs"]
 mod common;
 use common::{Figure, Report};
 
 const SIZE: usize = 1 << 20;
+
+fn pool_pairs(n: usize) {
+    let pool = cuda_rt::get_default_memory_pool();
+    for _ in 0..n {
+        drop(black_box(pool.malloc(black_box(SIZE)).unwrap()));
+    }
+}
+
+fn alloc_pairs(n: usize) {
+    for _ in 0..n {
+        drop(black_box(cuda_rt::alloc(black_box(SIZE)).unwrap()));
+    }
+}
+
+fn typed_pairs(n: usize) {
+    for _ in 0..n {
+        let b = DeviceBuffer::<f32>::empty(black_box(SIZE / 4)).unwrap();
+        drop(black_box(b));
+    }
+}
+
+fn cmalloc_pairs(n: usize) {
+    for _ in 0..n {
+        let mut m: curt_memory_t = std::ptr::null_mut();
+        // SAFETY: NULL is the current stream; `m` is a valid out pointer.
+        let rc = unsafe { curt_malloc(black_box(SIZE), std::ptr::null_mut(), &mut m) };
+        assert_eq!(rc, 0);
+        assert_eq!(curt_free(black_box(m)), 0);
+    }
+}
 
 fn torch_pairs(n: usize) {
     for _ in 0..n {
@@ -37,25 +76,44 @@ fn cupy_pairs(n: usize) {
     }
 }
 
-fn pool_pairs(n: usize) {
-    let pool = cuda_rt::get_default_memory_pool();
-    for _ in 0..n {
-        drop(black_box(pool.malloc(black_box(SIZE)).unwrap()));
-    }
+/// Nanoseconds per pair of one batch of `n`.
+fn batch(f: fn(usize), n: usize) -> f64 {
+    let t = Instant::now();
+    f(n);
+    t.elapsed().as_nanos() as f64 / n as f64
 }
 
-fn time(f: fn(usize), n: usize) -> f64 {
-    f(1000); // warm: the size cached, the registry's tables grown
-    common::median(
-        (0..5)
-            .map(|_| {
-                let t = Instant::now();
-                f(n);
-                t.elapsed().as_nanos() as f64 / n as f64
-            })
-            .collect(),
-    )
-}
+/// A door: its argument, its name in the JSON lines, its pairs and its goal.
+type Door = (&'static str, &'static str, fn(usize), &'static str);
+
+/// The doors and their goals (ratio to the pool's pair).
+const DOORS: [Door; 5] = [
+    ("alloc", "alloc_drop_pair", alloc_pairs, "ratio <= 1.05"),
+    (
+        "typed",
+        "device_buffer_empty_drop_pair",
+        typed_pairs,
+        "ratio <= 1.05",
+    ),
+    (
+        "cmalloc",
+        "curt_malloc_free_pair",
+        cmalloc_pairs,
+        "ratio <= 1.5",
+    ),
+    (
+        "torch",
+        "curt_torch_alloc_free_pair",
+        torch_pairs,
+        "ratio <= 1.5",
+    ),
+    (
+        "cupy",
+        "curt_cupy_malloc_free_pair",
+        cupy_pairs,
+        "ratio <= 1.5",
+    ),
+];
 
 fn main() {
     let args: Vec<String> = std::env::args()
@@ -71,22 +129,38 @@ fn main() {
         common::skip("dropin", &format!("device 0: {e}"));
         return;
     }
-    let mut report = Report::new(format!(
-        "drop-in allocator entry points ({n} pairs of 1 MiB, host time)"
-    ));
-    let pool = matches!(what.as_str(), "all" | "pool").then(|| time(pool_pairs, n));
-    if let Some(ns) = pool {
-        report.push(Figure::new("pool malloc + drop", ns, "ns").note("per pair"));
+    // One door alone, for instruction counts: a warm-up, then `n` pairs, nothing else.
+    let pool_door: Door = ("pool", "pool_malloc_free_pair", pool_pairs, "");
+    if let Some(&(_, name, f, _)) = DOORS.iter().chain([&pool_door]).find(|d| d.0 == what) {
+        f(1000);
+        let ns = batch(f, n);
+        let mut report = Report::new(format!("`{what}` alone ({n} pairs of 1 MiB)"));
+        report.push(Figure::new(name, ns, "ns").size(SIZE).note("per pair"));
+        report.finish();
+        return;
     }
-    for (name, f) in [("torch", torch_pairs as fn(usize)), ("cupy", cupy_pairs)] {
-        if what == "all" || what == name {
-            let ns = time(f, n);
-            let mut fig = Figure::new(format!("{name} alloc + free"), ns, "ns").note("per pair");
-            if let Some(p) = pool {
-                fig = fig.note(format!("{:.2}x the pool's pair", ns / p));
-            }
-            report.push(fig);
-        }
+    let mut report = Report::new(format!(
+        "every door to a cached 1 MiB ({n} pairs a batch, host time, ratio to the \
+         pool's malloc + drop pair measured interleaved)"
+    ));
+    // The reference alone: a median of batches.
+    pool_pairs(1000);
+    let pool = common::median((0..5).map(|_| batch(pool_pairs, n)).collect());
+    report.push(
+        Figure::new("pool_malloc_free_pair", pool, "ns")
+            .size(SIZE)
+            .note("MemoryPool::malloc + drop, per pair"),
+    );
+    for (_, name, f, target) in DOORS {
+        // Interleaved with the pool's pair, so both see the same machine state.
+        let (ours, raw) = common::interleaved(5, || batch(f, n), || batch(pool_pairs, n));
+        report.push(
+            Figure::new(name, ours, "ns")
+                .size(SIZE)
+                .raw(raw, "pool_malloc_free_pair")
+                .target(target)
+                .note("per pair"),
+        );
     }
     report.finish();
 }

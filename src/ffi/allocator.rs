@@ -4,20 +4,20 @@
 //!
 //! The drop-in entry points hand out raw addresses, so the memory behind them lives in
 //! a registry keyed by address, where `free` finds it: sharded (a mutex-guarded map
-//! per shard, the shard picked by a hash of the address), so threads allocating at
-//! once rarely meet on one lock. PyTorch passes its stream with each request, so its
+//! per shard, the shard picked by a hash of the address, see [`AddrMap`]), so threads
+//! allocating at once rarely meet on one lock, and an allocation freed on another
+//! thread is found the same way. PyTorch passes its stream with each request, so its
 //! memory comes from that stream's arena without touching the thread's current
 //! device or stream (`MemoryPool::malloc_on_stream`).
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, PoisonError};
 
 use cuda_rt::memory::{CAllocator, CFreeFn, CMallocFn};
 use cuda_rt::stream::ExternalStream;
 use cuda_rt::{get_default_memory_pool, Allocator, MemoryPointer};
 
+use super::addr_map::AddrMap;
 use super::status::{
     bad_arg, guard, set_last_error, unwind_guard, Fail, Res, CURT_ERROR_OUT_OF_MEMORY,
 };
@@ -60,35 +60,12 @@ pub extern "C" fn curt_reset_allocator() -> c_int {
 
 const SHARDS: usize = 64;
 
-/// The registry's hash of an address: pool blocks are 512-byte aligned, so the bits
-/// above are mixed by one multiplication (a keyed SipHash costs more than the pool's
-/// whole malloc, and addresses are not attacker-chosen keys).
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, addr: u64) {
-        let x = (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = x ^ (x >> 29);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type Registry = HashMap<u64, MemoryPointer, BuildHasherDefault<AddrHasher>>;
+type Registry = AddrMap<MemoryPointer>;
 
 /// The memory handed out by the drop-in entry points, by address.
-static REGISTRY: [Mutex<Option<Registry>>; SHARDS] = [const { Mutex::new(None) }; SHARDS];
+static REGISTRY: [Mutex<Registry>; SHARDS] = [const { Mutex::new(Registry::new()) }; SHARDS];
 
-fn shard(addr: u64) -> &'static Mutex<Option<Registry>> {
+fn shard(addr: u64) -> &'static Mutex<Registry> {
     // Another mix than the map's, so that one shard's keys still spread in its map.
     let h = (addr >> 9).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 58;
     &REGISTRY[h as usize % SHARDS]
@@ -96,11 +73,14 @@ fn shard(addr: u64) -> &'static Mutex<Option<Registry>> {
 
 fn register(p: MemoryPointer) -> *mut c_void {
     let addr = p.ptr();
-    shard(addr)
+    // What comes back is dropped outside the lock: an address already registered
+    // (none is: the pool hands a block out once) has its old memory freed, and
+    // address 0 (never handed out for a size > 0) is refused, freed, and NULL returned.
+    let refused = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .get_or_insert_with(|| Registry::with_capacity_and_hasher(256, Default::default()))
         .insert(addr, p);
+    drop(refused);
     addr as *mut c_void
 }
 
@@ -109,8 +89,7 @@ fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
     let p = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .as_mut()
-        .and_then(|m| m.remove(&addr));
+        .remove(addr);
     p.ok_or_else(|| bad_arg(format!("{addr:#x} was not allocated by curt_torch_alloc or curt_cupy_malloc, or was freed already")))
 }
 
@@ -128,12 +107,7 @@ pub unsafe extern "C" fn curt_dropin_live_count(count: *mut usize) -> c_int {
         let count = super::status::out(count, "count")?;
         *count = REGISTRY
             .iter()
-            .map(|s| {
-                s.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-                    .map_or(0, Registry::len)
-            })
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
             .sum();
         Ok(())
     })
@@ -345,8 +319,8 @@ pub(crate) fn dropin_pointer(ptr: *mut c_void) -> Res<MemoryPointer> {
     let p = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .and_then(|m| m.get(&addr).cloned());
+        .get(addr)
+        .cloned();
     p.ok_or_else(|| {
         bad_arg(format!(
             "{addr:#x} was not allocated by curt_torch_alloc or curt_cupy_malloc, or was \

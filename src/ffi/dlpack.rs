@@ -260,7 +260,7 @@ unsafe fn export<M: Managed>(
         let tensor = tensor_of(&m, &shape, dtype)?;
         let mut b = Box::new(Export {
             managed: M::around(tensor),
-            _mem: (*m).clone(),
+            _mem: m,
             _shape: shape,
         });
         b.managed.tensor().shape = b._shape.as_mut_ptr();

@@ -1,6 +1,7 @@
 //! Events: create, record, query, synchronise, elapsed time.
 
 use std::ffi::c_int;
+use std::sync::Arc;
 
 use cuda_rt::{Event, EventFlags};
 
@@ -9,7 +10,7 @@ use super::status::{bad_arg, guard, out};
 use super::stream::stream_or_current;
 
 /// The events C holds.
-pub(crate) static EVENTS: Table<Event> = Table::new(2, "event");
+pub(crate) static EVENTS: Table<Arc<Event>> = Table::new(2, "event");
 
 /// `CURT_EVENT_BLOCKING_SYNC`: a synchronising thread sleeps instead of spinning.
 pub const CURT_EVENT_BLOCKING_SYNC: c_int = 1;
@@ -37,7 +38,7 @@ pub unsafe extern "C" fn curt_event_create(flags: c_int, event: *mut curt_event_
         if flags & CURT_EVENT_DISABLE_TIMING != 0 {
             f |= EventFlags::DISABLE_TIMING;
         }
-        *event = EVENTS.insert(Event::with_flags(f)?) as curt_event_t;
+        *event = EVENTS.insert(Arc::new(Event::with_flags(f)?)) as curt_event_t;
         Ok(())
     })
 }

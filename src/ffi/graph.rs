@@ -1,7 +1,7 @@
 //! Graphs: capture a stream's work, instantiate, launch, destroy.
 
 use std::ffi::c_int;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cuda_rt::prelude::*;
 use cuda_rt::{CaptureMode, Graph, InstantiateFlags};
@@ -11,7 +11,7 @@ use super::status::{bad_arg, guard, out};
 use super::stream::stream_or_current;
 
 /// The graphs C holds.
-pub(crate) static GRAPHS: Table<Mutex<Graph>> = Table::new(7, "graph");
+pub(crate) static GRAPHS: Table<Arc<Mutex<Graph>>> = Table::new(7, "graph");
 
 /// Capture modes (`CUstreamCaptureMode`): global.
 pub const CURT_CAPTURE_MODE_GLOBAL: c_int = 0;
@@ -51,7 +51,7 @@ pub unsafe extern "C" fn curt_stream_end_capture(
     guard(|| {
         let graph = out(graph, "graph")?;
         let g = stream_or_current(stream)?.end_capture()?;
-        *graph = GRAPHS.insert(Mutex::new(g)) as curt_graph_t;
+        *graph = GRAPHS.insert(Arc::new(Mutex::new(g))) as curt_graph_t;
         Ok(())
     })
 }

@@ -86,14 +86,17 @@ pub unsafe extern "C" fn curt_malloc(
 ) -> c_int {
     guard(|| {
         out(mem, "mem")?;
-        let s = stream_or_current(stream)?;
-        let dev = cuda_rt::Device::new(s.device_id())?;
-        let _d = dev.enter()?;
-        let _s = s.enter()?;
-        put(
-            mem,
-            Ok(get_default_memory_pool().malloc_on(s.device_id(), size)?),
-        )
+        let pool = get_default_memory_pool();
+        // Nothing is made current: the pool takes the arena from the stream it is
+        // given, and a new segment goes to the device's primary context (entering the
+        // device and the stream, and leaving them, were half of the pair's cost).
+        let p = if stream.is_null() {
+            // The current stream of the current device: the arena `malloc` uses.
+            pool.malloc_on(cuda_rt::device::get_device_id(), size)?
+        } else {
+            pool.malloc_on_stream(&stream_or_current(stream)?, size)?
+        };
+        put(mem, Ok(p))
     })
 }
 

@@ -20,6 +20,7 @@
 // difference; a Rust caller of the rlib writes `unsafe`). Exports that take only
 // handles and integers stay safe: handles are table-checked, never dereferenced.
 
+mod addr_map;
 mod allocator;
 mod copy;
 mod device;

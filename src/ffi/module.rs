@@ -2,6 +2,7 @@
 //! functions, and kernel launch with `void**` arguments.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::Arc;
 
 use cuda_rt::{Function, LaunchConfig, Module, RawModule};
 
@@ -10,9 +11,9 @@ use super::status::{bad_arg, c_str, guard, out, Res};
 use super::stream::stream_or_current;
 
 /// The modules C holds.
-pub(crate) static MODULES: Table<Module> = Table::new(5, "module");
+pub(crate) static MODULES: Table<Arc<Module>> = Table::new(5, "module");
 /// The functions C holds.
-pub(crate) static FUNCTIONS: Table<Function> = Table::new(6, "function");
+pub(crate) static FUNCTIONS: Table<Arc<Function>> = Table::new(6, "function");
 
 /// A launch shape (`curt_dim3`): x, y, z, each at least 1.
 #[repr(C)]
@@ -27,7 +28,7 @@ pub struct curt_dim3 {
 }
 
 fn put(module: &mut curt_module_t, m: Module) {
-    *module = MODULES.insert(m) as curt_module_t;
+    *module = MODULES.insert(Arc::new(m)) as curt_module_t;
 }
 
 /// Loads a PTX, cubin or fatbin file on the current device.
@@ -141,7 +142,7 @@ pub unsafe extern "C" fn curt_module_get_function(
     guard(|| {
         let (function, name) = (out(function, "function")?, c_str(name, "name")?);
         let f = MODULES.get(module as u64)?.get_function(name)?;
-        *function = FUNCTIONS.insert(f) as curt_function_t;
+        *function = FUNCTIONS.insert(Arc::new(f)) as curt_function_t;
         Ok(())
     })
 }

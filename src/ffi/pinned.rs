@@ -1,7 +1,7 @@
 //! Pinned (page-locked) host memory from the default pinned pool.
 
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use cuda_rt::{get_default_pinned_memory_pool, PinnedMemoryPointer};
 
@@ -10,7 +10,7 @@ use super::memory::curt_pool_stats_t;
 use super::status::{guard, out};
 
 /// The pinned memory C holds.
-pub(crate) static PINNED: Table<Mutex<PinnedMemoryPointer>> = Table::new(4, "pinned memory");
+pub(crate) static PINNED: Table<Arc<Mutex<PinnedMemoryPointer>>> = Table::new(4, "pinned memory");
 
 /// Allocates `size` bytes of pinned host memory from the default pinned pool.
 ///
@@ -24,7 +24,7 @@ pub unsafe extern "C" fn curt_pinned_malloc(size: usize, mem: *mut curt_pinned_t
     guard(|| {
         let mem = out(mem, "mem")?;
         let p = get_default_pinned_memory_pool().malloc(size)?;
-        *mem = PINNED.insert(Mutex::new(p)) as curt_pinned_t;
+        *mem = PINNED.insert(Arc::new(Mutex::new(p))) as curt_pinned_t;
         Ok(())
     })
 }

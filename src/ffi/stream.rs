@@ -1,6 +1,7 @@
 //! Streams: create, destroy, synchronise, query, wait on an event, host callbacks.
 
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 
 use cuda_rt::prelude::*;
 use cuda_rt::{Stream, StreamRef};
@@ -10,7 +11,7 @@ use super::handles::{curt_event_t, curt_stream_t, Table};
 use super::status::{bad_arg, guard, out, Res};
 
 /// The streams C holds.
-pub(crate) static STREAMS: Table<Stream> = Table::new(1, "stream");
+pub(crate) static STREAMS: Table<Arc<Stream>> = Table::new(1, "stream");
 
 /// `CURT_STREAM_NON_BLOCKING`: the stream does not synchronise with the legacy
 /// default stream.
@@ -46,7 +47,7 @@ pub unsafe extern "C" fn curt_stream_create(
             return Err(bad_arg(format!("unknown stream flags {flags:#x}")));
         }
         let s = Stream::with_options(flags & CURT_STREAM_NON_BLOCKING != 0, priority)?;
-        *stream = STREAMS.insert(s) as curt_stream_t;
+        *stream = STREAMS.insert(Arc::new(s)) as curt_stream_t;
         Ok(())
     })
 }

@@ -55,6 +55,7 @@ impl<T: Pod> DeviceBuffer<T> {
     ///
     /// [`alloc`]: crate::memory::alloc
     #[track_caller]
+    #[inline]
     pub fn empty(len: usize) -> Result<Self> {
         let bytes = byte_len::<T>("DeviceBuffer::empty", len)?;
         let mem = crate::memory::alloc(bytes)?;

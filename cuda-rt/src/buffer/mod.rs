@@ -93,29 +93,50 @@ use crate::memory::Pod;
 pub(crate) const MAX_ALIGN: usize = 256;
 
 /// `len` elements of `T` in bytes, or an error naming the overflow.
+///
+/// Inlined, with the errors built out of line: every typed allocation runs this, and
+/// the alignment test is decided at compile time, so the fast path is one checked
+/// multiplication (the error's formatting, inlined, cost the typed pair a fifth more
+/// than the untyped one).
+#[inline]
 pub(crate) fn byte_len<T: Pod>(what: &str, len: usize) -> Result<usize> {
     if std::mem::align_of::<T>() > MAX_ALIGN {
-        return Err(Error::invalid_argument(
-            ArgumentKind::Incompatible,
-            format!(
-                "{what}: {} needs {}-byte alignment; buffers guarantee {MAX_ALIGN}",
-                std::any::type_name::<T>(),
-                std::mem::align_of::<T>()
-            ),
-        ));
+        return Err(over_aligned::<T>(what));
     }
-    len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-        Error::invalid_argument(
-            ArgumentKind::OutOfBounds {
-                requested: u64::MAX,
-                available: isize::MAX as u64,
-            },
-            format!(
-                "{what}: {len} elements of {} overflow usize bytes",
-                std::any::type_name::<T>()
-            ),
-        )
-    })
+    match len.checked_mul(std::mem::size_of::<T>()) {
+        Some(bytes) => Ok(bytes),
+        None => Err(overflowing::<T>(what, len)),
+    }
+}
+
+/// The error of an element type aligned beyond [`MAX_ALIGN`].
+#[cold]
+#[inline(never)]
+fn over_aligned<T>(what: &str) -> Error {
+    Error::invalid_argument(
+        ArgumentKind::Incompatible,
+        format!(
+            "{what}: {} needs {}-byte alignment; buffers guarantee {MAX_ALIGN}",
+            std::any::type_name::<T>(),
+            std::mem::align_of::<T>()
+        ),
+    )
+}
+
+/// The error of `len` elements of `T` whose bytes overflow `usize`.
+#[cold]
+#[inline(never)]
+fn overflowing<T>(what: &str, len: usize) -> Error {
+    Error::invalid_argument(
+        ArgumentKind::OutOfBounds {
+            requested: u64::MAX,
+            available: isize::MAX as u64,
+        },
+        format!(
+            "{what}: {len} elements of {} overflow usize bytes",
+            std::any::type_name::<T>()
+        ),
+    )
 }
 
 /// A `Vec` of `len` zeroed `T`s, allocated zeroed (the allocator hands large zeroed

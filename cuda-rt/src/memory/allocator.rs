@@ -235,6 +235,23 @@ pub fn alloc(size: usize) -> Result<MemoryPointer> {
         return r;
     }
     let site = std::panic::Location::caller();
+    // The common case, tested first and ending in a tail call: no scope open and no
+    // `set_allocator` yet, so the allocator is the default pool, a static. Going
+    // through `with_cached_pool`'s `Option<Result<_>>` here copied the result once
+    // more and left `alloc` too big to inline (a sixth of the pair's instructions).
+    if DEPTH.with(Cell::get) == 0 && GENERATION.load(Ordering::Acquire) == FIRST_GENERATION {
+        return get_default_memory_pool().malloc_from(device, size, site);
+    }
+    alloc_other(device, size)
+}
+
+/// [`alloc`] once a scope is open or `set_allocator` was called: the thread's cached
+/// pool when it is current, else the allocator in effect. Out of line, so the common
+/// `alloc` stays small; `#[track_caller]`, so the hooks still see `alloc`'s caller.
+#[track_caller]
+#[inline(never)]
+fn alloc_other(device: i32, size: usize) -> Result<MemoryPointer> {
+    let site = std::panic::Location::caller();
     if let Some(r) = with_cached_pool(|pool| pool.malloc_from(device, size, site)) {
         return r;
     }
