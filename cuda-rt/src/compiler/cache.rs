@@ -58,7 +58,6 @@
 mod entry;
 mod stats;
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -70,6 +69,7 @@ pub use super::cache_dir::{
     check_dir, write_file_atomically, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_LEN,
 };
 pub use super::hash::Fnv128;
+use super::hash::WordHasher;
 pub use entry::{
     cache_key, cache_key_with_includes, decode, encode, CacheKey, DecodeError, FORMAT_VERSION,
     MAGIC,
@@ -143,7 +143,8 @@ impl MemKey {
 }
 
 fn mem_hash(device: i32, program: &Program<'_>, target: Target) -> u64 {
-    let mut h = DefaultHasher::new();
+    // Word at a time: the whole source is hashed on every lookup (see `WordHasher`).
+    let mut h = WordHasher::default();
     device.hash(&mut h);
     target.hash(&mut h);
     program.hash(&mut h);
@@ -179,6 +180,10 @@ pub struct KernelCache {
     disk_misses_corrupt: AtomicU64,
     disk_write_failures: AtomicU64,
     memory_hits: AtomicU64,
+    /// Bumped by [`clear_memory`](Self::clear_memory): what a thread's recent lookups
+    /// (`RawKernel::new`'s fast path) were taken under, so a cleared cache is not
+    /// bypassed by them.
+    generation: AtomicU64,
 }
 
 impl fmt::Debug for KernelCache {
@@ -225,6 +230,7 @@ impl KernelCache {
             disk_misses_corrupt: AtomicU64::new(0),
             disk_write_failures: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -295,9 +301,21 @@ impl KernelCache {
 
     /// Drops the modules held in memory (modules in use stay loaded until dropped).
     pub fn clear_memory(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
         if let Ok(mut m) = self.modules.lock() {
             m.clear();
         }
+    }
+
+    /// How many times the memory part was cleared (see the `generation` field).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Counts a memory hit served outside [`module`](Self::module) (a thread's recent
+    /// lookup in `RawKernel::new`).
+    pub(crate) fn count_memory_hit(&self) {
+        self.memory_hits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The path of `key`'s file, if there is a disk part.
