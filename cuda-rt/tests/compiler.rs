@@ -344,3 +344,22 @@ cuda_rt::gpu_test!(the_nvcc_backend_compiles_a_kernel_that_runs, {
         .unwrap_err();
     assert!(e.to_string().contains("undeclared"), "{e}");
 });
+
+#[test]
+fn raw_kernel_new_refuses_dollar_and_dot_in_a_kernel_name_before_compiling() {
+    // No GPU and no NVRTC needed: the name is refused before anything is compiled.
+    for bad in ["k$1", "$k", "k.cold"] {
+        let e = RawKernel::new(SAXPY, bad, &[]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    kind: cuda_rt::ArgumentKind::InvalidValue,
+                    ..
+                }
+            ),
+            "{bad}: {e:?}"
+        );
+        assert!(e.to_string().contains("is not a valid kernel name"), "{e}");
+    }
+}

@@ -126,6 +126,15 @@ impl RawModule {
     /// The kernel `name`: a name expression given at compile time (looked up by its
     /// lowered name) or a plain (`extern "C"` or mangled) name. Looked up once, then
     /// cached in this module.
+    ///
+    /// A plain name of a module compiled from source must be a C identifier
+    /// (`[A-Za-z_][A-Za-z0-9_]*`, CuPy's `is_valid_kernel_name`): `$` and `.` are
+    /// refused with an [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming
+    /// the rule, before the driver is asked. No C++ kernel needs them: its symbol is
+    /// its identifier or its mangled name, and any other C++ name goes through a name
+    /// expression. A module loaded from an image ([`from_file`](Self::from_file),
+    /// [`from_image`](Self::from_image)) also takes `$` and `.`, which PTX and other
+    /// toolchains' symbols may contain.
     pub fn get_function(&self, name: &str) -> Result<Function> {
         let mut map = self
             .inner
@@ -135,7 +144,11 @@ impl RawModule {
         if let Some(f) = map.get(name) {
             return Ok(f.clone());
         }
-        let symbol = self.lowered_name(name).unwrap_or(name);
+        let lowered = self.lowered_name(name);
+        if lowered.is_none() && self.inner.output.is_some() {
+            crate::module::check_source_kernel_name(name)?;
+        }
+        let symbol = lowered.unwrap_or(name);
         let f = self.inner.module.get_function(symbol)?;
         map.insert(name.to_owned(), f.clone());
         Ok(f)
@@ -225,11 +238,13 @@ pub struct RawKernel {
 
 impl RawKernel {
     /// Compiles `code` (through the kernel cache) for the current device and looks up
-    /// the kernel `name`. A second call with the same arguments compiles and loads
-    /// nothing, and on the thread that made it before costs a comparison of the
-    /// arguments and two reference counts: each thread remembers its last few kernels
-    /// , checked against the whole source, name and options, so a
-    /// source that changed in place is never mistaken for the one remembered.
+    /// the kernel `name`, a C identifier (`$` and `.` are refused before compiling, as
+    /// CuPy's `is_valid_kernel_name` does; see [`RawModule::get_function`]). A second
+    /// call with the same arguments compiles and loads nothing, and on the thread that
+    /// made it before costs a comparison of the arguments and two reference counts:
+    /// each thread remembers its last few kernels, checked against the whole source,
+    /// name and options, so a source that changed in place is never mistaken for the
+    /// one remembered.
     pub fn new(code: &str, name: &str, options: &[&str]) -> Result<RawKernel> {
         let cache = KernelCache::global();
         // Read before the slow lookup: a clear_memory racing with it leaves the entry
@@ -245,6 +260,7 @@ impl RawKernel {
             cache.count_memory_hit();
             return Ok(k);
         }
+        crate::module::check_source_kernel_name(name)?;
         let k = Self::from_module(RawModule::from_source(code, options, &[])?, name)?;
         recent::remember(&q, &k);
         Ok(k)
