@@ -130,6 +130,7 @@ fn cusolver_and_curand_errors_are_described_from_fixed_tables() {
 
 /// A cuSPARSE whose create fails with NOT_INITIALIZED; with `-DWITH_STRING`, it also
 /// has `cusparseGetErrorString` (as every cuSPARSE since 10.2 does).
+#[cfg(feature = "cusparse")]
 const FAILING_CUSPARSE: &str = r#"
 int cusparseCreate(void **h) { (void)h; return 1; }
 #ifdef WITH_STRING
