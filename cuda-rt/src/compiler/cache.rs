@@ -3,6 +3,9 @@
 //! - **Memory**: a [`RawModule`] per (device, source, source name, options, name
 //!   expressions, target). A second [`RawModule::from_source`] of the same program
 //!   costs a hash, a string compare and a reference count: no compile, no module load.
+//!   A repeated [`RawKernel::new`](super::RawKernel::new) on one thread skips even the
+//!   hash: each thread remembers its last few kernels, compared in full with the
+//!   arguments.
 //! - **Disk**: one file per key under [`KernelCache::disk_dir`]: by default
 //!   `$CUDA_RT_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/cuda-rt/kernels`, else
 //!   `~/.cache/cuda-rt/kernels`; `CUDA_RT_KERNEL_CACHE_IN_MEMORY=1` (or
@@ -300,6 +303,9 @@ impl KernelCache {
     }
 
     /// Drops the modules held in memory (modules in use stay loaded until dropped).
+    /// Each thread's recently built kernels (`RawKernel::new`) are no longer used from
+    /// then on; the modules they hold are let go at that thread's next
+    /// `RawKernel::new` miss, or when it exits.
     pub fn clear_memory(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         if let Ok(mut m) = self.modules.lock() {
