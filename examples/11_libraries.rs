@@ -6,6 +6,7 @@
 //! cuBLAS or cuRAND library, it prints why and exits 0.
 
 use cuda_rt::buffer::DeviceBuffer;
+use cuda_rt::cuda_sys::result::{cublas::check as cublas_check, curand::check as curand_check};
 use cuda_rt::cuda_sys::{cublas, curand};
 use cuda_rt::{AsStream, Error, Stream};
 
@@ -30,14 +31,6 @@ fn installed<H>(what: &str, handle: cuda_rt::Result<H>) -> cuda_rt::Result<Optio
         }
         Err(e) => Err(e),
     }
-}
-
-/// A library status other than success (0) as cuda-rt's error.
-fn check(call: &'static str, status: u32, name: &'static str) -> cuda_rt::Result<()> {
-    let status = status as i32;
-    (status == 0)
-        .then_some(())
-        .ok_or(Error::Library { call, status, name })
 }
 
 fn run() -> cuda_rt::Result<()> {
@@ -66,7 +59,7 @@ fn blas(h: cublas::cublasHandle_t) -> cuda_rt::Result<()> {
     // floats each; `alpha` is read on the host during the call (the default pointer
     // mode); y is read back on the handle's stream, after the call.
     let s = unsafe { cublas::cublasSaxpy_v2(h, n as i32, &alpha, px, 1, py, 1)? };
-    check("cublasSaxpy", s.0, "cublasStatus_t")?;
+    cublas_check(s, "cublasSaxpy")?;
     let got = y.to_vec()?;
     assert!(got.iter().zip(&hx).all(|(&v, &x)| v == 3.0 * x + 1.0));
 
@@ -86,7 +79,7 @@ fn blas(h: cublas::cublasHandle_t) -> cuda_rt::Result<()> {
     let s = unsafe {
         cublas::cublasSgemm_v2(h, op, op, mi, ni, ki, &one, pa, mi, pb, ki, &zero, pc, mi)?
     };
-    check("cublasSgemm", s.0, "cublasStatus_t")?;
+    cublas_check(s, "cublasSgemm")?;
     let got = c.to_vec()?;
     for (col, row) in (0..n).flat_map(|col| (0..m).map(move |row| (col, row))) {
         let want: f32 = (0..k).map(|p| ha[row + p * m] * hb[p + col * k]).sum();
@@ -104,11 +97,11 @@ fn random(g: curand::curandGenerator_t) -> cuda_rt::Result<()> {
     let (p, len) = (u.as_mut_slice().device_ptr() as *mut f32, u.len());
     // SAFETY: `g` is this thread's generator, a live handle.
     let s = unsafe { curand::curandSetPseudoRandomGeneratorSeed(g, 2024)? };
-    check("curandSetPseudoRandomGeneratorSeed", s.0, "curandStatus")?;
+    curand_check(s, "curandSetPseudoRandomGeneratorSeed")?;
     // SAFETY: `g` is this thread's generator for the current device, where `u` holds
     // `len` floats; `u` is read back on the generator's stream, after the call.
     let s = unsafe { curand::curandGenerateUniform(g, p, len)? };
-    check("curandGenerateUniform", s.0, "curandStatus")?;
+    curand_check(s, "curandGenerateUniform")?;
     let v = u.to_vec()?;
     let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
     println!("cuRAND: {len} uniform floats, mean {mean:.4}");

@@ -73,3 +73,11 @@ static int ev_dummy;
 CUresult cuEventCreate(void **e, unsigned f) { *e = &ev_dummy; return 0; }
 CUresult cuEventDestroy_v2(void *e) { return 0; }
 CUresult cuEventRecord(void *e, void *s) { return 0; }
+// Modules and kernels, for the kernel cache's host-side figures (a loaded "module" is
+// a dummy; every name is found). Compute capability 9.0 (attributes 75 and 76).
+static int mod_dummy, fn_dummy;
+CUresult cuDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 16 ? 132 : 1024; return 0; }
+CUresult cuModuleLoadData(void **m, const void *img) { *m = &mod_dummy; return 0; }
+CUresult cuModuleUnload(void *m) { return 0; }
+CUresult cuModuleGetFunction(void **f, void *m, const char *name) { *f = &fn_dummy; return 0; }
+CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, void *o, void **v) { *m = &mod_dummy; return 0; }

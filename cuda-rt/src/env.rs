@@ -31,6 +31,7 @@ pub fn get_local_runtime_version() -> Result<CudaVersion> {
             call: "cudaRuntimeGetVersion",
             status: rc.0 as i32,
             name: "cudaError",
+            description: None,
         });
     }
     CudaVersion::from_int(v).ok_or_else(|| {

@@ -68,6 +68,9 @@ use crate::memory::{Bf16, MemoryPointer, F16};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};
 
+mod cooperative;
+pub use cooperative::CooperativeGrid;
+
 /// Most arguments a typed launch takes (the raw form has no limit).
 pub const MAX_KERNEL_ARGS: usize = 64;
 
@@ -412,60 +415,6 @@ impl Function {
     ) -> Result<()> {
         // SAFETY: the caller guarantees the arguments (see `# Safety`).
         unsafe { self.launch_typed(Kind::Plain, stream, config, args) }
-    }
-
-    /// A cooperative launch (`cuLaunchCooperativeKernel`): the whole grid must fit on
-    /// the device at once, and may synchronise with `cooperative_groups::this_grid()`.
-    /// Arguments are checked as for [`Function::launch`].
-    ///
-    /// # Safety
-    /// As for [`Function::launch`]: the arguments match the kernel's parameters in
-    /// number, order and type; every pointer the kernel follows is valid for all its
-    /// accesses, on the function's device, until the kernel completes on `stream`; no
-    /// host access or unordered device work races with the kernel on that memory.
-    #[inline]
-    pub unsafe fn launch_cooperative(
-        &self,
-        stream: &impl AsStream,
-        config: &LaunchConfig,
-        args: &[&dyn KernelArg],
-    ) -> Result<()> {
-        self.check_co_resident(config)?;
-        // SAFETY: the caller guarantees the arguments (see `# Safety`).
-        unsafe { self.launch_typed(Kind::Cooperative, stream, config, args) }
-    }
-
-    /// The most blocks of `config`'s shape that can be resident on the device at once
-    /// (the occupancy calculator's blocks per multiprocessor times the multiprocessor
-    /// count): the largest grid a cooperative launch takes.
-    pub fn max_cooperative_grid(&self, config: &LaunchConfig) -> Result<u64> {
-        let per_sm = self.max_active_blocks_per_multiprocessor(
-            u32::try_from(config.block.count()).unwrap_or(u32::MAX),
-            config.shared_mem_bytes as usize,
-        )?;
-        let sms = crate::Device::new(self.device_id())?.multiprocessor_count()?;
-        Ok(per_sm.max(0) as u64 * sms.max(0) as u64)
-    }
-
-    /// Refuses, before the driver, a cooperative grid that cannot be co-resident.
-    fn check_co_resident(&self, config: &LaunchConfig) -> Result<()> {
-        let max = self.max_cooperative_grid(config)?;
-        let blocks = config.grid.count();
-        if blocks > max {
-            return Err(Error::invalid_argument(
-                ArgumentKind::InvalidValue,
-                format!(
-                    "a cooperative launch needs its whole grid resident at once: {blocks} \
-                     blocks of {} threads ({} bytes of dynamic shared memory) were asked \
-                     for, and the device holds at most {max} of them (the occupancy \
-                     calculator's blocks per multiprocessor times the multiprocessor count); \
-                     use a grid of at most {max} blocks, with a grid-stride loop",
-                    config.block.count(),
-                    config.shared_mem_bytes
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Launches with attributes through `cuLaunchKernelEx` (cluster dimensions,

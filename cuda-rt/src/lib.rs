@@ -91,7 +91,7 @@ pub use error::{
 };
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle, StreamEventExt};
 pub use graph::{CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, StreamCaptureExt};
-pub use launch::{Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
+pub use launch::{CooperativeGrid, Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{
     alloc, get_allocator, get_default_memory_pool, malloc_async, malloc_managed, set_allocator,

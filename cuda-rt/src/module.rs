@@ -530,17 +530,34 @@ pub fn driver_reports_param_sizes() -> bool {
 }
 
 /// A `CString` for a symbol name, or an error naming it.
-/// Refuses, before any driver call, a kernel name no module can export: a symbol is
-/// a C identifier (an `extern "C"` kernel) or a mangled name, which is one too
-/// (`[A-Za-z_][A-Za-z0-9_]*`; `$` and `.` occur in some compilers' symbols and are
-/// let through). A C++ name (a template instance, a namespace path, a signature) is
-/// not a symbol: the message says how to get one.
+/// Refuses, before any driver call, a kernel name no loaded image can export: a
+/// symbol is a C identifier (an `extern "C"` kernel) or a mangled name, which is one
+/// too (`[A-Za-z_][A-Za-z0-9_]*`). `$` and `.` are let through here, for images
+/// (PTX, cubins) that a compiler other than NVRTC wrote: PTX identifiers may hold
+/// `$`, and other toolchains' ELF symbols `.`. Kernels compiled from CUDA C++ follow
+/// the stricter [`check_source_kernel_name`]. A C++ name (a template instance, a
+/// namespace path, a signature) is not a symbol: the message says how to get one.
 pub(crate) fn check_kernel_name(name: &str) -> Result<()> {
-    let symbol_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.');
+    check_name(name, true)
+}
+
+/// CuPy's `is_valid_kernel_name` for a kernel compiled from CUDA C++ and asked for by
+/// a plain name: a C identifier, `[A-Za-z_][A-Za-z0-9_]*`, so `$` and `.` are refused
+/// (an [`Error::InvalidArgument`] naming the rule). Nothing legitimate is lost: a C++
+/// kernel's symbol is its identifier (`extern "C"`) or its Itanium-mangled name, both
+/// made of letters, digits and `_`, and every other C++ name is asked for through a
+/// name expression, which is looked up by NVRTC's lowered name and never checked here.
+pub(crate) fn check_source_kernel_name(name: &str) -> Result<()> {
+    check_name(name, false)
+}
+
+fn check_name(name: &str, image_symbols: bool) -> Result<()> {
+    let extra = |c: char| image_symbols && matches!(c, '$' | '.');
+    let symbol_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || extra(c);
     let first_ok = name
         .chars()
         .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || matches!(c, '_' | '$'));
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || (extra(c) && c != '.'));
     if first_ok && name.chars().all(symbol_char) {
         return Ok(());
     }
@@ -551,8 +568,16 @@ pub(crate) fn check_kernel_name(name: &str) -> Result<()> {
          (RawModule::from_source's name_expressions) and ask the RawModule for it by that \
          expression, or declare the kernel extern \"C\""
             .to_owned()
+    } else if image_symbols {
+        "is not a valid symbol (letters, digits, '_', '$' and '.', not starting with a \
+         digit or '.')"
+            .to_owned()
     } else {
-        "is not a valid symbol (letters, digits and '_', not starting with a digit)".to_owned()
+        "is not a valid kernel name: a kernel compiled from CUDA C++ is named by a C \
+         identifier (letters, digits and '_', not starting with a digit; '$' and '.' are \
+         refused, as CuPy's is_valid_kernel_name refuses them), or asked for by a name \
+         expression given at compile time"
+            .to_owned()
     };
     Err(Error::invalid_argument(
         ArgumentKind::InvalidValue,
@@ -614,6 +639,33 @@ mod tests {
         for ok in ["saxpy", "_Z6kernelIfEvPT_", "k2", "_k", "$k"] {
             super::check_kernel_name(ok).unwrap();
         }
+        // '$' and '.' are let through for loaded images...
+        super::check_kernel_name("k.cold").unwrap();
+        // ... but not for kernels compiled from source (CuPy's is_valid_kernel_name).
+        for ok in ["saxpy", "_Z6kernelIfEvPT_", "k2", "_k"] {
+            super::check_source_kernel_name(ok).unwrap();
+        }
+        for bad in ["$k", "k$1", "k.cold", ".k"] {
+            let e = super::check_source_kernel_name(bad).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidArgument {
+                        kind: ArgumentKind::InvalidValue,
+                        ..
+                    }
+                ),
+                "{bad:?}: {e:?}"
+            );
+            let msg = e.to_string();
+            assert!(msg.contains("is not a valid kernel name"), "{bad:?}: {msg}");
+            assert!(msg.contains("'$' and '.' are refused"), "{bad:?}: {msg}");
+        }
+        assert!(super::check_source_kernel_name("k<float>")
+            .unwrap_err()
+            .to_string()
+            .contains("name expression"));
+        assert!(super::check_kernel_name(".k").is_err());
         for (bad, says) in [
             ("", "is empty"),
             ("k<float>", "name expression"),

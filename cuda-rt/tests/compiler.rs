@@ -160,6 +160,28 @@ cuda_rt::gpu_test!(saxpy_compiled_by_nvrtc_matches_host_values, {
     }
 });
 
+cuda_rt::gpu_test!(
+    repeated_raw_kernel_new_shares_the_kernel_until_the_source_changes_in_place,
+    {
+        cuda_rt::device::set_device_id(0).unwrap();
+        // One buffer, rewritten in place between constructions: the thread's recent
+        // lookups must compare the source, not only its address.
+        let mut src = String::from(r#"extern "C" __global__ void put(int* o) { *o = 1; }"#);
+        let a = RawKernel::new(&src, "put", &[]).unwrap();
+        let b = RawKernel::new(&src, "put", &[]).unwrap();
+        assert!(a.raw_module().same_module(b.raw_module()));
+        assert_eq!(a.as_raw(), b.as_raw());
+        let at = src.find('1').unwrap();
+        src.replace_range(at..at + 1, "2");
+        let c = RawKernel::new(&src, "put", &[]).unwrap();
+        assert!(!a.raw_module().same_module(c.raw_module()));
+        let out = DevBuf::from_slice(&[0i32]);
+        // SAFETY: put(int* o) writes one int; out holds one, read back synchronously.
+        unsafe { c.launch(&LaunchConfig::new(1, 1), &[&out.ptr]) }.unwrap();
+        assert_eq!(out.read::<i32>(1), [2]);
+    }
+);
+
 cuda_rt::gpu_test!(template_kernel_runs_through_its_name_expression, {
     cuda_rt::device::set_device_id(0).unwrap();
     let m = RawModule::from_source(TEMPLATE, &[], &["add_one<float>", "add_one<int>"]).unwrap();
@@ -322,3 +344,22 @@ cuda_rt::gpu_test!(the_nvcc_backend_compiles_a_kernel_that_runs, {
         .unwrap_err();
     assert!(e.to_string().contains("undeclared"), "{e}");
 });
+
+#[test]
+fn raw_kernel_new_refuses_dollar_and_dot_in_a_kernel_name_before_compiling() {
+    // No GPU and no NVRTC needed: the name is refused before anything is compiled.
+    for bad in ["k$1", "$k", "k.cold"] {
+        let e = RawKernel::new(SAXPY, bad, &[]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    kind: cuda_rt::ArgumentKind::InvalidValue,
+                    ..
+                }
+            ),
+            "{bad}: {e:?}"
+        );
+        assert!(e.to_string().contains("is not a valid kernel name"), "{e}");
+    }
+}

@@ -297,6 +297,68 @@ cuda_rt::gpu_test!(cooperative_launch_syncs_the_whole_grid, {
     assert_eq!(total2.read::<i32>(1), [b * (b + 1) / 2]);
 });
 
+/// GRID_SUM over `n` items with a grid-stride loop: correct for any grid, so a
+/// cooperative grid shrunk to fit still sums 1..=n.
+const GRID_STRIDE_SUM: &str = r#"
+extern "C" __global__ void stride_sum(int* partial, int* total, unsigned* arrived, int n) {
+    if (threadIdx.x == 0) {
+        for (int i = blockIdx.x; i < n; i += gridDim.x) partial[i] = i + 1;
+        __threadfence();
+        atomicAdd(arrived, 1u);
+        while (atomicAdd(arrived, 0u) < gridDim.x) {}
+        if (blockIdx.x == 0) {
+            int s = 0;
+            for (int i = 0; i < n; ++i) s += ((volatile int*)partial)[i];
+            *total = s;
+        }
+    }
+}"#;
+
+cuda_rt::gpu_test!(
+    a_clamped_cooperative_launch_shrinks_a_1d_grid_to_the_resident_limit,
+    {
+        cuda_rt::device::set_device_id(0).unwrap();
+        let k = RawKernel::new(GRID_STRIDE_SUM, "stride_sum", &[]).unwrap();
+        let max = k
+            .function()
+            .max_cooperative_grid(&LaunchConfig::new(1, 128))
+            .unwrap() as u32;
+        let n = max * 3 + 7;
+        let partial = DevBuf::new(4 * n as usize);
+        let total = DevBuf::new(4);
+        let arrived = DevBuf::from_slice(&[0u32]);
+        let stream = Stream::new().unwrap();
+        // SAFETY: stride_sum(int* partial, int* total, unsigned* arrived, int n):
+        // partial holds n ints, total one, arrived one zeroed unsigned, all alive until
+        // the synchronize; the grid-stride loop covers n items with any grid.
+        let ran = unsafe {
+            k.launch_cooperative_clamped(
+                &stream,
+                &LaunchConfig::new(n, 128),
+                &[&partial.ptr, &total.ptr, &arrived.ptr, &(n as i32)],
+            )
+        }
+        .unwrap();
+        stream.synchronize().unwrap();
+        assert!(ran.shrunk());
+        assert_eq!(ran.launched, Dim3::new(max, 1, 1));
+        assert_eq!(ran.requested, Dim3::new(n, 1, 1));
+        let n = i64::from(n);
+        assert_eq!(i64::from(total.read::<i32>(1)[0]), n * (n + 1) / 2);
+        // A 2-D grid that does not fit is still refused.
+        // SAFETY: refused before any launch.
+        let e = unsafe {
+            k.launch_cooperative_clamped(
+                &stream,
+                &LaunchConfig::new((max, 2), 128),
+                &[&partial.ptr, &total.ptr, &arrived.ptr, &0i32],
+            )
+        }
+        .unwrap_err();
+        assert!(e.to_string().contains("only a 1-D grid"), "{e}");
+    }
+);
+
 cuda_rt::gpu_test!(a_cooperative_grid_too_large_to_be_resident_is_refused, {
     cuda_rt::device::set_device_id(0).unwrap();
     let k = RawKernel::new(GRID_SUM, "grid_sum", &[]).unwrap();

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_sys::result::{
     self, cublas_status_name, curand_status_name, cusolver_status_name, cusparse_status_name,
-    library_check, strip_abi_suffix, DriverError, LibraryError, NvrtcError,
+    library_check, library_check_described, strip_abi_suffix, DriverError, LibraryError,
+    NvrtcError,
 };
 use cuda_sys::{driver, nvrtc, LoadErrorKind};
 
@@ -69,10 +70,121 @@ fn library_error_names_the_call_and_status() {
         LibraryError {
             call: "cublasCreate",
             status: 3,
-            name: "CUBLAS_STATUS_ALLOC_FAILED"
+            name: "CUBLAS_STATUS_ALLOC_FAILED",
+            description: None,
         }
     );
     assert!(library_check(0, "cublasCreate", cublas_status_name).is_ok());
+}
+
+#[test]
+fn a_library_error_with_a_description_shows_it_after_the_status() {
+    let e = library_check_described(1, "cusparseCreate", cusparse_status_name, |_| {
+        Some("initialization error")
+    })
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cusparseCreate failed: CUSPARSE_STATUS_NOT_INITIALIZED (1): initialization error"
+    );
+    // A library that cannot say keeps the name alone.
+    let e =
+        library_check_described(1, "cusparseCreate", cusparse_status_name, |_| None).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cusparseCreate failed: CUSPARSE_STATUS_NOT_INITIALIZED (1)"
+    );
+    assert!(library_check_described(0, "x", cusparse_status_name, |_| unreachable!()).is_ok());
+}
+
+#[cfg(all(feature = "cusolver", feature = "curand"))]
+#[test]
+fn cusolver_and_curand_errors_are_described_from_fixed_tables() {
+    let e = result::cusolver::check(cuda_sys::cusolver::cusolverStatus_t(6), "cusolverDnSgetrf")
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cusolverDnSgetrf failed: CUSOLVER_STATUS_EXECUTION_FAILED (6): the GPU program \
+         failed to execute"
+    );
+    let e =
+        result::curand::check(cuda_sys::curand::curandStatus(104), "curandGenerate").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "curandGenerate failed: CURAND_STATUS_OUT_OF_RANGE (104): argument out of range"
+    );
+    // Every named status has words; success and unknown ones have none.
+    for code in (1..=31).filter(|&c| cusolver_status_name(c) != "CUSOLVER_STATUS_UNKNOWN") {
+        assert!(
+            result::cusolver::status_description(code).is_some(),
+            "{code}"
+        );
+    }
+    for code in (1..=999).filter(|&c| curand_status_name(c) != "CURAND_STATUS_UNKNOWN") {
+        assert!(result::curand::status_description(code).is_some(), "{code}");
+    }
+    assert_eq!(result::cusolver::status_description(0), None);
+    assert_eq!(result::cusolver::status_description(77), None);
+    assert_eq!(result::curand::status_description(0), None);
+}
+
+/// A cuSPARSE whose create fails with NOT_INITIALIZED; with `-DWITH_STRING`, it also
+/// has `cusparseGetErrorString` (as every cuSPARSE since 10.2 does).
+#[cfg(feature = "cusparse")]
+const FAILING_CUSPARSE: &str = r#"
+int cusparseCreate(void **h) { (void)h; return 1; }
+#ifdef WITH_STRING
+const char *cusparseGetErrorString(int s) { return s == 1 ? "initialization error" : "unknown"; }
+#endif
+"#;
+
+#[cfg(feature = "cusparse")]
+#[test]
+fn a_cusparse_error_carries_the_librarys_words_and_falls_back_to_the_name() {
+    let dir = temp_dir("cusparse-words");
+    let so = build_so(
+        &dir,
+        "libcusparse.so.12",
+        Some(FAILING_CUSPARSE),
+        None,
+        &["-DWITH_STRING"],
+    );
+    run_child(
+        "child_cusparse_error_has_the_librarys_words",
+        &[("CUDA_RT_LIBCUSPARSE", &so)],
+    );
+    let dir = temp_dir("cusparse-no-words");
+    let so = build_so(&dir, "libcusparse.so.12", Some(FAILING_CUSPARSE), None, &[]);
+    run_child(
+        "child_cusparse_error_without_the_string_function_has_the_name",
+        &[("CUDA_RT_LIBCUSPARSE", &so)],
+    );
+}
+
+#[cfg(feature = "cusparse")]
+#[test]
+fn child_cusparse_error_has_the_librarys_words() {
+    if !is_child("child_cusparse_error_has_the_librarys_words") {
+        return;
+    }
+    let e = result::cusparse::create().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cusparseCreate failed: CUSPARSE_STATUS_NOT_INITIALIZED (1): initialization error"
+    );
+}
+
+#[cfg(feature = "cusparse")]
+#[test]
+fn child_cusparse_error_without_the_string_function_has_the_name() {
+    if !is_child("child_cusparse_error_without_the_string_function_has_the_name") {
+        return;
+    }
+    let e = result::cusparse::create().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cusparseCreate failed: CUSPARSE_STATUS_NOT_INITIALIZED (1)"
+    );
 }
 
 #[test]

@@ -3,6 +3,9 @@
 //! - **Memory**: a [`RawModule`] per (device, source, source name, options, name
 //!   expressions, target). A second [`RawModule::from_source`] of the same program
 //!   costs a hash, a string compare and a reference count: no compile, no module load.
+//!   A repeated [`RawKernel::new`](super::RawKernel::new) on one thread skips even the
+//!   hash: each thread remembers its last few kernels, compared in full with the
+//!   arguments.
 //! - **Disk**: one file per key under [`KernelCache::disk_dir`]: by default
 //!   `$CUDA_RT_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/cuda-rt/kernels`, else
 //!   `~/.cache/cuda-rt/kernels`; `CUDA_RT_KERNEL_CACHE_IN_MEMORY=1` (or
@@ -58,7 +61,6 @@
 mod entry;
 mod stats;
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -70,6 +72,7 @@ pub use super::cache_dir::{
     check_dir, write_file_atomically, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_LEN,
 };
 pub use super::hash::Fnv128;
+use super::hash::WordHasher;
 pub use entry::{
     cache_key, cache_key_with_includes, decode, encode, CacheKey, DecodeError, FORMAT_VERSION,
     MAGIC,
@@ -143,7 +146,8 @@ impl MemKey {
 }
 
 fn mem_hash(device: i32, program: &Program<'_>, target: Target) -> u64 {
-    let mut h = DefaultHasher::new();
+    // Word at a time: the whole source is hashed on every lookup (see `WordHasher`).
+    let mut h = WordHasher::default();
     device.hash(&mut h);
     target.hash(&mut h);
     program.hash(&mut h);
@@ -179,6 +183,10 @@ pub struct KernelCache {
     disk_misses_corrupt: AtomicU64,
     disk_write_failures: AtomicU64,
     memory_hits: AtomicU64,
+    /// Bumped by [`clear_memory`](Self::clear_memory): what a thread's recent lookups
+    /// (`RawKernel::new`'s fast path) were taken under, so a cleared cache is not
+    /// bypassed by them.
+    generation: AtomicU64,
 }
 
 impl fmt::Debug for KernelCache {
@@ -225,6 +233,7 @@ impl KernelCache {
             disk_misses_corrupt: AtomicU64::new(0),
             disk_write_failures: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -294,10 +303,25 @@ impl KernelCache {
     }
 
     /// Drops the modules held in memory (modules in use stay loaded until dropped).
+    /// Each thread's recently built kernels (`RawKernel::new`) are no longer used from
+    /// then on; the modules they hold are let go at that thread's next
+    /// `RawKernel::new` miss, or when it exits.
     pub fn clear_memory(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
         if let Ok(mut m) = self.modules.lock() {
             m.clear();
         }
+    }
+
+    /// How many times the memory part was cleared (see the `generation` field).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Counts a memory hit served outside [`module`](Self::module) (a thread's recent
+    /// lookup in `RawKernel::new`).
+    pub(crate) fn count_memory_hit(&self) {
+        self.memory_hits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The path of `key`'s file, if there is a disk part.

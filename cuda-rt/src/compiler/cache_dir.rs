@@ -138,13 +138,23 @@ fn untrusted_owner_or_mode(m: &Metadata) -> Option<String> {
 /// error says which folder and why, in words.
 pub fn check_dir(dir: &Path) -> Result<(), String> {
     let shown = dir.display();
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("the kernel cache folder {shown} cannot be created: {e}"))?;
-    let m = std::fs::metadata(dir)
-        .map_err(|e| format!("the kernel cache folder {shown} cannot be read: {e}"))?;
+    let unreadable = |e: io::Error| format!("the kernel cache folder {shown} cannot be read: {e}");
+    // Asked first, created only when missing: the folder exists on every use but the
+    // first, and a new process's first kernel pays for each call here (mkdir on an
+    // existing folder costs a failed mkdir and a stat before ours).
+    let m = match std::fs::metadata(dir) {
+        Ok(m) => m,
+        // Missing, or not reachable (a file where a parent should be): creating it
+        // says why in the words users expect.
+        Err(_) => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| format!("the kernel cache folder {shown} cannot be created: {e}"))?;
+            std::fs::metadata(dir).map_err(unreadable)?
+        }
+    };
     if !m.is_dir() {
         return Err(format!("the kernel cache folder {shown} is not a folder"));
     }
@@ -189,8 +199,13 @@ pub fn read_private(path: &Path) -> io::Result<Option<Vec<u8>>> {
     let Some((mut f, m)) = open_private(path)? else {
         return Ok(None);
     };
-    let mut bytes = Vec::with_capacity(usize::try_from(m.len()).unwrap_or(0));
-    f.read_to_end(&mut bytes)?;
+    // One read of the length fstat gave: entries are replaced by rename, never
+    // rewritten in place, so the open file keeps that length (read_to_end would make
+    // a second read only to see the end). A file that is shorter fails here; one that
+    // grew is cut at that length, and its tag no longer verifies.
+    let len = usize::try_from(m.len()).map_err(|_| io::Error::other("file too large"))?;
+    let mut bytes = vec![0u8; len];
+    f.read_exact(&mut bytes)?;
     Ok(Some(bytes))
 }
 

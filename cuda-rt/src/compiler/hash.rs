@@ -1,4 +1,5 @@
-//! A stable hash for names and keys that are written to disk.
+//! Hashes: a stable one for names and keys that are written to disk ([`Fnv128`]), and
+//! a fast one for the kernel cache's in-memory map ([`WordHasher`]).
 
 /// FNV-1a, 128 bits: a stable hash (the same in every build and process).
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +42,67 @@ impl Default for Fnv128 {
     }
 }
 
+/// A fast, non-cryptographic hasher that eats eight bytes per step (FxHash's
+/// multiply-rotate): the in-memory kernel cache hashes a whole CUDA source per lookup,
+/// where SipHash's byte-level rounds cost more than the driver call the cache saves.
+/// Not collision-resistant and not meant to be: every hit is confirmed by comparing
+/// the full key, so a collision (even a contrived one) only lengthens a bucket.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WordHasher(u64);
+
+impl WordHasher {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl std::hash::Hasher for WordHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            // The length goes in with the tail so "a\0" and "a" differ.
+            self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,5 +119,22 @@ mod tests {
             h.finish(),
             0xd228cb696f1a8caf78912b704e4a8964u128.to_be_bytes()
         );
+    }
+
+    #[test]
+    fn word_hasher_sees_every_byte_and_the_tail_length() {
+        use std::hash::Hasher;
+        let h = |b: &[u8]| {
+            let mut w = WordHasher::default();
+            w.write(b);
+            w.finish()
+        };
+        let src = b"extern \"C\" __global__ void k(int a) {}";
+        for i in 0..src.len() {
+            let mut other = src.to_vec();
+            other[i] ^= 1;
+            assert_ne!(h(src), h(&other), "byte {i}");
+        }
+        assert_ne!(h(b"a"), h(b"a\0"));
     }
 }

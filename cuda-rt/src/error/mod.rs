@@ -255,8 +255,10 @@ pub enum Error {
     /// NVRTC failed; a compile failure carries the log.
     #[error("{0}")]
     Compile(CompileError),
-    /// A math library (cuBLAS, cuSOLVER, cuSPARSE, cuRAND) call failed.
-    #[error("{call} failed: {name} ({status})")]
+    /// A math library (cuBLAS, cuSOLVER, cuSPARSE, cuRAND) call failed, e.g.
+    /// `cusparseCreate failed: CUSPARSE_STATUS_NOT_INITIALIZED (1): initialization
+    /// error`.
+    #[error("{call} failed: {name} ({status}){}", description_suffix(*.description))]
     Library {
         /// The call that failed.
         call: &'static str,
@@ -264,6 +266,10 @@ pub enum Error {
         status: i32,
         /// The status's name.
         name: &'static str,
+        /// The library's words for the status (see
+        /// [`LibraryError::description`](cuda_sys::result::LibraryError::description));
+        /// `None` when it cannot say.
+        description: Option<&'static str>,
     },
     /// An NCCL call failed: the call, NCCL's status name and words, and its last error
     /// message.
@@ -405,12 +411,18 @@ impl From<cuda_sys::result::NvrtcError> for Error {
     }
 }
 
+/// `": <description>"`, or nothing: how [`Error::Library`] shows its description.
+fn description_suffix(description: Option<&'static str>) -> String {
+    description.map(|d| format!(": {d}")).unwrap_or_default()
+}
+
 impl From<cuda_sys::result::LibraryError> for Error {
     fn from(e: cuda_sys::result::LibraryError) -> Self {
         Error::Library {
             call: e.call,
             status: e.status,
             name: e.name,
+            description: e.description,
         }
     }
 }
@@ -450,6 +462,25 @@ pub fn human_bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_library_error_carries_the_librarys_words_when_it_has_them() {
+        let mut e = cuda_sys::result::LibraryError {
+            call: "cusparseCreate",
+            status: 1,
+            name: "CUSPARSE_STATUS_NOT_INITIALIZED",
+            description: Some("initialization error"),
+        };
+        assert_eq!(
+            Error::from(e).to_string(),
+            "cusparseCreate failed: CUSPARSE_STATUS_NOT_INITIALIZED (1): initialization error"
+        );
+        e.description = None;
+        assert_eq!(
+            Error::from(e).to_string(),
+            "cusparseCreate failed: CUSPARSE_STATUS_NOT_INITIALIZED (1)"
+        );
+    }
 
     #[test]
     fn driver_error_says_call_name_and_description() {

@@ -1,18 +1,31 @@
 //! Checked cuSPARSE calls that a runtime makes itself: creating and destroying a
 //! handle, and setting its stream. A status other than success is a
-//! [`LibraryError`](super::LibraryError) named by [`cusparse_status_name`].
+//! [`LibraryError`](super::LibraryError) named by [`cusparse_status_name`] and described by
+//! [`status_description`].
 //!
 //! Calls that take a handle are `unsafe fn`: it is live (created and not
 //! destroyed) and not used by another thread during the call.
 
-use super::{cusparse_status_name, library_check, Result};
+use super::{cusparse_status_name, library_check_described, Result};
 use crate::cusparse::{cudaStream_t, cusparseHandle_t, cusparseStatus_t};
 
 /// `Ok(())` for success, else the [`LibraryError`](super::LibraryError) of `status` for
 /// `call`.
 #[inline]
 pub fn check(status: cusparseStatus_t, call: &'static str) -> Result<()> {
-    library_check(status.0, call, cusparse_status_name)
+    library_check_described(status.0, call, cusparse_status_name, status_description)
+}
+
+/// cuSPARSE's words for `status` (`cusparseGetErrorString`), e.g. `initialization error` for `CUSPARSE_STATUS_NOT_INITIALIZED`. `None`
+/// when the library or the function is missing (an older cuSPARSE): the error then
+/// carries the status's name only. Never fails.
+pub fn status_description(status: u32) -> Option<&'static str> {
+    let f = crate::cusparse::api().ok()?.cusparseGetErrorString().ok()?;
+    // SAFETY: cusparseGetErrorString takes any status value and returns a static string (or null).
+    let p = unsafe { f(cusparseStatus_t(status)) };
+    // SAFETY: null or the library's static NUL-terminated string; the loader never
+    // unloads the library.
+    unsafe { super::static_status_string(p) }
 }
 
 /// A new cuSPARSE handle in the current context (`cusparseCreate`); the caller destroys

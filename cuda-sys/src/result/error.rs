@@ -96,7 +96,8 @@ impl fmt::Display for NvrtcError {
 impl std::error::Error for NvrtcError {}
 
 /// A math library call (cuBLAS, cuSOLVER, cuSPARSE, cuRAND) returned a status other
-/// than success, e.g. `cublasCreate failed: CUBLAS_STATUS_NOT_INITIALIZED (1)`.
+/// than success, e.g. `cusparseCreate failed: CUSPARSE_STATUS_NOT_INITIALIZED (1):
+/// initialization error`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LibraryError {
     /// The call that failed.
@@ -106,11 +107,20 @@ pub struct LibraryError {
     /// The status's name ([`cublas_status_name`](super::cublas_status_name) and the
     /// like).
     pub name: &'static str,
+    /// The library's words for the status, as CuPy's messages carry them: from the
+    /// library (`cublasGetStatusString`, `cusparseGetErrorString`) or, for cuSOLVER and
+    /// cuRAND, which have no such function, from their documentation. `None` when the
+    /// library cannot say (an older one without the function).
+    pub description: Option<&'static str>,
 }
 
 impl fmt::Display for LibraryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} failed: {} ({})", self.call, self.name, self.status)
+        write!(f, "{} failed: {} ({})", self.call, self.name, self.status)?;
+        if let Some(d) = self.description {
+            write!(f, ": {d}")?;
+        }
+        Ok(())
     }
 }
 

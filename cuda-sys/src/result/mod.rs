@@ -148,13 +148,50 @@ pub fn library_check(status: u32, call: &'static str, name: fn(u32) -> &'static 
     }
 }
 
+/// [`library_check`] with the library's words for the status: `describe` (e.g.
+/// `cublas::status_description`) gives them, `None` when it cannot.
+#[inline]
+pub fn library_check_described(
+    status: u32,
+    call: &'static str,
+    name: fn(u32) -> &'static str,
+    describe: fn(u32) -> Option<&'static str>,
+) -> Result<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        let mut e = library_error(status, call, name);
+        e.description = describe(status);
+        Err(e.into())
+    }
+}
+
 #[cold]
 fn library_error(status: u32, call: &'static str, name: fn(u32) -> &'static str) -> LibraryError {
     LibraryError {
         call,
         status: status as i32,
         name: name(status),
+        description: None,
     }
+}
+
+/// A NUL-terminated string a math library returned for a status, if it is one and is
+/// UTF-8.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string that lives as long as the process
+/// (the libraries' status strings are static, and the loader never unloads them).
+#[cfg(any(feature = "cublas", feature = "cusparse"))]
+unsafe fn static_status_string(p: *const std::os::raw::c_char) -> Option<&'static str> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: see `# Safety`.
+    let s = unsafe { std::ffi::CStr::from_ptr::<'static>(p) }
+        .to_str()
+        .ok()?;
+    (!s.is_empty()).then_some(s)
 }
 
 #[cfg(feature = "driver")]
