@@ -2,8 +2,8 @@
 //! that order work across streams (`wait_event`) and time it (`get_elapsed_time`), and
 //! host callbacks in stream order (the spec's "Streams and Events").
 //!
-//! Run it with `cargo run --example 05_streams_events`. Without a GPU it prints why and
-//! exits 0.
+//! Run it with `cargo run -p cuda-rt --example 05_streams_events`. Without a GPU it
+//! prints why and exits 0.
 
 use std::sync::mpsc;
 

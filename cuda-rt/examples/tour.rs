@@ -1,7 +1,8 @@
 //! A tour of the environment: driver, runtime and every device.
 //!
-//! Run it with `cargo run --example tour`. On a machine without CUDA it says so, and
-//! why, and exits 0; with CUDA, a driver or device it cannot describe makes it exit 1.
+//! Run it with `cargo run -p cuda-rt --example tour`. On a machine without CUDA it says
+//! so, and why, and exits 0; with CUDA, a driver or device it cannot describe makes it
+//! exit 1.
 
 use cuda_rt::{env, error::human_bytes, Device};
 

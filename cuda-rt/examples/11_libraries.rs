@@ -2,8 +2,8 @@
 //! through the per-thread, per-device handles cuda-rt keeps bound to the current
 //! stream, and the raw calls of `cuda_sys` (the spec's "Low-level API Access").
 //!
-//! Run it with `cargo run --example 11_libraries`. Without a GPU, or without the
-//! cuBLAS or cuRAND library, it prints why and exits 0.
+//! Run it with `cargo run -p cuda-rt --example 11_libraries`. Without a GPU, or without
+//! the cuBLAS or cuRAND library, it prints why and exits 0.
 
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt::cuda_sys::result::{cublas::check as cublas_check, curand::check as curand_check};

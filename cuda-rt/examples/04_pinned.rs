@@ -3,7 +3,8 @@
 //! one buffer while the other is being copied on another stream, CuPy's untyped
 //! pinned memory and a pinned pool of your own (the spec's "Pinned Memory").
 //!
-//! Run it with `cargo run --example 04_pinned`. Without a GPU it prints why and exits 0.
+//! Run it with `cargo run -p cuda-rt --example 04_pinned`. Without a GPU it prints why
+//! and exits 0.
 
 use cuda_rt::buffer::{DeviceBuffer, PinnedBuffer};
 use cuda_rt::pinned::{get_default_pinned_memory_pool, set_pinned_memory_allocator};

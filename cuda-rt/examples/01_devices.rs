@@ -2,8 +2,8 @@
 //! memory, attributes), which one is current on this thread, scoped and unscoped
 //! selection, and synchronization (the spec's "Device Management").
 //!
-//! Run it with `cargo run --example 01_devices`. Without a GPU it prints why and
-//! exits 0.
+//! Run it with `cargo run -p cuda-rt --example 01_devices`. Without a GPU it prints why
+//! and exits 0.
 
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt::error::human_bytes;

@@ -3,7 +3,8 @@
 //! (unified) memory and stream-ordered `malloc_async` (the spec's "Memory
 //! Management").
 //!
-//! Run it with `cargo run --example 02_memory`. Without a GPU it prints why and exits 0.
+//! Run it with `cargo run -p cuda-rt --example 02_memory`. Without a GPU it prints why
+//! and exits 0.
 
 use std::sync::Arc;
 
