@@ -239,6 +239,27 @@ impl std::fmt::Debug for IpcEventHandle {
 
 /// A CUDA event, owned: its handle goes back to the thread's cache (or is destroyed)
 /// on drop.
+///
+/// Events order work across streams without the host waiting, and time it:
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::prelude::*;
+/// use cuda_rt::{get_elapsed_time, DeviceBuffer, Event, Stream};
+/// let (producer, consumer) = (Stream::non_blocking()?, Stream::non_blocking()?);
+/// let mut a = DeviceBuffer::<f32>::empty(1 << 20)?;
+/// let mut b = DeviceBuffer::<f32>::empty(1 << 20)?;
+/// let start = Event::new(false, false, false)?; // spinning, timed, not interprocess
+/// start.record_on(&producer)?;
+/// a.fill_async(1.0, &producer)?;
+/// let filled = producer.record(None)?; // a new event, after the fill
+/// consumer.wait_event(&filled)?; // the consumer's later work waits on the device
+/// b.copy_from_async(&a, &consumer)?;
+/// let end = consumer.record(None)?;
+/// end.synchronize()?; // the host waits here
+/// println!("fill and copy: {:.3} ms", get_elapsed_time(&start, &end)?);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Event {
     handle: usize,

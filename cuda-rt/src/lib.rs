@@ -6,14 +6,77 @@
 //! machine without a GPU; [`is_available`] says whether CUDA can be used and
 //! [`availability`] why not.
 //!
+//! # Getting started
+//!
+//! Allocate a buffer on the GPU with the host's data, set part of it on the device,
+//! and copy it back:
+//!
+//! ```no_run
+//! use cuda_rt::DeviceBuffer;
+//!
+//! fn main() -> cuda_rt::Result<()> {
+//!     if let Err(why) = cuda_rt::availability() {
+//!         println!("no GPU: {why}");
+//!         return Ok(());
+//!     }
+//!     let host: Vec<f32> = (0..1024).map(|i| i as f32).collect();
+//!     let mut buf = DeviceBuffer::from_slice(&host)?; // from the pool, copied in
+//!     buf.slice_mut(..512)?.fill(0.0)?; // on the device, on the current stream
+//!     let back = buf.to_vec()?; // copied out once the fill is done
+//!     assert!(back[..512].iter().all(|&v| v == 0.0) && back[512..] == host[512..]);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! A kernel of your own is compiled at run time by NVRTC (`pip install
+//! nvidia-cuda-nvrtc`, no GPU needed to compile) and launched with [`launch!`] on the
+//! buffers:
+//!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
-//! if cuda_rt::is_available() {
-//!     let dev = cuda_rt::Device::new(0)?;
-//!     println!("{} (sm_{}{})", dev.name()?, dev.compute_capability()?.0, dev.compute_capability()?.1);
-//! }
+//! use cuda_rt::{DeviceBuffer, LaunchConfig, RawKernel};
+//! let double = RawKernel::new(
+//!     r#"extern "C" __global__ void double_it(float* x, int n) {
+//!            int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }"#,
+//!     "double_it",
+//!     &[],
+//! )?; // compiled once, then from the kernel cache
+//! let x = DeviceBuffer::from_slice(&[1.5f32; 1000])?;
+//! let n = x.len() as i32;
+//! let cfg = LaunchConfig::for_num_elems(&double, n as u32)?;
+//! // SAFETY: double_it(float* x, int n): x holds n floats on this device, and nothing
+//! // else uses it until `to_vec` (on the same stream) has read it.
+//! unsafe { cuda_rt::launch!(double, &cfg, (x, n))? };
+//! assert_eq!(x.to_vec()?, vec![3.0f32; 1000]);
 //! # Ok(()) }
 //! ```
+//!
+//! The examples (`cargo run -p cuda-rt --example tour`, then `01_devices` ...
+//! `11_libraries`, one per section of the spec) show each area at length; without a GPU
+//! they say why and exit.
+//!
+//! # Map
+//!
+//! One module per section of the spec, CuPy's `cupy.cuda` reference; the main types
+//! are re-exported at the crate root.
+//!
+//! | area | module | start with |
+//! |---|---|---|
+//! | devices | [`device`] | [`Device`], [`availability`], [`synchronize`] |
+//! | typed memory | [`buffer`] | [`DeviceBuffer`], [`PinnedBuffer`], [`Transfer`] |
+//! | untyped memory, pools, hooks | [`memory`] | [`alloc`], [`MemoryPointer`], [`MemoryPool`] |
+//! | pinned host memory | [`pinned`] | [`PinnedMemoryPool`], [`alloc_pinned_memory`] |
+//! | streams | [`stream`] | [`Stream`], [`get_current_stream`], [`AsStream`] |
+//! | events | [`event`] | [`Event`], [`get_elapsed_time`] |
+//! | graphs | [`graph`] | [`Graph`], [`StreamCaptureExt`] |
+//! | kernels | [`compiler`], [`module`], [`launch`](mod@launch) | [`RawKernel`], [`RawModule`], [`launch!`], [`LaunchConfig`] |
+//! | libraries | [`libs`], [`cuda_sys`] | [`get_cublas_handle`], [`cuda_sys::result`] |
+//! | profiling | [`profiler`] | [`profiler::profile`], [`profiler::range`] |
+//! | environment | [`env`](mod@env) | [`env::get_cuda_path`] |
+//! | several GPUs and processes | [`peer`], [`ipc`], [`nccl`] | [`nccl::Communicator`] |
+//! | errors | [`error`] | [`Error`], [`OutOfMemory`] |
+//!
+//! `use cuda_rt::prelude::*;` brings the stream traits into scope ([`prelude`]).
 //!
 //! # Layers
 //!

@@ -367,6 +367,21 @@ impl AsStream for StreamRef {
 /// last owner goes: this value, the [`StreamRef`]s taken from it, the threads on which
 /// it is current, and the stream-ordered memory allocated on it (see the module docs).
 /// Compares and hashes by handle and device.
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::prelude::*;
+/// use cuda_rt::{DeviceBuffer, Stream};
+/// let stream = Stream::non_blocking()?; // no implicit synchronization with stream 0
+/// let mut buf = DeviceBuffer::<u32>::empty(1 << 20)?;
+/// buf.fill_async(7, &stream)?; // queued on `stream`, returns at once
+/// stream.synchronize()?;
+/// {
+///     let _scope = stream.enter()?; // current on this thread until the scope ends
+///     assert_eq!(buf.to_vec()?[0], 7); // copied on `stream`
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Stream {
     inner: Arc<StreamInner>,

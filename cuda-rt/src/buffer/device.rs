@@ -25,10 +25,13 @@ use crate::stream::AsStream;
 /// ```no_run
 /// # fn main() -> cuda_rt::Result<()> {
 /// use cuda_rt::buffer::DeviceBuffer;
-/// let mut b = DeviceBuffer::<u32>::zeros(1024)?;
+/// let host: Vec<u32> = (0..1024).collect();
+/// let mut b = DeviceBuffer::from_slice(&host)?; // allocated from the pool, copied in
 /// b.slice_mut(..512)?.fill(7)?;
-/// let v = b.to_vec()?;
-/// assert_eq!((v[0], v[511], v[512]), (7, 7, 0));
+/// let v = b.to_vec()?; // copied back, complete on return
+/// assert_eq!((v[0], v[511], v[512]), (7, 7, 512));
+/// let z = DeviceBuffer::<f64>::zeros(100)?;
+/// assert_eq!(z.to_vec()?, vec![0.0; 100]);
 /// # Ok(()) }
 /// ```
 pub struct DeviceBuffer<T: Pod> {

@@ -20,6 +20,23 @@ use crate::pinned::{alloc_pinned_memory, PinnedMemoryPointer};
 /// ([`as_slice`](Self::as_slice), [`as_mut_slice`](Self::as_mut_slice)) wait for a
 /// copy still in flight that writes (for `as_mut_slice`, or reads) the memory.
 ///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::{DeviceBuffer, PinnedBuffer, Stream};
+/// let stream = Stream::non_blocking()?;
+/// let mut host = PinnedBuffer::<f32>::zeros(1 << 20)?;
+/// host.as_mut_slice()?.fill(2.5);
+/// let mut dev = DeviceBuffer::<f32>::empty(1 << 20)?;
+/// let upload = dev.copy_from_pinned_async(&host, &stream)?; // returns at once
+/// // ... host work here; `host` is borrowed by the copy while `upload` lives ...
+/// drop(upload); // neither waits nor cancels: the copy goes on
+/// let mut back = PinnedBuffer::<f32>::zeros(1 << 20)?;
+/// let download = dev.copy_to_pinned_async(&mut back, &stream)?; // same stream: in order
+/// download.wait()?; // ends the borrow of `back`
+/// assert!(back.as_slice()?.iter().all(|&v| v == 2.5));
+/// # Ok(()) }
+/// ```
+///
 /// [`DeviceBuffer::copy_from_pinned_async`]: super::DeviceBuffer::copy_from_pinned_async
 /// [`DeviceBuffer::copy_to_pinned_async`]: super::DeviceBuffer::copy_to_pinned_async
 pub struct PinnedBuffer<T: Pod> {

@@ -27,6 +27,23 @@ use crate::pinned::PinnedMemoryPointer;
 /// sides stays allocated until it has finished, and the buffer's views wait for it if
 /// it is still running when they are asked for (so a transfer that is forgotten with
 /// `mem::forget` is as safe as one that is waited for).
+///
+/// The host works on one pinned buffer while the other one is being copied:
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::{DeviceBuffer, PinnedBuffer, Stream};
+/// let stream = Stream::non_blocking()?;
+/// let mut dev = DeviceBuffer::<u8>::empty(2 << 20)?;
+/// let (mut a, mut b) = (PinnedBuffer::<u8>::zeros(1 << 20)?, PinnedBuffer::zeros(1 << 20)?);
+/// a.as_mut_slice()?.fill(1);
+/// let (mut first, mut second) = dev.split_at_mut(1 << 20)?;
+/// let t = first.copy_from_pinned_async(&a, &stream)?; // `a` is read while `t` lives
+/// b.as_mut_slice()?.fill(2); // meanwhile, the host fills `b`
+/// t.wait()?;
+/// second.copy_from_pinned_async(&b, &stream)?.wait()?;
+/// # Ok(()) }
+/// ```
 #[must_use = "a transfer is in flight until waited for; drop it to let it finish in the background"]
 #[derive(Debug)]
 pub struct Transfer<'p> {

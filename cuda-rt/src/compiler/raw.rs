@@ -25,6 +25,26 @@ struct RawInner {
 /// A module compiled from CUDA C++ source (or loaded from an image), with its kernels
 /// looked up by name or by name expression. Cheap to clone; the kernel cache hands out
 /// clones of one module per device and program.
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::{DeviceBuffer, LaunchConfig, RawModule};
+/// let src = r#"
+///     template <typename T> __global__ void scale(T* x, T a, int n) {
+///         int i = blockIdx.x * blockDim.x + threadIdx.x;
+///         if (i < n) x[i] *= a;
+///     }"#;
+/// // One kernel per name expression, compiled once for the current device.
+/// let module = RawModule::from_source(src, &["-std=c++17"], &["scale<float>", "scale<double>"])?;
+/// let scale = module.get_function("scale<double>")?;
+/// let x = DeviceBuffer::from_slice(&[1.5f64; 1000])?;
+/// let cfg = LaunchConfig::for_num_elems_with_block(1000, 128);
+/// // SAFETY: scale<double>(double* x, double a, int n): x holds 1000 doubles on this
+/// // device; `to_vec` reads it on the same stream, after the kernel.
+/// unsafe { cuda_rt::launch!(scale, &cfg, (x, 4.0f64, 1000i32))? };
+/// assert_eq!(x.to_vec()?, vec![6.0; 1000]);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct RawModule {
     inner: Arc<RawInner>,

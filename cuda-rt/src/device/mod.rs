@@ -70,6 +70,23 @@ pub fn availability() -> std::result::Result<i32, Unavailable> {
 }
 
 /// A CUDA device, by id (ordinal). Cheap to copy.
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::{Device, DeviceBuffer};
+/// for id in 0..cuda_rt::device_count()? {
+///     let dev = Device::new(id)?;
+///     let (major, minor) = dev.compute_capability()?;
+///     let (free, total) = dev.mem_info()?;
+///     println!("{id}: {} (sm_{major}{minor}), {free} of {total} bytes free", dev.name()?);
+/// }
+/// {
+///     let _scope = Device::new(0)?.enter()?; // current on this thread until the scope ends
+///     let buf = DeviceBuffer::<u8>::zeros(1 << 20)?; // on device 0
+///     assert_eq!(buf.device_id(), 0);
+/// } // the device current before is current again
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Device {
     id: i32,

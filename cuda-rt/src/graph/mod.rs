@@ -150,6 +150,28 @@ bitflags::bitflags! {
 /// serialized, even calls that look read-only (launch, which may instantiate first,
 /// clone, node listing). Share a graph between threads behind a `Mutex`. Its
 /// [`Node`]s borrow it, so they stay on its thread too.
+///
+/// # Example
+/// Capture once, replay many times. The buffer is made before the graph, so it
+/// outlives every replay:
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::prelude::*;
+/// use cuda_rt::{CaptureMode, DeviceBuffer, Stream};
+/// let stream = Stream::non_blocking()?;
+/// let mut buf = DeviceBuffer::<u32>::empty(1024)?;
+/// stream.begin_capture(CaptureMode::Global)?;
+/// buf.fill_async(5, &stream)?; // recorded into the graph, not run
+/// let graph = stream.end_capture()?; // instantiated, as CuPy does
+/// graph.upload(&stream)?; // optional: prepares the first launch
+/// for _ in 0..10 {
+///     graph.launch(&stream)?;
+/// }
+/// stream.synchronize()?;
+/// assert_eq!(buf.to_vec()?, vec![5; 1024]);
+/// # Ok(()) }
+/// ```
 pub struct Graph {
     raw: usize,
     device: i32,

@@ -124,6 +124,9 @@ enum DevicePoolsRef {
 /// drop(a); // back to the pool
 /// assert_eq!(pool.malloc(1000)?.ptr(), addr); // reused, no driver call
 /// assert_eq!(pool.used_bytes() + pool.free_bytes(), pool.total_bytes());
+/// let s = pool.stats();
+/// assert_eq!((s.mallocs, s.cache_hits, s.backend_allocs), (2, 1, 1));
+/// pool.free_all_blocks(None); // cached blocks back to the driver
 /// # Ok(()) }
 /// ```
 ///
