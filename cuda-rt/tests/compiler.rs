@@ -321,7 +321,11 @@ cuda_rt::gpu_test!(the_nvcc_backend_compiles_a_kernel_that_runs, {
                 || !std::path::Path::new("/usr/local/cuda/bin/nvcc").exists(),
             "nvcc is installed but not found"
         );
-        eprintln!("skipped: no nvcc");
+        cuda_rt::testing::skip(
+            "the_nvcc_backend_compiles_a_kernel_that_runs",
+            "no nvcc",
+            &"nvcc is not on PATH nor in the CUDA path",
+        );
         return;
     }
     cuda_rt::device::set_device_id(0).unwrap();

@@ -18,19 +18,11 @@ extern "C" __global__ void spin_fill(unsigned int* p, int n, unsigned int v, lon
 }
 "#;
 
-/// `true` when NVRTC loads. Otherwise prints why `name` is skipped, or panics when
+/// `true` when NVRTC loads; otherwise the test `name` skips, said once and counted in
+/// the binary's closing line (see `cuda_rt::testing`), or fails under
 /// `CUDA_RT_REQUIRE_GPU=1` (the GPU machine has NVRTC).
 pub fn nvrtc_or_skip(name: &str) -> bool {
-    match cuda_rt::compiler::nvrtc_version() {
-        Ok(_) => true,
-        Err(e) if cuda_rt::testing::gpu_required() => {
-            panic!("{name}: CUDA_RT_REQUIRE_GPU is set but NVRTC cannot be loaded: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped {name}: NVRTC cannot be loaded: {e}");
-            false
-        }
-    }
+    cuda_rt::testing::nvrtc_or_skip(name)
 }
 
 /// A fresh empty folder under the system temp dir, mode 0700, removed on drop.
