@@ -25,37 +25,25 @@ pub fn nvrtc_or_skip(name: &str) -> bool {
     cuda_rt::testing::nvrtc_or_skip(name)
 }
 
-/// A fresh empty folder under the system temp dir, mode 0700, removed on drop.
-pub struct TempDir(pub PathBuf);
+/// A fresh empty folder under the system temp dir, mode 0700 (the kernel cache refuses
+/// a folder others may write to), removed on drop, also when the test panics.
+pub struct TempDir(pub PathBuf, tempfile::TempDir);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let p = std::env::temp_dir().join(format!(
-            "cuda-rt-test-{tag}-{}-{nanos}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).expect("create temp dir");
+        let d = tempfile::Builder::new()
+            .prefix(&format!("cuda-rt-test-{tag}-"))
+            .tempdir()
+            .expect("create temp dir");
         // The kernel cache refuses a folder others may write to: whatever the umask,
         // a test folder is the user's alone.
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700))
             .expect("chmod temp dir");
-        TempDir(p)
+        TempDir(d.path().to_path_buf(), d)
     }
     pub fn path(&self) -> PathBuf {
         self.0.clone()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
