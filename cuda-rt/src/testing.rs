@@ -259,12 +259,20 @@ impl Tally {
 
 /// The line printed at exit for `tally` (ends with a newline).
 pub fn skip_summary(tally: &Tally) -> String {
-    let needs = "tests that need a GPU, NVRTC or Chromium";
+    let needs = |n: usize| {
+        if n == 1 {
+            "test that needs a GPU, NVRTC or Chromium"
+        } else {
+            "tests that need a GPU, NVRTC or Chromium"
+        }
+    };
     let skipped: usize = tally.skipped.iter().map(|(_, n, _)| n).sum();
     if skipped == 0 {
+        let all = if tally.ran == 1 { "the" } else { "all" };
         return format!(
-            "note: all {} {needs} ran for real; none skipped.\n",
-            tally.ran
+            "note: {all} {} {} ran for real; none skipped.\n",
+            tally.ran,
+            needs(tally.ran)
         );
     }
     let why: Vec<String> = tally
@@ -296,9 +304,10 @@ pub fn skip_summary(tally: &Tally) -> String {
         )
     };
     format!(
-        "note: {} {needs} ran for real; {skipped} did not, and libtest counts {them} as \
+        "note: {} {} ran for real; {skipped} did not, and libtest counts {them} as \
          passed: {}.{hint}\n",
         tally.ran,
+        needs(tally.ran),
         why.join(", "),
     )
 }

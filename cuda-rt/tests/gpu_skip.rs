@@ -103,3 +103,15 @@ fn a_kind_of_skip_no_variable_forbids_gives_no_hint() {
     assert!(s.contains("1 no nvcc (nvcc is not on PATH)."), "{s}");
     assert!(!s.contains("Set "), "{s}");
 }
+
+#[test]
+fn one_test_that_ran_reads_in_the_singular() {
+    let t = Tally {
+        ran: 1,
+        skipped: Vec::new(),
+    };
+    assert_eq!(
+        skip_summary(&t),
+        "note: the 1 test that needs a GPU, NVRTC or Chromium ran for real; none skipped.\n"
+    );
+}
