@@ -18,14 +18,17 @@ fn last_error() -> String {
 }
 
 fn gpu_or_skip(name: &str) -> bool {
+    // The shim's own answer (what a C caller sees), counted and reported at exit like
+    // cuda-rt's GPU tests (`cuda_rt::testing`).
     if curt_is_available() == 1 {
+        cuda_rt::testing::ran(name);
         return true;
     }
     let reason = last_error();
-    if std::env::var("CUDA_RT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") {
+    if cuda_rt::testing::gpu_required() {
         panic!("{name}: CUDA_RT_REQUIRE_GPU is set but no GPU is usable: {reason}");
     }
-    eprintln!("skipped: {name}: no GPU ({reason})");
+    cuda_rt::testing::skip(name, cuda_rt::testing::NO_GPU, &reason);
     false
 }
 

@@ -42,19 +42,46 @@ fn device_count_matches_availability() {
 /// Compiles `tests/c/<name>.c` against the shim, or takes the program already built by
 /// scripts/build-gpu.sh (named by the variable `prebuilt`, on machines without the
 /// sources or a C compiler).
-fn c_program(dir: &std::path::Path, name: &str, prebuilt: &str) -> PathBuf {
+/// A C program to run: prebuilt, or compiled here into a temporary folder that goes
+/// with it (removed on drop, also when the test panics).
+struct CProgram {
+    path: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl std::ops::Deref for CProgram {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for CProgram {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.path.as_os_str()
+    }
+}
+
+fn c_program(dir: &std::path::Path, name: &str, prebuilt: &str) -> CProgram {
     c_source(dir, &format!("tests/c/{name}.c"), prebuilt)
 }
 
 /// Compiles the C file `source` (relative to the package root) against the shim, or
 /// takes the program named by the variable `prebuilt`.
-fn c_source(dir: &std::path::Path, source: &str, prebuilt: &str) -> PathBuf {
+fn c_source(dir: &std::path::Path, source: &str, prebuilt: &str) -> CProgram {
     if let Some(p) = std::env::var_os(prebuilt) {
-        return PathBuf::from(p);
+        return CProgram {
+            path: PathBuf::from(p),
+            _dir: None,
+        };
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let name = source.replace(['/', '.'], "_");
-    let out = std::env::temp_dir().join(format!("cuda_rt_c_{name}_{}", std::process::id()));
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("cuda_rt_c_{name}_"))
+        .tempdir()
+        .unwrap();
+    let out = tmp.path().join(&name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .arg(root.join(source))
@@ -70,7 +97,10 @@ fn c_source(dir: &std::path::Path, source: &str, prebuilt: &str) -> PathBuf {
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
     assert!(status.success(), "compiling {source} failed");
-    out
+    CProgram {
+        path: out,
+        _dir: Some(tmp),
+    }
 }
 
 #[test]
@@ -266,7 +296,11 @@ fn c_api_program_links_the_static_library_too() {
     let lib = dir.join("libcuda_rt_c.a");
     assert!(lib.exists(), "{} not built", lib.display());
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = std::env::temp_dir().join(format!("cuda_rt_c_api_static_{}", std::process::id()));
+    let tmp = tempfile::Builder::new()
+        .prefix("cuda_rt_c_api_static_")
+        .tempdir()
+        .unwrap();
+    let out = tmp.path().join("api_static");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .arg(root.join("tests/c/api.c"))
@@ -284,7 +318,6 @@ fn c_api_program_links_the_static_library_too() {
     // No LD_LIBRARY_PATH: nothing of the shim is loaded at run time.
     let run = Command::new(&out).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
-    let _ = std::fs::remove_file(&out);
     assert!(
         run.status.success(),
         "{stdout}{}",

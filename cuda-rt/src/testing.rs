@@ -2,17 +2,31 @@
 //! which this crate's own tests and benches turn on; not part of the stable API).
 //!
 //! Without a GPU a test skips with a printed reason; with `CUDA_RT_REQUIRE_GPU=1` it
-//! fails instead, so a GPU run can never pass by skipping. libtest counts a skipped test
-//! as passed, so when the test binary exits it says on stderr how many of its tests
-//! did not run and why (`note: 25 GPU tests of this binary did not run ...`).
+//! fails instead, so a GPU run can never pass by skipping. Tests that need something
+//! else that may be missing (NVRTC, Chromium, a second GPU) skip the same way through
+//! [`nvrtc_or_skip`] and [`skip`].
+//!
+//! libtest counts a skipped test as passed and has no end-of-run hook, so each skip and
+//! each test that got past its check is recorded here, and when the test binary exits
+//! (an `atexit` handler, after libtest's own summary) it says on stderr, in one line,
+//! how many of those tests ran for real and how many did not, and why:
+//!
+//! ```text
+//! note: 2 tests that need a GPU, NVRTC or Chromium ran for real; 27 did not, and libtest counts them as passed: 25 no GPU (CUDA driver (libcuda.so.1) not found ...), 2 no NVRTC (...). Set CUDA_RT_REQUIRE_GPU=1 to make them fail instead.
+//! ```
+//!
+//! A test that skips says so once, in one line: the first skip of each kind in the
+//! binary gives the whole reason (the loader's text names every path it tried), the
+//! later ones its first line only.
 //!
 //! A test that asks the driver whether an address is still allocated (to see that
 //! memory went back) runs alone in its test binary (`gpu_test!(alone name, ...)`):
 //! run beside the others, an address freed there could be handed to another test
 //! before the question, and the test would fail for nothing.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::collections::BTreeSet;
+use std::fmt::Display;
+use std::sync::{Mutex, Once, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Held shared by every GPU test, exclusively by those that run alone.
 static ALONE: RwLock<()> = RwLock::new(());
@@ -32,6 +46,20 @@ pub fn alone() -> RwLockWriteGuard<'static, ()> {
 /// The variable that turns skips into failures.
 pub const REQUIRE_GPU_VAR: &str = "CUDA_RT_REQUIRE_GPU";
 
+/// What a skipped test lacked: no usable GPU.
+pub const NO_GPU: &str = "no GPU";
+/// What a skipped test lacked: fewer GPUs than it needs.
+pub const TOO_FEW_GPUS: &str = "too few GPUs";
+/// What a skipped test lacked: NVRTC cannot be loaded.
+pub const NO_NVRTC: &str = "no NVRTC";
+/// What a skipped test lacked: the CUDA headers a kernel includes (toolkit or wheels).
+pub const NO_CUDA_HEADERS: &str = "no CUDA headers";
+/// What a skipped test lacked: no Chromium to render a page.
+pub const NO_CHROMIUM: &str = "no Chromium";
+
+/// The variable that turns skips for want of Chromium into failures.
+pub const REQUIRE_CHROMIUM_VAR: &str = "CUDA_RT_REQUIRE_CHROMIUM";
+
 /// Whether GPU tests must run (the variable is set to something other than `0`/empty).
 pub fn gpu_required() -> bool {
     std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| !v.is_empty() && v != "0")
@@ -47,13 +75,15 @@ pub fn gpu_required() -> bool {
 /// ```
 pub fn gpu_or_skip(name: &str) -> bool {
     match crate::device::availability() {
-        Ok(_) => true,
+        Ok(_) => {
+            ran(name);
+            true
+        }
         Err(reason) if gpu_required() => {
             panic!("{name}: {REQUIRE_GPU_VAR} is set but no GPU is usable: {reason}")
         }
         Err(reason) => {
-            eprintln!("skipped {name}: no GPU: {reason}");
-            note_skip(&reason.to_string());
+            skip(name, NO_GPU, &reason);
             false
         }
     }
@@ -89,52 +119,208 @@ pub fn gpus_or_skip(name: &str, n: i32) -> bool {
     if multi_gpu_required() {
         panic!("{name}: {REQUIRE_MULTI_GPU_VAR} is set but {reason}");
     }
-    eprintln!("skipped {name}: {reason}");
+    skip(name, TOO_FEW_GPUS, &reason);
     false
 }
 
-/// GPU tests of this process that skipped, and the first reason.
-static SKIPPED: AtomicUsize = AtomicUsize::new(0);
-static SKIP_REASON: OnceLock<String> = OnceLock::new();
-static AT_EXIT: Once = Once::new();
-
-/// How many GPU tests of this process skipped so far.
-pub fn skipped_count() -> usize {
-    SKIPPED.load(Ordering::Relaxed)
+/// `true` when NVRTC loads. Otherwise prints why the test `name` is skipped and returns
+/// `false`, or panics when [`gpu_required`] (the GPU machine has NVRTC).
+///
+/// ```
+/// if !cuda_rt::testing::nvrtc_or_skip("my_compile_test") {
+///     return;
+/// }
+/// ```
+pub fn nvrtc_or_skip(name: &str) -> bool {
+    match crate::compiler::nvrtc_version() {
+        Ok(_) => {
+            ran(name);
+            true
+        }
+        Err(e) if gpu_required() => {
+            panic!("{name}: {REQUIRE_GPU_VAR} is set but NVRTC cannot be loaded: {e}")
+        }
+        Err(e) => {
+            skip(name, NO_NVRTC, &e);
+            false
+        }
+    }
 }
 
-fn note_skip(reason: &str) {
-    SKIPPED.fetch_add(1, Ordering::Relaxed);
-    let _ = SKIP_REASON.set(reason.to_owned());
+/// What this process's tests did, for the line printed at exit.
+struct Record {
+    /// Tests that got past a check ([`ran`]).
+    ran: BTreeSet<String>,
+    /// Tests that skipped, with what they lacked.
+    skipped: Vec<(String, &'static str)>,
+    /// Each kind of skip with its first reason, in the order first seen.
+    reasons: Vec<(&'static str, String)>,
+}
+
+static RECORD: Mutex<Record> = Mutex::new(Record {
+    ran: BTreeSet::new(),
+    skipped: Vec::new(),
+    reasons: Vec::new(),
+});
+static AT_EXIT: Once = Once::new();
+
+fn record() -> std::sync::MutexGuard<'static, Record> {
+    // A test that panicked while holding it left nothing half-done worth refusing.
+    RECORD.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn print_at_exit() {
     AT_EXIT.call_once(|| {
-        // SAFETY: `print_skips` is an `extern "C" fn()` that never unwinds.
-        unsafe { libc::atexit(print_skips) };
+        // SAFETY: `print_summary` is an `extern "C" fn()` that never unwinds.
+        unsafe { libc::atexit(print_summary) };
     });
 }
 
-/// The line printed at exit when `n` GPU tests skipped for `reason`.
-pub fn skip_summary(n: usize, reason: &str) -> String {
+/// Records that the test `name` got past its check and runs its real body. The
+/// `..._or_skip` helpers call it; a test with its own check calls it directly.
+pub fn ran(name: &str) {
+    print_at_exit();
+    record().ran.insert(name.to_owned());
+}
+
+/// Records that the test `name` did not run its real check because `missing` (one of
+/// [`NO_GPU`], [`TOO_FEW_GPUS`], [`NO_NVRTC`], [`NO_CUDA_HEADERS`], [`NO_CHROMIUM`], or
+/// the caller's own
+/// words, e.g. `"no nvcc"`), and prints one line saying so: `reason` in full for the
+/// binary's first skip of that kind, its first line after that.
+///
+/// The caller decides first whether a skip is allowed (see [`gpu_required`]).
+pub fn skip(name: &str, missing: &'static str, reason: &dyn Display) {
+    print_at_exit();
+    let reason = reason.to_string();
+    let mut r = record();
+    let first = !r.reasons.iter().any(|(m, _)| *m == missing);
+    if first {
+        eprintln!("skipped {name}: {missing}: {reason}");
+        r.reasons.push((missing, first_line(&reason)));
+    } else {
+        eprintln!("skipped {name}: {missing} ({})", first_line(&reason));
+    }
+    r.skipped.push((name.to_owned(), missing));
+}
+
+/// The first line of `s`, with ` ...` when more followed.
+fn first_line(s: &str) -> String {
+    match s.split_once('\n') {
+        Some((line, _)) => format!("{} ...", line.trim_end_matches(':')),
+        None => s.to_owned(),
+    }
+}
+
+/// How many tests of this process skipped so far.
+pub fn skipped_count() -> usize {
+    let r = record();
+    let names: BTreeSet<&str> = r.skipped.iter().map(|(n, _)| n.as_str()).collect();
+    names.len()
+}
+
+/// What one test binary's tests did: the input of [`skip_summary`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Tests that got past their checks and ran their real body.
+    pub ran: usize,
+    /// Per kind of skip (`"no GPU"`...), in the order first seen: how many tests, and
+    /// the first line of the first reason.
+    pub skipped: Vec<(&'static str, usize, String)>,
+}
+
+impl Tally {
+    /// This process's tally so far. A test counts once: skipped if any of its checks
+    /// skipped (under its first reason), else ran.
+    pub fn current() -> Tally {
+        let r = record();
+        let mut t = Tally::default();
+        let mut seen = BTreeSet::new();
+        for (name, missing) in &r.skipped {
+            if !seen.insert(name.as_str()) {
+                continue;
+            }
+            match t.skipped.iter_mut().find(|(m, _, _)| m == missing) {
+                Some(entry) => entry.1 += 1,
+                None => {
+                    let why = r
+                        .reasons
+                        .iter()
+                        .find(|(m, _)| m == missing)
+                        .map_or(String::new(), |(_, w)| w.clone());
+                    t.skipped.push((missing, 1, why));
+                }
+            }
+        }
+        t.ran = r.ran.iter().filter(|n| !seen.contains(n.as_str())).count();
+        t
+    }
+}
+
+/// The line printed at exit for `tally` (ends with a newline).
+pub fn skip_summary(tally: &Tally) -> String {
+    let needs = |n: usize| {
+        if n == 1 {
+            "test that needs a GPU, NVRTC or Chromium"
+        } else {
+            "tests that need a GPU, NVRTC or Chromium"
+        }
+    };
+    let skipped: usize = tally.skipped.iter().map(|(_, n, _)| n).sum();
+    if skipped == 0 {
+        let all = if tally.ran == 1 { "the" } else { "all" };
+        return format!(
+            "note: {all} {} {} ran for real; none skipped.\n",
+            tally.ran,
+            needs(tally.ran)
+        );
+    }
+    let why: Vec<String> = tally
+        .skipped
+        .iter()
+        .map(|(m, n, reason)| format!("{n} {m} ({reason})"))
+        .collect();
+    let mut hints: Vec<&str> = Vec::new();
+    for (m, _, _) in &tally.skipped {
+        // Only the kinds a variable turns into failures; a test's own kind (`"no
+        // nvcc"`) has none.
+        let var = match *m {
+            NO_GPU | NO_NVRTC | NO_CUDA_HEADERS => REQUIRE_GPU_VAR,
+            TOO_FEW_GPUS => REQUIRE_MULTI_GPU_VAR,
+            NO_CHROMIUM => REQUIRE_CHROMIUM_VAR,
+            _ => continue,
+        };
+        if !hints.contains(&var) {
+            hints.push(var);
+        }
+    }
+    let them = if skipped == 1 { "it" } else { "them" };
+    let hint = if hints.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " Set {}=1 to make {them} fail instead.",
+            hints.join("=1 or ")
+        )
+    };
     format!(
-        "note: {n} GPU test{} of this binary did not run (no GPU: {reason}); libtest \
-         counts {} as passed. Set {REQUIRE_GPU_VAR}=1 to make {} fail instead.\n",
-        if n == 1 { "" } else { "s" },
-        if n == 1 { "it" } else { "them" },
-        if n == 1 { "it" } else { "them" },
+        "note: {} {} ran for real; {skipped} did not, and libtest counts {them} as \
+         passed: {}.{hint}\n",
+        tally.ran,
+        needs(tally.ran),
+        why.join(", "),
     )
 }
 
-extern "C" fn print_skips() {
+extern "C" fn print_summary() {
     // After libtest's summary: the skips would otherwise read as passes. Written with
     // one `write(2)`, since std's handles may be gone this late in the exit.
     let _ = std::panic::catch_unwind(|| {
-        let n = SKIPPED.load(Ordering::Relaxed);
-        let reason = SKIP_REASON.get().map_or("", String::as_str);
-        let line = skip_summary(n, reason);
+        let line = skip_summary(&Tally::current());
         // SAFETY: `line` is a live buffer of `line.len()` bytes; fd 2 is stderr.
         let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
     });
 }
-
 /// Runs a GPU test body only when a GPU is usable: `gpu_test!(my_test, { ... })`;
 /// `gpu_test!(alone my_test, { ... })` also keeps the binary's other GPU tests out
 /// while it runs (see the [module doc](crate::testing)).

@@ -321,7 +321,11 @@ cuda_rt::gpu_test!(the_nvcc_backend_compiles_a_kernel_that_runs, {
                 || !std::path::Path::new("/usr/local/cuda/bin/nvcc").exists(),
             "nvcc is installed but not found"
         );
-        eprintln!("skipped: no nvcc");
+        cuda_rt::testing::skip(
+            "the_nvcc_backend_compiles_a_kernel_that_runs",
+            "no nvcc",
+            &"nvcc is not on PATH nor in the CUDA path",
+        );
         return;
     }
     cuda_rt::device::set_device_id(0).unwrap();
@@ -363,3 +367,18 @@ fn raw_kernel_new_refuses_dollar_and_dot_in_a_kernel_name_before_compiling() {
         assert!(e.to_string().contains("is not a valid kernel name"), "{e}");
     }
 }
+
+nvrtc_test!(
+    a_missing_cccl_header_names_the_pip_package_that_brings_it,
+    {
+        // Without the toolkit's include folders, as on a machine with the NVRTC wheel alone.
+        let src = "#include <cub/cub.cuh>\nextern \"C\" __global__ void k() {}\n";
+        let e = Program::new(src)
+            .toolkit_includes(false)
+            .compile(Target::ptx(90))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("open source file \"cub/cub.cuh\""), "{e}");
+        assert!(e.contains("pip install nvidia-cuda-cccl"), "{e}");
+    }
+);

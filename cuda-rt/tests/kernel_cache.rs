@@ -331,7 +331,11 @@ nvrtc_test!(warm_disk_cache_in_a_new_process_makes_no_nvrtc_call, {
     if facts.is_empty() {
         // The loader would find libnvrtc by bare name through ld.so.cache: its file
         // cannot be told without opening it, so NVRTC is asked (still correct).
-        eprintln!("skipped: libnvrtc's file cannot be identified without opening it");
+        cuda_rt::testing::skip(
+            "warm_disk_cache_in_a_new_process_makes_no_nvrtc_call",
+            "libnvrtc found by bare name",
+            &"libnvrtc's file cannot be identified without opening it",
+        );
         return;
     }
     // A new process, warm folder: a disk hit with no NVRTC call at all.

@@ -162,8 +162,10 @@ gpu_test!(a_typed_buffer_records_its_stream_too, {
 gpu_test!(
     recording_a_stream_of_another_device_is_accepted_and_waited_for,
     {
-        if cuda_rt::device::device_count().unwrap_or(0) < 2 {
-            eprintln!("skipped: one device");
+        if !cuda_rt::testing::gpus_or_skip(
+            "recording_a_stream_of_another_device_is_accepted_and_waited_for",
+            2,
+        ) {
             return;
         }
         cuda_rt::device::set_device_id(1).unwrap();

@@ -11,6 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cuda_rt::memory::history::{render_html, HistoryAction, HistoryEvent};
+use cuda_rt::testing;
+
+/// The test that needs Chromium.
+const TEST: &str = "the_timeline_renders_in_a_browser";
 
 fn chromium() -> Option<PathBuf> {
     let found = ["chromium", "chromium-browser", "google-chrome"]
@@ -23,10 +27,14 @@ fn chromium() -> Option<PathBuf> {
         .find(|p| p.is_file());
     if found.is_none() {
         let why = "no chromium on PATH (apt-get install chromium)";
-        if std::env::var("CUDA_RT_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1") {
-            panic!("CUDA_RT_REQUIRE_CHROMIUM is set but {why}");
+        if std::env::var(testing::REQUIRE_CHROMIUM_VAR).is_ok_and(|v| v == "1") {
+            panic!("{} is set but {why}", testing::REQUIRE_CHROMIUM_VAR);
         }
-        eprintln!("skipped: {why}");
+        // Said once and counted in the binary's closing line: libtest would
+        // otherwise show a pass.
+        testing::skip(TEST, testing::NO_CHROMIUM, &why);
+    } else {
+        testing::ran(TEST);
     }
     found
 }

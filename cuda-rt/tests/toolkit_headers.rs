@@ -85,6 +85,7 @@ fn headers_or_skip(name: &str, header: &str) -> bool {
         header.is_empty() || set.dirs.iter().any(|d| d.join(header).exists())
     };
     if toolkit_includes().is_some_and(has) {
+        cuda_rt::testing::ran(name);
         return true;
     }
     let searched = cuda_rt::compiler::toolkit::toolkit_search().describe();
@@ -94,9 +95,14 @@ fn headers_or_skip(name: &str, header: &str) -> bool {
              found in {searched}"
         );
     }
-    eprintln!(
-        "skipped {name}: no toolkit headers with {header:?} found (searched {searched}; \
-         pip install nvidia-cuda-runtime nvidia-cuda-cccl brings them)"
+    cuda_rt::testing::skip(
+        name,
+        cuda_rt::testing::NO_CUDA_HEADERS,
+        // The places on a line of their own: the closing line takes the first only.
+        &format!(
+            "no toolkit headers with {header:?} found (pip install nvidia-cuda-runtime \
+             nvidia-cuda-cccl brings them)\n  searched {searched}"
+        ),
     );
     false
 }

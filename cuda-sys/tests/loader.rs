@@ -3,23 +3,43 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_sys::loader::search::SearchEnv;
 use cuda_sys::loader::search::{candidates, site_packages, Source};
 use cuda_sys::loader::{specs, DriverSymbol, Kind, Library, LibrarySpec};
 use cuda_sys::LoadErrorKind;
 
-fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "cuda-sys-test-{}-{tag}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed with everything in it when dropped, also when the test
+/// panics (a run leaves nothing in the temp folder).
+struct Scratch(tempfile::TempDir);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+// The folder passed where a path or a variable's value is taken.
+impl From<&Scratch> for PathBuf {
+    fn from(s: &Scratch) -> PathBuf {
+        s.to_path_buf()
+    }
+}
+
+impl From<&Scratch> for std::ffi::OsString {
+    fn from(s: &Scratch) -> std::ffi::OsString {
+        s.as_os_str().to_owned()
+    }
+}
+
+fn temp_dir(tag: &str) -> Scratch {
+    Scratch(
+        tempfile::Builder::new()
+            .prefix(&format!("cuda-sys-test-{tag}-"))
+            .tempdir()
+            .unwrap(),
+    )
 }
 
 fn touch(p: &Path) {
@@ -197,6 +217,96 @@ fn site_packages_prefers_newest_python_and_finds_pyenv_and_user_sites() {
     );
 }
 
+/// A venv as `python3 -m venv` makes it, under `root`: `venv/bin/python3` a symlink to
+/// the base interpreter `base/bin/python3.12`, `venv/pyvenv.cfg`, and NVRTC's wheel in
+/// the venv's site-packages (the base installation has a site-packages of its own).
+fn fake_venv(root: &Path) -> (PathBuf, PathBuf) {
+    let base_bin = root.join("base/bin/python3.12");
+    touch(&base_bin);
+    let base_site = root.join("base/lib/python3.12/site-packages");
+    std::fs::create_dir_all(&base_site).unwrap();
+    let venv = root.join("venv");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::os::unix::fs::symlink(&base_bin, venv.join("bin/python3")).unwrap();
+    std::fs::write(venv.join("pyvenv.cfg"), "home = base/bin\n").unwrap();
+    let site = venv.join("lib/python3.12/site-packages");
+    touch(&site.join("nvidia/cu13/lib/libnvrtc.so.13"));
+    (venv, base_site)
+}
+
+#[test]
+fn a_venv_on_path_is_searched_without_virtual_env_though_python3_links_elsewhere() {
+    let root = temp_dir("venv");
+    let (venv, base_site) = fake_venv(&root);
+    // The container setup: the venv's bin on PATH, VIRTUAL_ENV not set.
+    let env = SearchEnv::with_root(&root).var("PATH", venv.join("bin"));
+    let site = venv.join("lib/python3.12/site-packages");
+    // The venv first, then the base interpreter's installation (kept).
+    assert_eq!(site_packages(&env), vec![site.clone(), base_site]);
+    let c = candidates(&specs::NVRTC, &env);
+    let wheel = site.join("nvidia/cu13/lib/libnvrtc.so.13");
+    assert!(
+        c.iter()
+            .any(|c| c.path == wheel && c.source == Source::PythonWheel),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn a_real_venv_on_path_is_searched_without_virtual_env() {
+    let root = temp_dir("real-venv");
+    let venv = root.join("venv");
+    // The python3 of this machine makes the venv (no pip needed in it).
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .env_remove("VIRTUAL_ENV")
+        .output();
+    match made {
+        Ok(out) if out.status.success() => {}
+        // Said, not silent: a machine without python3's venv module cannot run it.
+        other => {
+            eprintln!("skipped a_real_venv_on_path_is_searched_without_virtual_env: python3 -m venv failed: {other:?}");
+            return;
+        }
+    }
+    let lib = venv.join("lib");
+    let py = std::fs::read_dir(&lib)
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().starts_with("python3"))
+        .expect("the venv's lib/python3.*")
+        .path();
+    let so = py.join("site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
+    touch(&so);
+    let env = SearchEnv::with_root(&root).var("PATH", venv.join("bin"));
+    assert_eq!(site_packages(&env)[0], py.join("site-packages"));
+    assert!(
+        candidates(&specs::NVRTC, &env).iter().any(|c| c.path == so),
+        "{:?}",
+        candidates(&specs::NVRTC, &env)
+    );
+}
+
+#[test]
+fn not_found_names_the_pip_package_on_its_first_line() {
+    let root = temp_dir("pip");
+    let err = Library::open_with(&NOWHERE_FROM_PIP, &SearchEnv::with_root(&root)).unwrap_err();
+    let first = err.to_string().lines().next().unwrap().to_owned();
+    assert!(
+        first.starts_with(
+            "cuNowhere (libcunowhere.so.12) not found (pip install nvidia-cunowhere, or set \
+             CUDA_RT_LIBCUNOWHERE to its file or folder); tried 1 path"
+        ),
+        "{first}"
+    );
+    // The libraries pip provides name their packages; the driver comes with the
+    // NVIDIA driver, not pip.
+    assert_eq!(specs::NVRTC.pip_package, Some("nvidia-cuda-nvrtc"));
+    assert_eq!(specs::RUNTIME.pip_package, Some("nvidia-cuda-runtime"));
+    assert_eq!(specs::DRIVER.pip_package, None);
+}
+
 /// A library no machine has, so the system loader fails too.
 static NOWHERE: LibrarySpec = LibrarySpec {
     name: "cuNowhere",
@@ -204,6 +314,13 @@ static NOWHERE: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBCUNOWHERE",
     wheel_dirs: &["nvidia/cu13/lib"],
     kind: Kind::Plain,
+    pip_package: None,
+};
+
+/// [`NOWHERE`] as if pip provided it.
+static NOWHERE_FROM_PIP: LibrarySpec = LibrarySpec {
+    pip_package: Some("nvidia-cunowhere"),
+    ..NOWHERE
 };
 
 #[test]

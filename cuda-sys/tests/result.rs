@@ -10,7 +10,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_sys::result::{
     self, cublas_status_name, curand_status_name, cusolver_status_name, cusparse_status_name,
@@ -226,16 +225,37 @@ fn nvrtc_error_says_the_call_and_the_status_name_or_number() {
 /// The variable that names the scenario a child process runs.
 const CHILD: &str = "CUDA_SYS_RESULT_CHILD";
 
-fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "cuda-sys-result-{}-{tag}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed with everything in it when dropped, also when the test
+/// panics (a run leaves nothing in the temp folder).
+struct Scratch(tempfile::TempDir);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+// The folder passed where a path or a variable's value is taken.
+impl From<&Scratch> for PathBuf {
+    fn from(s: &Scratch) -> PathBuf {
+        s.to_path_buf()
+    }
+}
+
+impl From<&Scratch> for std::ffi::OsString {
+    fn from(s: &Scratch) -> std::ffi::OsString {
+        s.as_os_str().to_owned()
+    }
+}
+
+fn temp_dir(tag: &str) -> Scratch {
+    Scratch(
+        tempfile::Builder::new()
+            .prefix(&format!("cuda-sys-result-{tag}-"))
+            .tempdir()
+            .unwrap(),
+    )
 }
 
 /// Builds `dir/name` from C source (or the C file `c`) with the system C compiler.

@@ -237,8 +237,49 @@ impl fmt::Display for CompileError {
         if !self.log.trim().is_empty() {
             write!(f, "\n{}", self.log.trim_end())?;
         }
+        if let Some(hint) = missing_header_hint(&self.log) {
+            write!(f, "\n{hint}")?;
+        }
         Ok(())
     }
+}
+
+/// For a log where NVRTC could not open a CUDA toolkit or CCCL header: which pip package
+/// brings it, since "not found" alone does not say what to install.
+fn missing_header_hint(log: &str) -> Option<String> {
+    // NVRTC 12 and 13 say "could not", older ones "cannot".
+    let after = [
+        "could not open source file \"",
+        "cannot open source file \"",
+    ]
+    .iter()
+    .find_map(|m| log.split_once(m))?
+    .1;
+    let header = after.split('"').next()?;
+    // CCCL: CUB, Thrust, libcu++ (`cuda/std/...`, `cuda/...`), nv/target.
+    let cccl = ["cub/", "thrust/", "cuda/", "nv/"]
+        .iter()
+        .any(|p| header.starts_with(p));
+    let toolkit = header.starts_with("cooperative_groups")
+        || header.starts_with("cuda_")
+        || header.starts_with("cuda.h")
+        || header.starts_with("crt/")
+        || header.starts_with("sm_")
+        || header.starts_with("vector_")
+        || header.starts_with("curand");
+    let package = if cccl {
+        "nvidia-cuda-cccl"
+    } else if toolkit {
+        "nvidia-cuda-runtime"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "note: {header:?} is a CUDA header NVRTC did not find: install the CUDA toolkit, or \
+         pip install {package} (and nvidia-cuda-runtime, which it builds on), or name the \
+         folders in {}",
+        crate::compiler::toolkit::INCLUDE_PATH_VAR
+    ))
 }
 
 /// Everything that can go wrong in cuda-rt. See the [module documentation](self) for
@@ -628,6 +669,45 @@ mod tests {
             "nvrtcCompileProgram failed: NVRTC_ERROR_COMPILATION (source saxpy.cu)\n\
              saxpy.cu(3): error: identifier \"y\" is undefined"
         );
+    }
+
+    #[test]
+    fn a_missing_cccl_or_toolkit_header_names_the_pip_package() {
+        let log =
+            |h: &str| format!("k.cu(1): catastrophic error: cannot open source file \"{h}\"\n");
+        let e = |h: &str| {
+            Error::Compile(CompileError {
+                call: "nvrtcCompileProgram",
+                code: 6,
+                name: "NVRTC_ERROR_COMPILATION".into(),
+                source_name: Some("k.cu".into()),
+                log: log(h),
+            })
+            .to_string()
+        };
+        let cub = e("cub/cub.cuh");
+        assert!(
+            cub.ends_with(
+                "note: \"cub/cub.cuh\" is a CUDA header NVRTC did not find: install the CUDA \
+             toolkit, or pip install nvidia-cuda-cccl (and nvidia-cuda-runtime, which it \
+             builds on), or name the folders in CUDA_RT_INCLUDE_PATH"
+            ),
+            "{cub}"
+        );
+        assert!(e("cuda/std/array").contains("pip install nvidia-cuda-cccl"));
+        let newer = CompileError {
+            call: "nvrtcCompileProgram",
+            code: 6,
+            name: "NVRTC_ERROR_COMPILATION".into(),
+            source_name: None,
+            log: "k.cu(1): catastrophic error: could not open source file \"thrust/sort.h\" \
+                  (no directories in search list)\n"
+                .into(),
+        };
+        assert!(newer.to_string().contains("pip install nvidia-cuda-cccl"));
+        assert!(e("cooperative_groups.h").contains("pip install nvidia-cuda-runtime "));
+        // A user's own header: no hint.
+        assert!(!e("my_kernels.cuh").contains("note:"));
     }
 
     #[test]

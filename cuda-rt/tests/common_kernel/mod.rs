@@ -18,52 +18,32 @@ extern "C" __global__ void spin_fill(unsigned int* p, int n, unsigned int v, lon
 }
 "#;
 
-/// `true` when NVRTC loads. Otherwise prints why `name` is skipped, or panics when
+/// `true` when NVRTC loads; otherwise the test `name` skips, said once and counted in
+/// the binary's closing line (see `cuda_rt::testing`), or fails under
 /// `CUDA_RT_REQUIRE_GPU=1` (the GPU machine has NVRTC).
 pub fn nvrtc_or_skip(name: &str) -> bool {
-    match cuda_rt::compiler::nvrtc_version() {
-        Ok(_) => true,
-        Err(e) if cuda_rt::testing::gpu_required() => {
-            panic!("{name}: CUDA_RT_REQUIRE_GPU is set but NVRTC cannot be loaded: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped {name}: NVRTC cannot be loaded: {e}");
-            false
-        }
-    }
+    cuda_rt::testing::nvrtc_or_skip(name)
 }
 
-/// A fresh empty folder under the system temp dir, mode 0700, removed on drop.
-pub struct TempDir(pub PathBuf);
+/// A fresh empty folder under the system temp dir, mode 0700 (the kernel cache refuses
+/// a folder others may write to), removed on drop, also when the test panics.
+pub struct TempDir(pub PathBuf, tempfile::TempDir);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let p = std::env::temp_dir().join(format!(
-            "cuda-rt-test-{tag}-{}-{nanos}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).expect("create temp dir");
+        let d = tempfile::Builder::new()
+            .prefix(&format!("cuda-rt-test-{tag}-"))
+            .tempdir()
+            .expect("create temp dir");
         // The kernel cache refuses a folder others may write to: whatever the umask,
         // a test folder is the user's alone.
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700))
             .expect("chmod temp dir");
-        TempDir(p)
+        TempDir(d.path().to_path_buf(), d)
     }
     pub fn path(&self) -> PathBuf {
         self.0.clone()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -23,6 +23,8 @@ pub enum LoadErrorKind {
         library: String,
         /// The environment variable that names the library's path explicitly.
         override_var: &'static str,
+        /// The pip package that installs the library, if pip provides it.
+        pip_package: Option<&'static str>,
         /// Every path tried, in order.
         tried: Vec<Attempt>,
     },
@@ -89,11 +91,17 @@ impl fmt::Display for LoadError {
             LoadErrorKind::LibraryNotFound {
                 library,
                 override_var,
+                pip_package,
                 tried,
             } => {
+                // The remedy on the first line: it is the line a one-line report keeps.
+                let install = match pip_package {
+                    Some(p) => format!("pip install {p}, or "),
+                    None => String::new(),
+                };
                 write!(
                     f,
-                    "{library} not found (set {override_var} to its file or folder); tried {} path{}:",
+                    "{library} not found ({install}set {override_var} to its file or folder); tried {} path{}:",
                     tried.len(),
                     if tried.len() == 1 { "" } else { "s" }
                 )?;

@@ -47,6 +47,9 @@ pub struct LibrarySpec {
     pub wheel_dirs: &'static [&'static str],
     /// How entry points are resolved.
     pub kind: Kind,
+    /// The pip package that installs the library (`nvidia-cuda-nvrtc`), named by the
+    /// "not found" error; `None` when pip does not provide it (the driver).
+    pub pip_package: Option<&'static str>,
 }
 
 impl LibrarySpec {
@@ -133,6 +136,7 @@ impl Library {
         Err(LoadError::new(LoadErrorKind::LibraryNotFound {
             library: spec.label(),
             override_var: spec.override_var,
+            pip_package: spec.pip_package,
             tried,
         }))
     }

@@ -162,9 +162,12 @@ fn files_in(dir: &Path, spec: &LibrarySpec) -> Vec<PathBuf> {
 
 /// The site-packages folders where `pip install nvidia-...` puts CUDA libraries, in
 /// this order: `CUDA_RT_PYTHON_SITE_PACKAGES` (colon-separated), `PYTHONPATH` entries,
-/// the active virtualenv, the active conda env, the prefix of each `python3` on `PATH`,
-/// pyenv's versions, the user site (`PYTHONUSERBASE` or `~/.local`), then the system
-/// folders under `/usr/local/lib` and `/usr/lib`. Only folders that exist are returned.
+/// the active virtualenv, the active conda env, for each `python3` (or `python`) on
+/// `PATH` the environment it belongs to (the folder above its `bin`, as found on `PATH`:
+/// a virtual environment, with its `pyvenv.cfg`, even when `VIRTUAL_ENV` is not set)
+/// and then the installation its symlinks lead to (the base interpreter's), pyenv's
+/// versions, the user site (`PYTHONUSERBASE` or `~/.local`), then the system folders
+/// under `/usr/local/lib` and `/usr/lib`. Only folders that exist are returned.
 pub fn site_packages(env: &SearchEnv) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     let mut add = |p: PathBuf| {
@@ -189,6 +192,14 @@ pub fn site_packages(env: &SearchEnv) -> Vec<PathBuf> {
         for dir in std::env::split_paths(path) {
             for exe in ["python3", "python"] {
                 let bin = dir.join(exe);
+                // A venv's `bin/python3` is a symlink to the base interpreter: its
+                // packages are beside the link, not the target (containers put the venv
+                // on PATH without VIRTUAL_ENV). So the link's own prefix first.
+                if bin.exists() {
+                    if let Some(prefix) = dir.parent() {
+                        prefixes.push(prefix.to_path_buf());
+                    }
+                }
                 if let Ok(real) = std::fs::canonicalize(&bin) {
                     if let Some(prefix) = real.parent().and_then(Path::parent) {
                         prefixes.push(prefix.to_path_buf());

@@ -1,5 +1,6 @@
-//! Where each CUDA library lives: file names (newest first), override variable and the
-//! folders of the Python wheels that ship it.
+//! Where each CUDA library lives: file names (newest first), override variable, the
+//! folders of the Python wheels that ship it and the pip package that installs them
+//! (the CUDA 13 wheels; CUDA 12's carry a `-cu12` suffix).
 
 use super::{Kind, LibrarySpec};
 
@@ -10,6 +11,7 @@ pub static DRIVER: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBCUDA",
     wheel_dirs: &[],
     kind: Kind::Driver,
+    pip_package: None,
 };
 
 /// The CUDA runtime, `libcudart`.
@@ -19,6 +21,7 @@ pub static RUNTIME: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBCUDART",
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cuda_runtime/lib"],
     kind: Kind::Plain,
+    pip_package: Some("nvidia-cuda-runtime"),
 };
 
 /// NVRTC, the run-time compiler.
@@ -28,6 +31,7 @@ pub static NVRTC: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBNVRTC",
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"],
     kind: Kind::Plain,
+    pip_package: Some("nvidia-cuda-nvrtc"),
 };
 
 /// cuBLAS.
@@ -37,6 +41,7 @@ pub static CUBLAS: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBCUBLAS",
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cublas/lib"],
     kind: Kind::Plain,
+    pip_package: Some("nvidia-cublas"),
 };
 
 /// cuSOLVER (CUDA 13 ships soname 12, CUDA 12 soname 11).
@@ -46,6 +51,7 @@ pub static CUSOLVER: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBCUSOLVER",
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cusolver/lib"],
     kind: Kind::Plain,
+    pip_package: Some("nvidia-cusolver"),
 };
 
 /// cuSPARSE (soname 12 on CUDA 12 and 13).
@@ -55,6 +61,7 @@ pub static CUSPARSE: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBCUSPARSE",
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cusparse/lib"],
     kind: Kind::Plain,
+    pip_package: Some("nvidia-cusparse"),
 };
 
 /// cuRAND (soname 10 on CUDA 12 and 13).
@@ -64,6 +71,7 @@ pub static CURAND: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBCURAND",
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/curand/lib"],
     kind: Kind::Plain,
+    pip_package: Some("nvidia-curand"),
 };
 
 /// NCCL (soname 2), also from the `nvidia-nccl-cu12`/`-cu13` wheels.
@@ -73,4 +81,5 @@ pub static NCCL: LibrarySpec = LibrarySpec {
     override_var: "CUDA_RT_LIBNCCL",
     wheel_dirs: &["nvidia/nccl/lib"],
     kind: Kind::Plain,
+    pip_package: Some("nvidia-nccl-cu13"),
 };
