@@ -144,6 +144,8 @@ impl Drop for ReadGuard<'_> {
 
 impl<T: Clone> Table<T> {
     pub(crate) const fn new(kind: u8, what: &'static str) -> Self {
+        // Kind 0 would let the NULL handle pass the kind check.
+        assert!(kind != 0, "kind 0 is reserved");
         Table {
             kind,
             what,
@@ -203,25 +205,23 @@ impl<T: Clone> Table<T> {
 
     /// A free slot's index, taken off the free list, else a fresh one.
     #[inline]
-    fn take_free(&self) -> u32 {
+    fn take_free(&self) -> (u32, &Slot<T>) {
         let mut head = self.free.load(Ordering::Acquire);
         loop {
-            let first = head as u32;
-            if first == 0 {
+            let Some(index) = (head as u32).checked_sub(1) else {
                 return self.take_fresh();
-            }
+            };
             // The slot exists: only slots of allocated segments are ever pushed. Its
             // `next` may be stale when another thread popped it meanwhile; then the
             // head's tag moved on and the exchange fails.
-            let next = self
-                .slot(first - 1)
-                .map_or(0, |s| s.next.load(Ordering::Relaxed));
+            let slot = self.slot(index).expect("a freed slot's segment exists");
+            let next = slot.next.load(Ordering::Relaxed);
             let new = ((head >> 32).wrapping_add(1) << 32) | next as u64;
             match self
                 .free
                 .compare_exchange_weak(head, new, Ordering::Acquire, Ordering::Acquire)
             {
-                Ok(_) => return first - 1,
+                Ok(_) => return (index, slot),
                 Err(h) => head = h,
             }
         }
@@ -229,7 +229,7 @@ impl<T: Clone> Table<T> {
 
     #[cold]
     #[inline(never)]
-    fn take_fresh(&self) -> u32 {
+    fn take_fresh(&self) -> (u32, &Slot<T>) {
         let index = self
             .fresh
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| {
@@ -238,10 +238,14 @@ impl<T: Clone> Table<T> {
             })
             .unwrap_or_else(|_| panic!("the {} table is full (2^32 - 1 slots)", self.what));
         self.segment(locate(index).0);
-        index
+        (
+            index,
+            self.slot(index).expect("a fresh slot's segment exists"),
+        )
     }
 
     /// Puts slot `index` (empty, owned by the caller) on the free list.
+    #[inline]
     fn give_back(&self, index: u32, slot: &Slot<T>) {
         let mut head = self.free.load(Ordering::Relaxed);
         loop {
@@ -258,9 +262,9 @@ impl<T: Clone> Table<T> {
     }
 
     /// Puts `value` in the table and returns its handle (never 0).
+    #[inline]
     pub(crate) fn insert(&self, value: T) -> u64 {
-        let index = self.take_free();
-        let slot = self.slot(index).expect("a free slot's segment exists");
+        let (index, slot) = self.take_free();
         // Not live and off the free list: no other thread reads or writes the value
         // (a lookup only touches it after raising the reader count of a live slot).
         let generation = (slot.state.load(Ordering::Relaxed) >> 32) as u32;
@@ -271,23 +275,26 @@ impl<T: Clone> Table<T> {
         self.encode(index, generation)
     }
 
-    /// The slot of `handle` when it is one of this table's handles (live or not). The
-    /// messages are built out of line: only a bad handle pays for them.
+    /// The slot of `handle` when it is one of this table's handles (live or not), and
+    /// the state word a live slot of the handle's generation has with no reader.
     #[inline]
-    fn find(&self, handle: u64) -> Res<(&Slot<T>, u64)> {
-        if handle == 0 {
-            return Err(self.null());
-        }
+    fn find(&self, handle: u64) -> Option<(&Slot<T>, u64)> {
         if (handle >> 56) as u8 != self.kind {
-            return Err(self.bad(handle));
+            return None;
         }
-        let Some(index) = ((handle & 0xffff_ffff) as u32).checked_sub(1) else {
-            return Err(self.bad(handle));
-        };
+        let index = ((handle & 0xffff_ffff) as u32).checked_sub(1)?;
         let generation = (handle >> INDEX_BITS) & GENERATION_MASK;
-        match self.slot(index) {
-            Some(s) => Ok((s, generation << 32 | LIVE)),
-            None => Err(self.bad(handle)),
+        Some((self.slot(index)?, generation << 32 | LIVE))
+    }
+
+    /// Why `handle` was refused. Out of line: only a bad handle pays for the message.
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, handle: u64) -> Fail {
+        if handle == 0 {
+            self.null()
+        } else {
+            self.bad(handle)
         }
     }
 
@@ -309,11 +316,13 @@ impl<T: Clone> Table<T> {
 
     /// The object behind `handle`.
     pub(crate) fn get(&self, handle: u64) -> Res<T> {
-        let (slot, want) = self.find(handle)?;
+        let Some((slot, want)) = self.find(handle) else {
+            return Err(self.refuse(handle));
+        };
         let mut s = slot.state.load(Ordering::Relaxed);
         loop {
             if s & !READERS != want {
-                return Err(self.bad(handle));
+                return Err(self.refuse(handle));
             }
             match slot
                 .state
@@ -337,7 +346,17 @@ impl<T: Clone> Table<T> {
     /// one, is retired: a generation that wrapped would bring the slot's first handle
     /// back to life. A lookup cloning the value right now is waited for (a clone is a
     /// reference count's increment).
+    #[inline]
     pub(crate) fn remove(&self, handle: u64) -> Res<T> {
+        match self.take(handle) {
+            Some(v) => Ok(v),
+            None => Err(self.refuse(handle)),
+        }
+    }
+
+    /// [`remove`](Self::remove) without the message: `None` for a bad handle.
+    #[inline]
+    fn take(&self, handle: u64) -> Option<T> {
         let (slot, want) = self.find(handle)?;
         let generation = want >> 32;
         // Retired: the generation stays at the last value and the slot stays empty, so
@@ -351,7 +370,7 @@ impl<T: Clone> Table<T> {
         let mut spins = 0u32;
         loop {
             if s & !READERS != want {
-                return Err(self.bad(handle));
+                return None;
             }
             if s & READERS != 0 {
                 wait(&mut spins);
@@ -376,14 +395,14 @@ impl<T: Clone> Table<T> {
             let index = (handle & 0xffff_ffff) as u32 - 1;
             self.give_back(index, slot);
         }
-        Ok(value)
+        Some(value)
     }
 
     /// Moves the live object behind `handle` to `generation` of its slot (a test's
     /// shortcut past 2^24 reuses) and returns its new handle.
     #[cfg(test)]
     fn age(&self, handle: u64, generation: u32) -> u64 {
-        let (slot, want) = self.find(handle).map_err(|_| ()).expect("a handle");
+        let (slot, want) = self.find(handle).expect("a handle");
         let g = generation as u64 & GENERATION_MASK;
         slot.state
             .compare_exchange(want, g << 32 | LIVE, Ordering::AcqRel, Ordering::Relaxed)
