@@ -18,6 +18,7 @@ use cuda_rt::stream::ExternalStream;
 use cuda_rt::{get_default_memory_pool, Allocator, MemoryPointer};
 
 use super::addr_map::AddrMap;
+use super::direct_map::DirectMap;
 use super::status::{
     bad_arg, guard, set_last_error, unwind_guard, Fail, Res, CURT_ERROR_OUT_OF_MEMORY,
 };
@@ -62,7 +63,12 @@ const SHARDS: usize = 64;
 
 type Registry = AddrMap<MemoryPointer>;
 
-/// The memory handed out by the drop-in entry points, by address.
+/// The memory handed out by the drop-in entry points, by address: first the entry of
+/// the address's hash (lock-free, see [`DirectMap`]), else, when another address
+/// holds that entry, the locked map of its shard.
+static DIRECT: DirectMap<MemoryPointer> = DirectMap::new();
+
+/// The addresses whose [`DIRECT`] entry was taken.
 static REGISTRY: [Mutex<Registry>; SHARDS] = [const { Mutex::new(Registry::new()) }; SHARDS];
 
 fn shard(addr: u64) -> &'static Mutex<Registry> {
@@ -71,8 +77,18 @@ fn shard(addr: u64) -> &'static Mutex<Registry> {
     &REGISTRY[h as usize % SHARDS]
 }
 
+#[inline]
 fn register(p: MemoryPointer) -> *mut c_void {
     let addr = p.ptr();
+    if let Err(p) = DIRECT.try_insert(addr, p) {
+        register_locked(addr, p);
+    }
+    addr as *mut c_void
+}
+
+#[cold]
+#[inline(never)]
+fn register_locked(addr: u64, p: MemoryPointer) {
     // What comes back is dropped outside the lock: an address already registered
     // (none is: the pool hands a block out once) has its old memory freed, and
     // address 0 (never handed out for a size > 0) is refused, freed, and NULL returned.
@@ -81,11 +97,20 @@ fn register(p: MemoryPointer) -> *mut c_void {
         .unwrap_or_else(PoisonError::into_inner)
         .insert(addr, p);
     drop(refused);
-    addr as *mut c_void
 }
 
+#[inline]
 fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
     let addr = ptr as u64;
+    match DIRECT.take(addr) {
+        Some(p) => Ok(p),
+        None => unregister_locked(addr),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn unregister_locked(addr: u64) -> Res<MemoryPointer> {
     let p = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -105,10 +130,11 @@ fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
 pub unsafe extern "C" fn curt_dropin_live_count(count: *mut usize) -> c_int {
     guard(|| {
         let count = super::status::out(count, "count")?;
-        *count = REGISTRY
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
-            .sum();
+        *count = DIRECT.len()
+            + REGISTRY
+                .iter()
+                .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+                .sum::<usize>();
         Ok(())
     })
 }
@@ -316,6 +342,9 @@ pub unsafe extern "C" fn curt_cupy_free(param: *mut c_void, ptr: *mut c_void, de
 /// so the caller works outside the registry's lock), for `record_stream.rs`.
 pub(crate) fn dropin_pointer(ptr: *mut c_void) -> Res<MemoryPointer> {
     let addr = ptr as u64;
+    if let Some(p) = DIRECT.with(addr, MemoryPointer::clone) {
+        return Ok(p);
+    }
     let p = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
