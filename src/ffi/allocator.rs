@@ -3,10 +3,12 @@
 //! (`CFunctionAllocator`) load from a shared library.
 //!
 //! The drop-in entry points hand out raw addresses, so the memory behind them lives in
-//! a registry keyed by address, where `free` finds it: sharded (a mutex-guarded map
-//! per shard, the shard picked by a hash of the address, see [`AddrMap`]), so threads
-//! allocating at once rarely meet on one lock, and an allocation freed on another
-//! thread is found the same way. PyTorch passes its stream with each request, so its
+//! a registry keyed by address, where `free` finds it: first a lock-free entry picked
+//! by a hash of the address ([`DirectMap`]: one atomic exchange to put the memory in,
+//! one to take it out), else, when another address holds that entry, a sharded map (a
+//! mutex-guarded map per shard, the shard picked by another hash, see [`AddrMap`]), so
+//! threads allocating at once rarely meet, and an allocation freed on another thread
+//! is found the same way. PyTorch passes its stream with each request, so its
 //! memory comes from that stream's arena without touching the thread's current
 //! device or stream (`MemoryPool::malloc_on_stream`).
 
