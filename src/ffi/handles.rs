@@ -512,7 +512,7 @@ mod tests {
         use std::sync::Mutex;
         static T: Table<Arc<u64>> = Table::new(13, "test");
         const THREADS: u64 = 4;
-        const ROUNDS: u64 = 20_000;
+        const ROUNDS: u64 = if cfg!(miri) { 300 } else { 20_000 };
         let shared: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
         let removed = AtomicUsize::new(0);
         std::thread::scope(|scope| {
