@@ -3,10 +3,12 @@
 //! (`CFunctionAllocator`) load from a shared library.
 //!
 //! The drop-in entry points hand out raw addresses, so the memory behind them lives in
-//! a registry keyed by address, where `free` finds it: sharded (a mutex-guarded map
-//! per shard, the shard picked by a hash of the address, see [`AddrMap`]), so threads
-//! allocating at once rarely meet on one lock, and an allocation freed on another
-//! thread is found the same way. PyTorch passes its stream with each request, so its
+//! a registry keyed by address, where `free` finds it: first a lock-free entry picked
+//! by a hash of the address ([`DirectMap`]: one atomic exchange to put the memory in,
+//! one to take it out), else, when another address holds that entry, a sharded map (a
+//! mutex-guarded map per shard, the shard picked by another hash, see [`AddrMap`]), so
+//! threads allocating at once rarely meet, and an allocation freed on another thread
+//! is found the same way. PyTorch passes its stream with each request, so its
 //! memory comes from that stream's arena without touching the thread's current
 //! device or stream (`MemoryPool::malloc_on_stream`).
 
@@ -18,6 +20,7 @@ use cuda_rt::stream::ExternalStream;
 use cuda_rt::{get_default_memory_pool, Allocator, MemoryPointer};
 
 use super::addr_map::AddrMap;
+use super::direct_map::DirectMap;
 use super::status::{
     bad_arg, guard, set_last_error, unwind_guard, Fail, Res, CURT_ERROR_OUT_OF_MEMORY,
 };
@@ -62,7 +65,12 @@ const SHARDS: usize = 64;
 
 type Registry = AddrMap<MemoryPointer>;
 
-/// The memory handed out by the drop-in entry points, by address.
+/// The memory handed out by the drop-in entry points, by address: first the entry of
+/// the address's hash (lock-free, see [`DirectMap`]), else, when another address
+/// holds that entry, the locked map of its shard.
+static DIRECT: DirectMap<MemoryPointer> = DirectMap::new();
+
+/// The addresses whose [`DIRECT`] entry was taken.
 static REGISTRY: [Mutex<Registry>; SHARDS] = [const { Mutex::new(Registry::new()) }; SHARDS];
 
 fn shard(addr: u64) -> &'static Mutex<Registry> {
@@ -71,8 +79,18 @@ fn shard(addr: u64) -> &'static Mutex<Registry> {
     &REGISTRY[h as usize % SHARDS]
 }
 
+#[inline]
 fn register(p: MemoryPointer) -> *mut c_void {
     let addr = p.ptr();
+    if let Err(p) = DIRECT.try_insert(addr, p) {
+        register_locked(addr, p);
+    }
+    addr as *mut c_void
+}
+
+#[cold]
+#[inline(never)]
+fn register_locked(addr: u64, p: MemoryPointer) {
     // What comes back is dropped outside the lock: an address already registered
     // (none is: the pool hands a block out once) has its old memory freed, and
     // address 0 (never handed out for a size > 0) is refused, freed, and NULL returned.
@@ -81,11 +99,20 @@ fn register(p: MemoryPointer) -> *mut c_void {
         .unwrap_or_else(PoisonError::into_inner)
         .insert(addr, p);
     drop(refused);
-    addr as *mut c_void
 }
 
+#[inline]
 fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
     let addr = ptr as u64;
+    match DIRECT.take(addr) {
+        Some(p) => Ok(p),
+        None => unregister_locked(addr),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn unregister_locked(addr: u64) -> Res<MemoryPointer> {
     let p = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -105,10 +132,11 @@ fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
 pub unsafe extern "C" fn curt_dropin_live_count(count: *mut usize) -> c_int {
     guard(|| {
         let count = super::status::out(count, "count")?;
-        *count = REGISTRY
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
-            .sum();
+        *count = DIRECT.len()
+            + REGISTRY
+                .iter()
+                .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+                .sum::<usize>();
         Ok(())
     })
 }
@@ -316,6 +344,9 @@ pub unsafe extern "C" fn curt_cupy_free(param: *mut c_void, ptr: *mut c_void, de
 /// so the caller works outside the registry's lock), for `record_stream.rs`.
 pub(crate) fn dropin_pointer(ptr: *mut c_void) -> Res<MemoryPointer> {
     let addr = ptr as u64;
+    if let Some(p) = DIRECT.with(addr, MemoryPointer::clone) {
+        return Ok(p);
+    }
     let p = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)

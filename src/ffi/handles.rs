@@ -13,12 +13,19 @@
 //! generation reaches its last value is retired when that object is removed (never
 //! put back on the free list) instead of wrapping to 0, where a handle destroyed
 //! 2^24 reuses earlier would match again and, say, `curt_free` through it would free
-//! the new owner's memory. A retired slot costs its 16 bytes for good: one per 2^24
-//! objects of a kind.
+//! the new owner's memory. A retired slot costs its few dozen bytes for good: one per
+//! 2^24 objects of a kind.
+//!
+//! The table takes no lock (see [`Table`]): each slot has a state word (generation,
+//! live bit, count of lookups cloning its value), so a lookup or a removal of a stale
+//! or made-up handle fails on that word without touching the value, and a removal
+//! waits out the lookups cloning the value before it takes it.
 
 #![allow(non_camel_case_types)]
 
-use std::sync::{PoisonError, RwLock};
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::status::{Fail, Res};
 
@@ -47,42 +54,104 @@ handle_types! {
     curt_graph_s, curt_graph_t, "graph";
 }
 
+/// A slot's state word: `generation << 32 | LIVE | readers`. `LIVE` is set while the
+/// slot holds a value; `readers` counts the lookups cloning that value right now (a
+/// removal waits for them); the generation is that of the handle the value was put
+/// in with.
+const LIVE: u64 = 1 << 31;
+const READERS: u64 = LIVE - 1;
+
 struct Slot<T> {
-    generation: u32,
-    value: Option<T>,
+    state: AtomicU64,
+    /// The next free slot's index + 1 (0: none) while this slot is on the free list.
+    next: AtomicU32,
+    /// Initialized exactly while `state` has `LIVE` or a removal that took `LIVE`
+    /// away has not yet read the value out.
+    value: UnsafeCell<MaybeUninit<T>>,
 }
 
-/// A table's slots and the indices of the empty ones, under one lock: an insert or a
-/// remove takes it once (a second lock for the free list doubled the atomic
-/// operations of a `curt_malloc` + `curt_free` pair).
-struct Slots<T> {
-    slots: Vec<Slot<T>>,
-    free: Vec<u32>,
+impl<T> Slot<T> {
+    fn empty() -> Self {
+        Slot {
+            state: AtomicU64::new(0),
+            next: AtomicU32::new(0),
+            value: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
 }
 
-/// One kind's table. `T` is what a lookup hands out, a clone of what the table holds:
-/// an `Arc` of the object for most kinds, so a destroy on another thread during a
-/// call only drops the table's reference; memory is held as its `MemoryPointer`
-/// itself, which is already a reference-counted handle (an `Arc` around it cost a
-/// heap allocation and a free per `curt_malloc` + `curt_free` pair).
+/// Slots come in segments of `FIRST_SEGMENT << k` for segment `k`, allocated when
+/// first needed and never moved or freed while the table lives, so a lookup reaches a
+/// slot without a lock; 27 segments cover every 32-bit index.
+const FIRST_SEGMENT_BITS: u32 = 6;
+const SEGMENTS: usize = 27;
+
+/// Segment and offset of slot `index`.
+#[inline]
+fn locate(index: u32) -> (usize, usize) {
+    let j = index as u64 + (1 << FIRST_SEGMENT_BITS);
+    let k = 63 - j.leading_zeros() - FIRST_SEGMENT_BITS;
+    (
+        k as usize,
+        (j - (1u64 << (FIRST_SEGMENT_BITS + k))) as usize,
+    )
+}
+
+fn segment_len(k: usize) -> usize {
+    1 << (FIRST_SEGMENT_BITS as usize + k)
+}
+
+/// One kind's table, lock-free: a slot's state word says whether it is live and of
+/// which generation, so insert, lookup and remove are a few atomic operations on the
+/// slot and on the free list (a Treiber stack of slot indices, its head tagged
+/// against ABA). Under the `RwLock` it had before, a `curt_malloc` + `curt_free`
+/// pair spent about 185 instructions in the table; see issue 27.
+///
+/// `T` is what a lookup hands out, a clone of what the table holds: an `Arc` of the
+/// object for most kinds, so a destroy on another thread during a call only drops the
+/// table's reference; memory is held as its `MemoryPointer` itself, which is already a
+/// reference-counted handle (an `Arc` around it cost a heap allocation and a free per
+/// `curt_malloc` + `curt_free` pair).
 pub(crate) struct Table<T> {
     kind: u8,
     what: &'static str,
-    slots: RwLock<Slots<T>>,
+    segments: [AtomicPtr<Slot<T>>; SEGMENTS],
+    /// The free list's head: `tag << 32 | (index + 1)`, 0 in the low half when empty.
+    free: AtomicU64,
+    /// Slots handed out so far (the next fresh index).
+    fresh: AtomicU32,
 }
+
+// SAFETY: the table moves values between threads (inserted on one, removed on
+// another: `T: Send`) and lookups clone them through a shared reference on any thread
+// (`T: Sync`); every access to a value is ordered by its slot's state word.
+unsafe impl<T: Send + Sync> Sync for Table<T> {}
+// SAFETY: as above; the segments are owned by the table.
+unsafe impl<T: Send + Sync> Send for Table<T> {}
 
 const INDEX_BITS: u32 = 32;
 const GENERATION_MASK: u64 = 0x00ff_ffff;
 
+/// Decrements a slot's reader count when a lookup is done, also if a clone panics (a
+/// reader left counted would stall the slot's removal for good).
+struct ReadGuard<'a>(&'a AtomicU64);
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 impl<T: Clone> Table<T> {
     pub(crate) const fn new(kind: u8, what: &'static str) -> Self {
+        // Kind 0 would let the NULL handle pass the kind check.
+        assert!(kind != 0, "kind 0 is reserved");
         Table {
             kind,
             what,
-            slots: RwLock::new(Slots {
-                slots: Vec::new(),
-                free: Vec::new(),
-            }),
+            segments: [const { AtomicPtr::new(std::ptr::null_mut()) }; SEGMENTS],
+            free: AtomicU64::new(0),
+            fresh: AtomicU32::new(0),
         }
     }
 
@@ -92,44 +161,140 @@ impl<T: Clone> Table<T> {
             | (index as u64 + 1)
     }
 
-    /// Puts `value` in the table and returns its handle (never 0).
-    pub(crate) fn insert(&self, value: T) -> u64 {
-        let mut t = self.slots.write().unwrap_or_else(PoisonError::into_inner);
-        let index = match t.free.pop() {
-            Some(i) => i,
-            None => {
-                t.slots.push(Slot {
-                    generation: 0,
-                    value: None,
+    /// Slot `index`, when its segment exists.
+    #[inline]
+    fn slot(&self, index: u32) -> Option<&Slot<T>> {
+        let (k, off) = locate(index);
+        let seg = self.segments[k].load(Ordering::Acquire);
+        if seg.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null segment `k` is an allocation of `segment_len(k)` slots
+        // (published with Release in `segment`), never freed while the table lives,
+        // and `off < segment_len(k)` by `locate`.
+        Some(unsafe { &*seg.add(off) })
+    }
+
+    /// Segment `k`, allocated if it is not yet.
+    #[cold]
+    #[inline(never)]
+    fn segment(&self, k: usize) -> *mut Slot<T> {
+        let seg = self.segments[k].load(Ordering::Acquire);
+        if !seg.is_null() {
+            return seg;
+        }
+        let new: Box<[Slot<T>]> = (0..segment_len(k)).map(|_| Slot::empty()).collect();
+        let new = Box::into_raw(new).cast::<Slot<T>>();
+        match self.segments[k].compare_exchange(
+            std::ptr::null_mut(),
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => new,
+            Err(theirs) => {
+                // SAFETY: `new` came from `Box::into_raw` of `segment_len(k)` slots
+                // just above and was never published.
+                drop(unsafe {
+                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(new, segment_len(k)))
                 });
-                (t.slots.len() - 1) as u32
+                theirs
             }
-        };
-        let slot = &mut t.slots[index as usize];
-        slot.value = Some(value);
-        let generation = slot.generation;
+        }
+    }
+
+    /// A free slot's index, taken off the free list, else a fresh one.
+    #[inline]
+    fn take_free(&self) -> (u32, &Slot<T>) {
+        let mut head = self.free.load(Ordering::Acquire);
+        loop {
+            let Some(index) = (head as u32).checked_sub(1) else {
+                return self.take_fresh();
+            };
+            // The slot exists: only slots of allocated segments are ever pushed. Its
+            // `next` may be stale when another thread popped it meanwhile; then the
+            // head's tag moved on and the exchange fails.
+            let slot = self.slot(index).expect("a freed slot's segment exists");
+            let next = slot.next.load(Ordering::Relaxed);
+            let new = ((head >> 32).wrapping_add(1) << 32) | next as u64;
+            match self
+                .free
+                .compare_exchange_weak(head, new, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => return (index, slot),
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn take_fresh(&self) -> (u32, &Slot<T>) {
+        let index = self
+            .fresh
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| {
+                // Index + 1 must fit the handle's 32 bits.
+                (i < u32::MAX - 1).then_some(i + 1)
+            })
+            .unwrap_or_else(|_| panic!("the {} table is full (2^32 - 1 slots)", self.what));
+        self.segment(locate(index).0);
+        (
+            index,
+            self.slot(index).expect("a fresh slot's segment exists"),
+        )
+    }
+
+    /// Puts slot `index` (empty, owned by the caller) on the free list.
+    #[inline]
+    fn give_back(&self, index: u32, slot: &Slot<T>) {
+        let mut head = self.free.load(Ordering::Relaxed);
+        loop {
+            slot.next.store(head as u32, Ordering::Relaxed);
+            let new = ((head >> 32).wrapping_add(1) << 32) | (index as u64 + 1);
+            match self
+                .free
+                .compare_exchange_weak(head, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Puts `value` in the table and returns its handle (never 0).
+    #[inline]
+    pub(crate) fn insert(&self, value: T) -> u64 {
+        let (index, slot) = self.take_free();
+        // Not live and off the free list: no other thread reads or writes the value
+        // (a lookup only touches it after raising the reader count of a live slot).
+        let generation = (slot.state.load(Ordering::Relaxed) >> 32) as u32;
+        // SAFETY: the slot is ours alone (above) and holds no value.
+        unsafe { (*slot.value.get()).write(value) };
+        slot.state
+            .store(((generation as u64) << 32) | LIVE, Ordering::Release);
         self.encode(index, generation)
     }
 
-    /// The slot index of `handle` when it is one of this table's live handles. The
-    /// messages are built out of line: only a bad handle pays for them.
+    /// The slot of `handle` when it is one of this table's handles (live or not), and
+    /// the state word a live slot of the handle's generation has with no reader.
     #[inline]
-    fn find(&self, slots: &[Slot<T>], handle: u64) -> Res<usize> {
-        if handle == 0 {
-            return Err(self.null());
-        }
+    fn find(&self, handle: u64) -> Option<(&Slot<T>, u64)> {
         if (handle >> 56) as u8 != self.kind {
-            return Err(self.bad(handle));
+            return None;
         }
-        let Some(index) = ((handle & 0xffff_ffff) as usize).checked_sub(1) else {
-            return Err(self.bad(handle));
-        };
-        let generation = ((handle >> INDEX_BITS) & GENERATION_MASK) as u32;
-        match slots.get(index) {
-            Some(s) if s.value.is_some() && s.generation & GENERATION_MASK as u32 == generation => {
-                Ok(index)
-            }
-            _ => Err(self.bad(handle)),
+        let index = ((handle & 0xffff_ffff) as u32).checked_sub(1)?;
+        let generation = (handle >> INDEX_BITS) & GENERATION_MASK;
+        Some((self.slot(index)?, generation << 32 | LIVE))
+    }
+
+    /// Why `handle` was refused. Out of line: only a bad handle pays for the message.
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, handle: u64) -> Fail {
+        if handle == 0 {
+            self.null()
+        } else {
+            self.bad(handle)
         }
     }
 
@@ -149,53 +314,132 @@ impl<T: Clone> Table<T> {
         ))
     }
 
-    #[cold]
-    #[inline(never)]
-    fn empty(&self) -> Fail {
-        Fail::Handle(format!("the {} handle is empty", self.what))
-    }
-
     /// The object behind `handle`.
     pub(crate) fn get(&self, handle: u64) -> Res<T> {
-        let t = self.slots.read().unwrap_or_else(PoisonError::into_inner);
-        let i = self.find(&t.slots, handle)?;
-        t.slots[i].value.clone().ok_or_else(|| self.empty())
+        let Some((slot, want)) = self.find(handle) else {
+            return Err(self.refuse(handle));
+        };
+        let mut s = slot.state.load(Ordering::Relaxed);
+        loop {
+            if s & !READERS != want {
+                return Err(self.refuse(handle));
+            }
+            match slot
+                .state
+                .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => s = now,
+            }
+        }
+        let _reading = ReadGuard(&slot.state);
+        // SAFETY: the slot was live with the handle's generation when the reader count
+        // went up (Acquire: after the insert's Release store of the value), and a
+        // removal takes the value out only once no reader is counted, so it stays
+        // initialized and unmoved until `_reading` is dropped.
+        Ok(unsafe { (*slot.value.get()).assume_init_ref() }.clone())
     }
 
     /// Takes the object behind `handle` out of the table (the handle is dead from now
-    /// on, for good) and returns it, to be dropped by the caller outside the table's
-    /// lock. The slot goes back on the free list with the next generation, or, when
-    /// its generation was the last one, is retired: a generation that wrapped would
-    /// bring the slot's first handle back to life.
+    /// on, for good) and returns it, to be dropped by the caller. The slot goes back on
+    /// the free list with the next generation, or, when its generation was the last
+    /// one, is retired: a generation that wrapped would bring the slot's first handle
+    /// back to life. A lookup cloning the value right now is waited for (a clone is a
+    /// reference count's increment).
+    #[inline]
     pub(crate) fn remove(&self, handle: u64) -> Res<T> {
-        let value = {
-            let mut t = self.slots.write().unwrap_or_else(PoisonError::into_inner);
-            let i = self.find(&t.slots, handle)?;
-            let slot = &mut t.slots[i];
-            let v = slot.value.take();
-            // Retired: the generation stays at the last value and the slot stays
-            // empty, so no handle finds it again.
-            if slot.generation < GENERATION_MASK as u32 {
-                slot.generation += 1;
-                t.free.push(i as u32);
-            }
-            v
+        match self.take(handle) {
+            Some(v) => Ok(v),
+            None => Err(self.refuse(handle)),
+        }
+    }
+
+    /// [`remove`](Self::remove) without the message: `None` for a bad handle.
+    #[inline]
+    fn take(&self, handle: u64) -> Option<T> {
+        let (slot, want) = self.find(handle)?;
+        let generation = want >> 32;
+        // Retired: the generation stays at the last value and the slot stays empty, so
+        // no handle finds it again.
+        let next = if generation < GENERATION_MASK {
+            generation + 1
+        } else {
+            generation
         };
-        value.ok_or_else(|| self.empty())
+        let mut s = slot.state.load(Ordering::Relaxed);
+        let mut spins = 0u32;
+        loop {
+            if s & !READERS != want {
+                return None;
+            }
+            if s & READERS != 0 {
+                wait(&mut spins);
+                s = slot.state.load(Ordering::Relaxed);
+                continue;
+            }
+            match slot.state.compare_exchange_weak(
+                s,
+                next << 32,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => s = now,
+            }
+        }
+        // SAFETY: this call took `LIVE` away (only one exchange from a live state of
+        // this generation succeeds) while no reader was counted, and no reader counts
+        // itself on a slot that is not live: the value is initialized and ours to take.
+        let value = unsafe { (*slot.value.get()).assume_init_read() };
+        if generation < GENERATION_MASK {
+            let index = (handle & 0xffff_ffff) as u32 - 1;
+            self.give_back(index, slot);
+        }
+        Some(value)
     }
 
     /// Moves the live object behind `handle` to `generation` of its slot (a test's
     /// shortcut past 2^24 reuses) and returns its new handle.
     #[cfg(test)]
     fn age(&self, handle: u64, generation: u32) -> u64 {
-        let mut t = self.slots.write().unwrap_or_else(PoisonError::into_inner);
-        let i = self
-            .find(&t.slots, handle)
-            .map_err(|_| ())
-            .expect("a live handle");
-        let g = generation & GENERATION_MASK as u32;
-        t.slots[i].generation = g;
-        self.encode(i as u32, g)
+        let (slot, want) = self.find(handle).expect("a handle");
+        let g = generation as u64 & GENERATION_MASK;
+        slot.state
+            .compare_exchange(want, g << 32 | LIVE, Ordering::AcqRel, Ordering::Relaxed)
+            .expect("a live handle, no reader");
+        self.encode((handle & 0xffff_ffff) as u32 - 1, g as u32)
+    }
+}
+
+/// Backs off while a lookup clones the value a removal waits for.
+#[cold]
+fn wait(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+impl<T> Drop for Table<T> {
+    fn drop(&mut self) {
+        for (k, seg) in self.segments.iter_mut().enumerate() {
+            let seg = *seg.get_mut();
+            if seg.is_null() {
+                continue;
+            }
+            // SAFETY: a non-null segment came from `Box::into_raw` of
+            // `segment_len(k)` slots; the table is dropped, so nothing else uses it.
+            let mut slots =
+                unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(seg, segment_len(k))) };
+            for slot in slots.iter_mut() {
+                if *slot.state.get_mut() & LIVE != 0 {
+                    // SAFETY: a live slot holds an initialized value.
+                    unsafe { slot.value.get_mut().assume_init_drop() };
+                }
+            }
+        }
     }
 }
 
@@ -205,7 +449,7 @@ mod tests {
     use crate::ffi::status::CURT_ERROR_INVALID_HANDLE;
     use std::sync::Arc;
 
-    fn code(r: Res<Arc<u32>>) -> i32 {
+    fn code<T>(r: Res<T>) -> i32 {
         match r {
             Ok(_) => 0,
             Err(e) => e.code_and_message().0,
@@ -256,6 +500,89 @@ mod tests {
         for (n, &h) in later.iter().enumerate() {
             assert_eq!(*T.get(h).unwrap(), 10 + n as u32);
         }
+    }
+
+    /// Several threads insert, look up and remove at once, each also removing and
+    /// looking up handles the others inserted, and every thread keeps trying stale
+    /// handles: each value is removed exactly once, by whichever thread wins, and a
+    /// dead handle never reaches a later value of its slot.
+    #[test]
+    fn concurrent_inserts_lookups_and_removes_keep_every_handle_exact() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Mutex;
+        static T: Table<Arc<u64>> = Table::new(13, "test");
+        const THREADS: u64 = 4;
+        const ROUNDS: u64 = if cfg!(miri) { 300 } else { 20_000 };
+        let shared: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+        let removed = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let shared = &shared;
+                let removed = &removed;
+                scope.spawn(move || {
+                    let mut dead = Vec::new();
+                    for r in 0..ROUNDS {
+                        let v = t << 32 | r;
+                        let h = T.insert(Arc::new(v));
+                        assert_eq!(*T.get(h).unwrap(), v);
+                        if r % 3 == 0 {
+                            // Left for any thread to remove.
+                            shared.lock().unwrap().push((h, v));
+                        } else {
+                            assert_eq!(*T.remove(h).unwrap(), v);
+                            removed.fetch_add(1, Ordering::Relaxed);
+                            dead.push(h);
+                        }
+                        let theirs = shared.lock().unwrap().pop();
+                        if let Some((h, v)) = theirs {
+                            // Another thread may look it up at the same time.
+                            assert_eq!(*T.get(h).unwrap(), v);
+                            assert_eq!(*T.remove(h).unwrap(), v);
+                            removed.fetch_add(1, Ordering::Relaxed);
+                            dead.push(h);
+                        }
+                        if let Some(&old) = dead.get((r as usize * 7) % dead.len().max(1)) {
+                            assert_eq!(code(T.get(old)), CURT_ERROR_INVALID_HANDLE);
+                            assert_eq!(code(T.remove(old)), CURT_ERROR_INVALID_HANDLE);
+                        }
+                    }
+                });
+            }
+            // Lookups racing the removals of whatever is shared.
+            scope.spawn(|| {
+                for _ in 0..ROUNDS {
+                    let h = shared.lock().unwrap().last().copied();
+                    if let Some((h, v)) = h {
+                        if let Ok(got) = T.get(h) {
+                            assert_eq!(*got, v, "a handle reached another value");
+                        }
+                    }
+                }
+            });
+        });
+        for (h, v) in shared.into_inner().unwrap() {
+            assert_eq!(*T.remove(h).unwrap(), v);
+            removed.fetch_add(1, Ordering::Relaxed);
+        }
+        assert_eq!(removed.into_inner() as u64, THREADS * ROUNDS);
+    }
+
+    #[test]
+    fn slots_are_located_across_segments() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(63), (0, 63));
+        assert_eq!(locate(64), (1, 0));
+        assert_eq!(locate(191), (1, 127));
+        assert_eq!(locate(192), (2, 0));
+        let (k, off) = locate(u32::MAX - 1);
+        assert!(k < SEGMENTS && off < segment_len(k));
+        // Enough inserts to fill the first segments, then every value found back.
+        let t: Table<Arc<u32>> = Table::new(14, "test");
+        let hs: Vec<u64> = (0..1000).map(|n| t.insert(Arc::new(n))).collect();
+        for (n, &h) in hs.iter().enumerate() {
+            assert_eq!(*t.get(h).unwrap(), n as u32);
+        }
+        drop(t);
     }
 
     #[test]

@@ -85,7 +85,7 @@ pub unsafe extern "C" fn curt_malloc(
     mem: *mut curt_memory_t,
 ) -> c_int {
     guard(|| {
-        out(mem, "mem")?;
+        let slot = out(mem, "mem")?;
         let pool = get_default_memory_pool();
         // Nothing is made current: the pool takes the arena from the stream it is
         // given, and a new segment goes to the device's primary context (entering the
@@ -96,7 +96,10 @@ pub unsafe extern "C" fn curt_malloc(
         } else {
             pool.malloc_on_stream(&stream_or_current(stream)?, size)?
         };
-        put(mem, Ok(p))
+        // Straight into the table (not through `put`, whose `Res` argument cost a
+        // copy of the pointer and a check per call).
+        *slot = MEMORY.insert(p) as curt_memory_t;
+        Ok(())
     })
 }
 

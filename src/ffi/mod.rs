@@ -24,6 +24,7 @@ mod addr_map;
 mod allocator;
 mod copy;
 mod device;
+mod direct_map;
 mod dlpack;
 mod event;
 mod graph;

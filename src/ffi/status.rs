@@ -60,7 +60,11 @@ fn discard_panic(payload: Box<dyn Any + Send>) {
 
 /// Runs `body` under the unwind guard: its value, or `on_panic` after recording that a
 /// panic was caught. Recording happens inside the guard as well, so even a panic while
-/// recording (none is expected) ends as a code.
+/// recording (none is expected) ends as a code. Inlined into its caller (each export's
+/// closure is its own instance, so nothing is duplicated): a separate frame cost the
+/// `curt_torch_alloc` + `curt_torch_free` pair ~65 instructions of argument and result
+/// moves (issue 27).
+#[inline(always)]
 pub(crate) fn unwind_guard<T>(body: impl FnOnce() -> T, on_panic: T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(v) => v,
@@ -131,6 +135,7 @@ pub(crate) fn bad_arg(msg: impl Into<String>) -> Fail {
 /// Runs `f` (which must check its pointer arguments before any other work, so a bad
 /// argument is reported as such), converting its outcome to a code and recording the
 /// message, all inside the unwind guard.
+#[inline(always)]
 pub(crate) fn guard(f: impl FnOnce() -> Res<()>) -> c_int {
     unwind_guard(
         || match f() {
