@@ -40,7 +40,7 @@ fn run() -> cuda_rt::Result<()> {
     let host_x: Vec<f32> = (0..N).map(|i| (i % 1000) as f32).collect();
     // Compile, load and size the launch before capturing: only stream work is captured.
     let kernel = RawKernel::new(ACCUMULATE, "accumulate", &[])?;
-    let cfg = LaunchConfig::for_num_elems(&kernel, N as u32)?;
+    let cfg = LaunchConfig::for_num_elems_occupancy(&kernel, N as u32)?;
     // The stream is current from here on: allocations and copies follow it.
     let stream = Stream::non_blocking()?;
     let _current = stream.enter()?;

@@ -65,7 +65,7 @@ fn run() -> cuda_rt::Result<()> {
     );
 
     let n = 1 << 20;
-    let cfg = LaunchConfig::for_num_elems(&saxpy, n as u32)?; // the best block size
+    let cfg = LaunchConfig::for_num_elems_occupancy(&saxpy, n as u32)?; // the best block size
     let (attrs, block) = (saxpy.attributes()?, cfg.block.x);
     let active = saxpy.max_active_blocks_per_multiprocessor(block, 0)?;
     let (regs, sm) = (attrs.num_regs, attrs.binary_version);

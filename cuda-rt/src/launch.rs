@@ -19,7 +19,7 @@
 //! )?;
 //! let (a, n) = (2.0f32, 1000i32);
 //! let x = cuda_rt::alloc(4 * n as usize)?; // n floats on the current device
-//! let cfg = LaunchConfig::for_num_elems(&k, n as u32)?;
+//! let cfg = LaunchConfig::for_num_elems_occupancy(&k, n as u32)?;
 //! // SAFETY: scale(float* x, float a, int n): x holds n floats on the kernel's device,
 //! // and nothing else touches them until the synchronize below.
 //! unsafe { k.launch(&cfg, &[&x, &a, &n])? }; // on the current stream
@@ -172,9 +172,22 @@ impl LaunchConfig {
         LaunchConfig::new(n.div_ceil(block).max(1), block)
     }
 
+    /// One thread per element for `n` elements in blocks of 1024 threads, no shared
+    /// memory: cudarc's `LaunchConfig::for_num_elems`, with the same meaning (a grid of
+    /// `ceil(n / 1024)` blocks, here at least 1). Pure arithmetic; for the block size
+    /// that suits a kernel, see [`for_num_elems_occupancy`](Self::for_num_elems_occupancy).
+    ///
+    /// ```
+    /// let cfg = cuda_rt::LaunchConfig::for_num_elems(5000);
+    /// assert_eq!((cfg.grid.x, cfg.block.x, cfg.shared_mem_bytes), (5, 1024, 0));
+    /// ```
+    pub fn for_num_elems(n: u32) -> LaunchConfig {
+        Self::for_num_elems_with_block(n, 1024)
+    }
+
     /// One thread per element for `n` elements, with the block size that maximises
     /// `f`'s occupancy (`cuOccupancyMaxPotentialBlockSize`).
-    pub fn for_num_elems(f: &Function, n: u32) -> Result<LaunchConfig> {
+    pub fn for_num_elems_occupancy(f: &Function, n: u32) -> Result<LaunchConfig> {
         let (_, block) = f.suggested_block_size(0, 0)?;
         Ok(Self::for_num_elems_with_block(n, block))
     }
@@ -648,7 +661,7 @@ impl ParamArray {
 /// # let stream = cuda_rt::Stream::new()?;
 /// let n = 1024i32;
 /// let (x, y) = (cuda_rt::alloc(4 * n as usize)?, cuda_rt::alloc(4 * n as usize)?);
-/// let cfg = cuda_rt::LaunchConfig::for_num_elems(&k, n as u32)?;
+/// let cfg = cuda_rt::LaunchConfig::for_num_elems_occupancy(&k, n as u32)?;
 /// // SAFETY: saxpy(float a, const float* x, float* y, int n): x and y hold n floats each
 /// // on k's device and stay alive and untouched until the synchronize below.
 /// unsafe { cuda_rt::launch!(k, &cfg, &stream, (2.0f32, x, y, n))? };

@@ -43,7 +43,7 @@
 //! )?; // compiled once, then from the kernel cache
 //! let x = DeviceBuffer::from_slice(&[1.5f32; 1000])?;
 //! let n = x.len() as i32;
-//! let cfg = LaunchConfig::for_num_elems(&double, n as u32)?;
+//! let cfg = LaunchConfig::for_num_elems_occupancy(&double, n as u32)?;
 //! // SAFETY: double_it(float* x, int n): x holds n floats on this device, and nothing
 //! // else uses it until `to_vec` (on the same stream) has read it.
 //! unsafe { cuda_rt::launch!(double, &cfg, (x, n))? };

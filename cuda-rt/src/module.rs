@@ -16,7 +16,7 @@
 //! let x = cuda_rt::alloc(4 * n as usize)?; // n floats on the current device
 //! // SAFETY: scale(float* x, unsigned n): x holds n floats on the module's device and
 //! // nothing else uses them until the synchronize below.
-//! unsafe { f.launch(&LaunchConfig::for_num_elems(&f, n)?, &[&x, &n])? };
+//! unsafe { f.launch(&LaunchConfig::for_num_elems_occupancy(&f, n)?, &[&x, &n])? };
 //! cuda_rt::synchronize()?;
 //! # Ok(()) }
 //! ```

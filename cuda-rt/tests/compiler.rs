@@ -150,7 +150,7 @@ cuda_rt::gpu_test!(saxpy_compiled_by_nvrtc_matches_host_values, {
     let y: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.5).collect();
     let (dx, dy) = (DevBuf::from_slice(&x), DevBuf::from_slice(&y));
     let a = 2.5f32;
-    let cfg = LaunchConfig::for_num_elems(&k, n as u32).unwrap();
+    let cfg = LaunchConfig::for_num_elems_occupancy(&k, n as u32).unwrap();
     // SAFETY: saxpy(a, x, y, n): dx and dy hold n f32 each, read back by a synchronous
     // copy; threads past n do nothing.
     unsafe { k.launch(&cfg, &[&a, &dx.ptr, &dy.ptr, &(n as i32)]) }.unwrap();

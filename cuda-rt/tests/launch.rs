@@ -453,7 +453,7 @@ cuda_rt::gpu_test!(launch_config_for_num_elems_covers_every_element, {
     let n = 100_003i32;
     let x = DevBuf::from_slice(&vec![1.0f32; n as usize]);
     let y = DevBuf::from_slice(&vec![0.0f32; n as usize]);
-    let cfg = LaunchConfig::for_num_elems(&k, n as u32).unwrap();
+    let cfg = LaunchConfig::for_num_elems_occupancy(&k, n as u32).unwrap();
     // SAFETY: saxpy(a, x, y, n): x and y hold n f32 each, read back by a synchronous
     // copy; threads past n do nothing.
     unsafe { k.launch(&cfg, &[&1.0f32, &x.ptr, &y.ptr, &n]) }.unwrap();

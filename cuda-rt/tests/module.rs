@@ -180,7 +180,7 @@ cuda_rt::gpu_test!(occupancy_helpers_give_sane_numbers, {
     assert!(min_grid >= sms, "{min_grid} < {sms} SMs");
     let (_, limited) = f.suggested_block_size(0, 128).unwrap();
     assert!(limited <= 128);
-    let cfg = LaunchConfig::for_num_elems(&f, 1_000_000).unwrap();
+    let cfg = LaunchConfig::for_num_elems_occupancy(&f, 1_000_000).unwrap();
     assert_eq!(cfg.block.x, block);
     assert!(cfg.grid.x as u64 * block as u64 >= 1_000_000);
 });

@@ -34,8 +34,9 @@
 //! followed); a missing folder is created mode 0700. Any other folder (another user's,
 //! a shared `0777` or group-writable one, `/tmp` itself, a file) is refused: the cache
 //! then keeps kernels in memory only, says why through
-//! [`KernelCache::memory_only_reason`] and prints that reason once per process on
-//! standard error. Nothing is ever read from or written to a refused folder.
+//! [`KernelCache::memory_only_reason`] and logs that reason once per process (a
+//! `log` warning, target `cuda_rt::kernel_cache`: the application's logger decides
+//! where it goes). Nothing is ever read from or written to a refused folder.
 //!
 //! Inside the folder, files are opened without following a link at their name and
 //! used only if they are regular files of the user's, writable by nobody else; new
@@ -209,12 +210,12 @@ impl fmt::Debug for KernelCache {
     }
 }
 
-/// Prints `reason` on standard error, the first time a cache folder is refused in this
-/// process.
+/// Logs `reason` as a warning (through the `log` facade: the application's logger
+/// decides where it goes), the first time a cache folder is refused in this process.
 fn say_once(reason: &str) {
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
-        eprintln!("cuda-rt: {reason}");
+        log::warn!(target: "cuda_rt::kernel_cache", "{reason}");
     }
 }
 

@@ -246,7 +246,7 @@ impl RawModule {
 /// let out = cuda_rt::alloc(4 * n as usize)?;
 /// // SAFETY: fill(int* out, int v, int n): out holds n ints on k's device, alive and
 /// // untouched by anything else until the synchronize below.
-/// unsafe { k.launch(&LaunchConfig::for_num_elems(&k, n as u32)?, &[&out, &7i32, &n])? };
+/// unsafe { k.launch(&LaunchConfig::for_num_elems_occupancy(&k, n as u32)?, &[&out, &7i32, &n])? };
 /// cuda_rt::synchronize()?;
 /// # Ok(()) }
 /// ```
