@@ -4,42 +4,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::{scratch, Scratch};
+
 use cuda_sys::loader::search::SearchEnv;
 use cuda_sys::loader::search::{candidates, site_packages, Source};
 use cuda_sys::loader::{specs, DriverSymbol, Kind, Library, LibrarySpec};
 use cuda_sys::LoadErrorKind;
 
-/// A fresh folder, removed with everything in it when dropped, also when the test
-/// panics (a run leaves nothing in the temp folder).
-struct Scratch(tempfile::TempDir);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-// The folder passed where a path or a variable's value is taken.
-impl From<&Scratch> for PathBuf {
-    fn from(s: &Scratch) -> PathBuf {
-        s.to_path_buf()
-    }
-}
-
-impl From<&Scratch> for std::ffi::OsString {
-    fn from(s: &Scratch) -> std::ffi::OsString {
-        s.as_os_str().to_owned()
-    }
-}
-
 fn temp_dir(tag: &str) -> Scratch {
-    Scratch(
-        tempfile::Builder::new()
-            .prefix(&format!("cuda-sys-test-{tag}-"))
-            .tempdir()
-            .unwrap(),
-    )
+    scratch("cuda-sys-test", tag)
 }
 
 fn touch(p: &Path) {

@@ -11,6 +11,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::{scratch, Scratch};
+
 use cuda_sys::result::{
     self, cublas_status_name, curand_status_name, cusolver_status_name, cusparse_status_name,
     library_check, library_check_described, strip_abi_suffix, DriverError, LibraryError,
@@ -225,37 +228,8 @@ fn nvrtc_error_says_the_call_and_the_status_name_or_number() {
 /// The variable that names the scenario a child process runs.
 const CHILD: &str = "CUDA_SYS_RESULT_CHILD";
 
-/// A fresh folder, removed with everything in it when dropped, also when the test
-/// panics (a run leaves nothing in the temp folder).
-struct Scratch(tempfile::TempDir);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-// The folder passed where a path or a variable's value is taken.
-impl From<&Scratch> for PathBuf {
-    fn from(s: &Scratch) -> PathBuf {
-        s.to_path_buf()
-    }
-}
-
-impl From<&Scratch> for std::ffi::OsString {
-    fn from(s: &Scratch) -> std::ffi::OsString {
-        s.as_os_str().to_owned()
-    }
-}
-
 fn temp_dir(tag: &str) -> Scratch {
-    Scratch(
-        tempfile::Builder::new()
-            .prefix(&format!("cuda-sys-result-{tag}-"))
-            .tempdir()
-            .unwrap(),
-    )
+    scratch("cuda-sys-result", tag)
 }
 
 /// Builds `dir/name` from C source (or the C file `c`) with the system C compiler.
