@@ -15,6 +15,8 @@ use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::handles::backoff;
+
 /// The state of an entry owned by one thread now. Odd, so never an address: the
 /// registry's addresses are the pool's blocks, 512-byte aligned.
 const BUSY: u64 = 1;
@@ -110,7 +112,7 @@ impl<V> DirectMap<V> {
                 .compare_exchange_weak(addr, BUSY, Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => return Some(e),
-                Err(BUSY) => wait(&mut spins),
+                Err(BUSY) => backoff(&mut spins),
                 Err(s) if s == addr => {} // a spurious failure
                 Err(_) => return None,
             }
@@ -156,17 +158,6 @@ impl<V> Drop for DirectMap<V> {
                 unsafe { e.value.get_mut().assume_init_drop() };
             }
         }
-    }
-}
-
-/// Backs off while another thread owns an entry.
-#[cold]
-fn wait(spins: &mut u32) {
-    *spins += 1;
-    if *spins < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
     }
 }
 

@@ -373,7 +373,7 @@ impl<T: Clone> Table<T> {
                 return None;
             }
             if s & READERS != 0 {
-                wait(&mut spins);
+                backoff(&mut spins);
                 s = slot.state.load(Ordering::Relaxed);
                 continue;
             }
@@ -411,9 +411,11 @@ impl<T: Clone> Table<T> {
     }
 }
 
-/// Backs off while a lookup clones the value a removal waits for.
+/// Backs off while another thread holds what this one waits for (a lookup cloning the
+/// value a removal waits for here; an entry of the drop-in's direct map): spins a
+/// little, then yields.
 #[cold]
-fn wait(spins: &mut u32) {
+pub(crate) fn backoff(spins: &mut u32) {
     *spins += 1;
     if *spins < 64 {
         std::hint::spin_loop();
