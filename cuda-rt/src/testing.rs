@@ -74,16 +74,31 @@ pub fn gpu_required() -> bool {
 /// }
 /// ```
 pub fn gpu_or_skip(name: &str) -> bool {
-    match crate::device::availability() {
+    ran_or_skip(
+        name,
+        crate::device::availability(),
+        NO_GPU,
+        "no GPU is usable",
+    )
+}
+
+/// `true` (and `name` counted as run) when `have` is `Ok`; otherwise a failure under
+/// [`REQUIRE_GPU_VAR`] (`missing` words the panic), else `name` counted as skipped
+/// for `kind`.
+fn ran_or_skip<T, E: Display>(
+    name: &str,
+    have: std::result::Result<T, E>,
+    kind: &'static str,
+    missing: &str,
+) -> bool {
+    match have {
         Ok(_) => {
             ran(name);
             true
         }
-        Err(reason) if gpu_required() => {
-            panic!("{name}: {REQUIRE_GPU_VAR} is set but no GPU is usable: {reason}")
-        }
-        Err(reason) => {
-            skip(name, NO_GPU, &reason);
+        Err(e) if gpu_required() => panic!("{name}: {REQUIRE_GPU_VAR} is set but {missing}: {e}"),
+        Err(e) => {
+            skip(name, kind, &e);
             false
         }
     }
@@ -132,19 +147,12 @@ pub fn gpus_or_skip(name: &str, n: i32) -> bool {
 /// }
 /// ```
 pub fn nvrtc_or_skip(name: &str) -> bool {
-    match crate::compiler::nvrtc_version() {
-        Ok(_) => {
-            ran(name);
-            true
-        }
-        Err(e) if gpu_required() => {
-            panic!("{name}: {REQUIRE_GPU_VAR} is set but NVRTC cannot be loaded: {e}")
-        }
-        Err(e) => {
-            skip(name, NO_NVRTC, &e);
-            false
-        }
-    }
+    ran_or_skip(
+        name,
+        crate::compiler::nvrtc_version(),
+        NO_NVRTC,
+        "NVRTC cannot be loaded",
+    )
 }
 
 /// What this process's tests did, for the line printed at exit.
