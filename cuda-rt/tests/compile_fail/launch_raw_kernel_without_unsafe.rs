@@ -15,6 +15,7 @@ fn main() -> cuda_rt::Result<()> {
     k.launch(&cfg, &[&out, &7i32])?;
     k.launch_on(&stream, &cfg, &[&out, &7i32])?;
     k.launch_cooperative(&stream, &cfg, &[&out, &7i32])?;
+    k.launch_cooperative_clamped(&stream, &cfg, &[&out, &7i32])?;
     k.launch_ex(&stream, &cfg, &[LaunchAttribute::Priority(0)], &[&out, &7i32])?;
     Ok(())
 }
