@@ -8,12 +8,25 @@ OUT=gpu-bin
 rm -rf "$OUT"
 mkdir -p "$OUT/tests" "$OUT/benches" "$OUT/examples" "$OUT/lib"
 
+# Binaries are named after the library a package builds (`cuda_rt__test__pool`), not
+# the package (`cuda-rt-safe` on crates.io): run.sh's ONLY/SKIP filters and the notes
+# name them so. A package without a library (the CLI) goes by its name.
+LIB_NAMES=$(cargo metadata --format-version 1 --no-deps | python3 -c '
+import json, sys
+names = {}
+for p in json.load(sys.stdin)["packages"]:
+    libs = [t["name"] for t in p["targets"] if "lib" in t["kind"] or "cdylib" in t["kind"] or "rlib" in t["kind"]]
+    names[p["name"]] = libs[0] if libs else p["name"].replace("-", "_")
+print(json.dumps(names))')
+export LIB_NAMES
+
 collect() { # $1 = folder under $OUT, $2 = what to keep (test|bench|example), rest = cargo args
   local dest=$1 keep=$2; shift 2
   cargo "$@" --workspace --profile gpu --message-format=json 2>/dev/null |
     python3 -c '
 import json, os, shutil, sys
 dest, keep = sys.argv[1], sys.argv[2]
+lib_names = json.loads(os.environ["LIB_NAMES"])
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -29,10 +42,10 @@ for line in sys.stdin:
     # The compile-fail tests run cargo itself: CPU only, they run in CI.
     if m["target"]["name"] == "compile_fail":
         continue
-    pkg = m["target"]["src_path"]
+    # The package id ends in `#name@version`, or `#version` when the name is the folder's.
     pkg = m["package_id"].split("#")[-1]
     pkg = pkg.split("@")[0] if "@" in pkg else os.path.basename(os.path.dirname(m["manifest_path"]))
-    pkg = pkg.replace("-", "_")
+    pkg = lib_names.get(pkg, pkg.replace("-", "_"))
     name = "%s__%s__%s" % (pkg, "unit" if kind in ("lib", "cdylib", "rlib") else kind, m["target"]["name"])
     shutil.copy2(m["executable"], os.path.join(dest, name))
     print("  " + name)

@@ -50,6 +50,6 @@ if [ -z "${LIBCLANG_PATH:-}" ]; then
 fi
 
 echo "headers: $INCLUDE"
-CUDA_SYS_INCLUDE="$INCLUDE" cargo build -p cuda-sys --features regenerate
+CUDA_SYS_INCLUDE="$INCLUDE" cargo build -p cuda-rt-sys --features regenerate
 echo "regenerated: cuda-sys/src/generated/"
 git status --short cuda-sys/src/generated || true

@@ -1,5 +1,5 @@
 //! Deterministic driver for profiling the arena under callgrind:
-//! `cargo bench -p cuda-rt --bench arena_profile --no-run` names the binary; run it
+//! `cargo bench -p cuda-rt-safe --bench arena_profile --no-run` names the binary; run it
 //! under `valgrind --tool=callgrind BINARY [b|pair|pinned]`.
 //! Runs trace B (the RMM random-allocation trace of `benches/arena_traces.rs`) once,
 //! or a million cached 1 MiB pairs.

@@ -7,7 +7,7 @@
 //! - `graph_launch_host_call`: host time of one launch call (batches of launches,
 //!   synchronized outside the timed part), target within 5% of raw.
 //!
-//! `cargo bench -p cuda-rt --bench graph` prints one JSON object per line (`name`,
+//! `cargo bench -p cuda-rt-safe --bench graph` prints one JSON object per line (`name`,
 //! `value`, `unit`, `raw`, `raw_name`, `ratio` = value / raw, `target`, `nodes`,
 //! `device`), then a table (the shared reporter of `common`);
 //! each figure is the median of several repetitions, raw and cuda-rt interleaved,

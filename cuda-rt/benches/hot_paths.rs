@@ -4,7 +4,7 @@
 //! pairs, event create + drop pairs (the event cache) and pinned pool malloc + free pairs;
 //! `lock` times an uncontended lock + unlock (a compare-exchange and a release store),
 //! the host's cost of one locked instruction, with no driver at all.
-//! `cargo bench -p cuda-rt --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|lock] N`
+//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|lock] N`
 //! times it; for instruction counts run the binary that `cargo bench --no-run` names
 //! under `valgrind --tool=callgrind` with the same arguments. Prints one figure (the
 //! shared reporter of `common`: a JSON line, then a table), named after the path;

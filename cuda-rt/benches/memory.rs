@@ -5,7 +5,7 @@
 //! human-readable table (the shared reporter of `common`). Without a GPU: says why it
 //! skipped and exits 0.
 //!
-//! `cargo bench -p cuda-rt --bench memory`
+//! `cargo bench -p cuda-rt-safe --bench memory`
 
 use std::ffi::c_void;
 use std::time::Instant;

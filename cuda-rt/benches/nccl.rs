@@ -4,7 +4,7 @@
 //! the bus bandwidth `2 (n-1)/n x bytes / time` (n = 1: the algorithm bandwidth
 //! `bytes / time`, since a single rank moves its buffer once).
 //!
-//! `cargo bench -p cuda-rt --bench nccl [-- MiB]` prints the shared reporter's JSON
+//! `cargo bench -p cuda-rt-safe --bench nccl [-- MiB]` prints the shared reporter's JSON
 //! lines and table. Without a GPU or NCCL it prints why it skipped and exits 0.
 
 mod common;

@@ -22,7 +22,7 @@
 //! a table (the shared reporter of `common`) and whether the targets are met. Median
 //! of reps after a warm-up. Without a GPU: a skip line, exit 0.
 //!
-//! `cargo bench -p cuda-rt --bench pool`
+//! `cargo bench -p cuda-rt-safe --bench pool`
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;

@@ -1,6 +1,6 @@
 //! Streams and events against the raw driver, measured in the same run.
 //!
-//! `cargo bench -p cuda-rt --bench stream_event` prints one JSON object per line
+//! `cargo bench -p cuda-rt-safe --bench stream_event` prints one JSON object per line
 //! (`name`, `value`, `unit`, `raw`, `raw_name`, `ratio` = value / raw, `target`,
 //! `device`) and then a table (the shared reporter of `common`). Each figure is the
 //! median over several repetitions of the mean time per operation over many

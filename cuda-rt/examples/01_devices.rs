@@ -2,7 +2,7 @@
 //! memory, attributes), which one is current on this thread, scoped and unscoped
 //! selection, and synchronization (the spec's "Device Management").
 //!
-//! Run it with `cargo run -p cuda-rt --example 01_devices`. Without a GPU it prints why
+//! Run it with `cargo run -p cuda-rt-safe --example 01_devices`. Without a GPU it prints why
 //! and exits 0.
 
 use cuda_rt::buffer::DeviceBuffer;

@@ -3,7 +3,7 @@
 //! (unified) memory and stream-ordered `malloc_async` (the spec's "Memory
 //! Management").
 //!
-//! Run it with `cargo run -p cuda-rt --example 02_memory`. Without a GPU it prints why
+//! Run it with `cargo run -p cuda-rt-safe --example 02_memory`. Without a GPU it prints why
 //! and exits 0.
 
 use std::sync::Arc;

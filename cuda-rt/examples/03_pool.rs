@@ -3,7 +3,7 @@
 //! `set_allocator`, your own `Allocate`), and the driver's stream-ordered pool (the
 //! spec's "Memory Pools").
 //!
-//! Run it with `cargo run -p cuda-rt --example 03_pool`. Without a GPU it prints why
+//! Run it with `cargo run -p cuda-rt-safe --example 03_pool`. Without a GPU it prints why
 //! and exits 0. `CUDA_RT_GPU_MEMORY_LIMIT` (bytes or a share, `40%`) limits every pool
 //! per device.
 

@@ -3,7 +3,7 @@
 //! one buffer while the other is being copied on another stream, CuPy's untyped
 //! pinned memory and a pinned pool of your own (the spec's "Pinned Memory").
 //!
-//! Run it with `cargo run -p cuda-rt --example 04_pinned`. Without a GPU it prints why
+//! Run it with `cargo run -p cuda-rt-safe --example 04_pinned`. Without a GPU it prints why
 //! and exits 0.
 
 use cuda_rt::buffer::{DeviceBuffer, PinnedBuffer};

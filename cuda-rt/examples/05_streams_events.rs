@@ -2,7 +2,7 @@
 //! that order work across streams (`wait_event`) and time it (`get_elapsed_time`), and
 //! host callbacks in stream order (the spec's "Streams and Events").
 //!
-//! Run it with `cargo run -p cuda-rt --example 05_streams_events`. Without a GPU it
+//! Run it with `cargo run -p cuda-rt-safe --example 05_streams_events`. Without a GPU it
 //! prints why and exits 0.
 
 use std::sync::mpsc;

@@ -2,7 +2,7 @@
 //! kernel on typed buffers, a host function), get the instantiated graph, and replay
 //! it (the spec's "CUDA Graphs").
 //!
-//! Run it with `cargo run -p cuda-rt --example 06_graphs`. Without a GPU, or without
+//! Run it with `cargo run -p cuda-rt-safe --example 06_graphs`. Without a GPU, or without
 //! NVRTC (the kernel is compiled at run time), it prints why and exits 0.
 
 use std::sync::atomic::{AtomicU32, Ordering};

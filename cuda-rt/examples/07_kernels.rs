@@ -2,7 +2,7 @@
 //! the kernel cache, templates, attributes and occupancy, and `launch!` on typed
 //! buffers and their views (the spec's "Kernels and Modules").
 //!
-//! Run it with `cargo run -p cuda-rt --example 07_kernels`. Without NVRTC it prints why
+//! Run it with `cargo run -p cuda-rt-safe --example 07_kernels`. Without NVRTC it prints why
 //! and exits 0; without a GPU it compiles to PTX only, then prints why and exits 0.
 
 use cuda_rt::buffer::DeviceBuffer;

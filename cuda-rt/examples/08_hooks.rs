@@ -3,7 +3,7 @@
 //! debug-print hook (one JSON line per event) and the line-profile hook (bytes per call
 //! site) (the spec's "Memory Hooks").
 //!
-//! Run it with `cargo run -p cuda-rt --example 08_hooks`. Without a GPU it prints why
+//! Run it with `cargo run -p cuda-rt-safe --example 08_hooks`. Without a GPU it prints why
 //! and exits 0.
 
 use std::cell::{Cell, RefCell};

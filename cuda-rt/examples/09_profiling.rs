@@ -2,7 +2,7 @@
 //! NVTX ranges and marks that name the phases of the work on the timeline, and the raw
 //! profiler switch (the spec's "Profiling and Debugging").
 //!
-//! Run it with `cargo run -p cuda-rt --example 09_profiling`; under Nsight Systems,
+//! Run it with `cargo run -p cuda-rt-safe --example 09_profiling`; under Nsight Systems,
 //! recording only the profiled scope:
 //! `nsys profile --capture-range=cudaProfilerApi target/debug/examples/09_profiling`.
 //! Without a tool attached the NVTX calls return at once. Without a GPU it prints why

@@ -3,7 +3,7 @@
 //! from, the kernel cache's folder, and whether CUDA is usable and why not (the spec's
 //! "Environment Information").
 //!
-//! Run it with `cargo run -p cuda-rt --example 10_environment`. Everything but the
+//! Run it with `cargo run -p cuda-rt-safe --example 10_environment`. Everything but the
 //! driver is shown without a GPU too; then it prints why there is no GPU and exits 0.
 
 use std::path::PathBuf;

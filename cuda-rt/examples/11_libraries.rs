@@ -2,7 +2,7 @@
 //! through the per-thread, per-device handles cuda-rt keeps bound to the current
 //! stream, and the raw calls of `cuda_sys` (the spec's "Low-level API Access").
 //!
-//! Run it with `cargo run -p cuda-rt --example 11_libraries`. Without a GPU, or without
+//! Run it with `cargo run -p cuda-rt-safe --example 11_libraries`. Without a GPU, or without
 //! the cuBLAS or cuRAND library, it prints why and exits 0.
 
 use cuda_rt::buffer::DeviceBuffer;

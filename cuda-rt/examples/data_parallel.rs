@@ -4,7 +4,7 @@
 //! the gradients are all-reduced (averaged) with NCCL, and every rank checks the
 //! result against the host's value. Runs on one GPU as on N.
 //!
-//! `cargo run -p cuda-rt --example data_parallel`
+//! `cargo run -p cuda-rt-safe --example data_parallel`
 
 use cuda_rt::nccl::{self, group, Communicator, ReduceOp};
 use cuda_rt::{DeviceBuffer, Stream};

@@ -1,6 +1,6 @@
 //! A tour of the environment: driver, runtime and every device.
 //!
-//! Run it with `cargo run -p cuda-rt --example tour`. On a machine without CUDA it says
+//! Run it with `cargo run -p cuda-rt-safe --example tour`. On a machine without CUDA it says
 //! so, and why, and exits 0; with CUDA, a driver or device it cannot describe makes it
 //! exit 1.
 

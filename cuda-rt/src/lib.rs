@@ -51,7 +51,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The examples (`cargo run -p cuda-rt --example tour`, then `01_devices` ...
+//! The examples (`cargo run -p cuda-rt-safe --example tour`, then `01_devices` ...
 //! `11_libraries`, one per section of the spec) show each area at length; without a GPU
 //! they say why and exit.
 //!
@@ -116,6 +116,20 @@
 //! at once (`use cuda_rt::prelude::*;`).
 
 #![warn(missing_docs)]
+
+// cuda-rt is for Linux (see cuda-rt-sys, whose build stops first with the same
+// message): this crate uses Unix file descriptors and sockets (IPC), Linux's
+// `madvise` and `getrandom`, and the Linux sonames of the CUDA libraries.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "cuda-rt supports Linux (x86_64, aarch64) only: CUDA's libraries are found and \
+     opened the Linux way (libcuda.so.1, dlopen). See the README's Platforms section."
+);
+
+/// The crate README's example (the crates.io page), compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 pub mod buffer;
 mod capture;

@@ -1,7 +1,7 @@
 //! A small binding written on the checked layer, `cuda_sys::result`: a device buffer
 //! type that owns its allocation, with copies in and out on a stream of its own.
 //!
-//! `cargo run -p cuda-sys --example result_layer`. Without a driver or a device it
+//! `cargo run -p cuda-rt-sys --example result_layer`. Without a driver or a device it
 //! says why and exits cleanly: every failure is an `Err`, never a panic.
 
 use cuda_sys::driver::{CUcontext, CUdevice, CUdeviceptr, CUstream, CUstream_flags};
