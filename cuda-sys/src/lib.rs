@@ -46,6 +46,16 @@
 
 #![warn(missing_docs)]
 
+// cuda-rt is for Linux: the CUDA libraries are found and opened the Linux way
+// (`libcuda.so.1` and the other sonames, `dlopen`, the Python wheels' `nvidia/*/lib`
+// folders), and the crates above use Unix file descriptors and sockets. Elsewhere the
+// build stops here, with this one message, rather than with a page of errors.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "cuda-rt supports Linux (x86_64, aarch64) only: CUDA's libraries are found and \
+     opened the Linux way (libcuda.so.1, dlopen). See the README's Platforms section."
+);
+
 #[macro_use]
 mod dylib;
 pub mod loader;

@@ -277,22 +277,13 @@ impl Library {
 /// regular file (after following links). A missing file is left to the loader, whose
 /// message says so.
 fn not_a_regular_file(path: &Path, source: Source, spec: &LibrarySpec) -> Option<String> {
-    use std::os::unix::fs::FileTypeExt;
     let t = std::fs::metadata(path).ok()?.file_type();
     let what = if t.is_file() {
         return None;
     } else if t.is_dir() {
         "a folder"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
     } else {
-        "not a file"
+        special_file_kind(&t)
     };
     let mut reason = format!("{what}, not a regular file, so it was not opened");
     if source == Source::Override {
@@ -302,6 +293,30 @@ fn not_a_regular_file(path: &Path, source: Source, spec: &LibrarySpec) -> Option
         ));
     }
     Some(reason)
+}
+
+/// What a file that is neither a regular file nor a folder is, in words.
+#[cfg(unix)]
+fn special_file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a file"
+    }
+}
+
+/// What a file that is neither a regular file nor a folder is, in words (the kinds
+/// of special file are Unix's).
+#[cfg(not(unix))]
+fn special_file_kind(_: &std::fs::FileType) -> &'static str {
+    "not a file"
 }
 
 fn loader_reason(e: &libloading::Error) -> String {

@@ -13,9 +13,7 @@
 
 use std::cell::Cell;
 use std::ffi::{c_char, CStr};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 use super::{NvrtcError, Result};
 use crate::nvrtc::{self as sys, nvrtcProgram, nvrtcResult};
@@ -60,14 +58,19 @@ pub fn api() -> Result<&'static sys::Api> {
     CALLS.fetch_add(1, Ordering::Relaxed);
     THREAD_CALLS.with(|c| c.set(c.get() + 1));
     let api = sys::api()?;
-    static BUILTINS: OnceLock<()> = OnceLock::new();
-    BUILTINS.get_or_init(|| preload_builtins(api.library().path()));
+    // The system loader's matching by soname is a Unix matter.
+    #[cfg(unix)]
+    {
+        static BUILTINS: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        BUILTINS.get_or_init(|| preload_builtins(api.library().path()));
+    }
     Ok(api)
 }
 
+#[cfg(unix)]
 fn preload_builtins(nvrtc_path: &str) {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
-    let Some(dir) = Path::new(nvrtc_path).parent() else {
+    let Some(dir) = std::path::Path::new(nvrtc_path).parent() else {
         return;
     };
     let Ok(entries) = std::fs::read_dir(dir) else {
