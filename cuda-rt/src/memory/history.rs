@@ -43,11 +43,26 @@ pub enum HistoryAction {
 }
 
 impl HistoryAction {
-    fn name(self) -> &'static str {
+    /// Its name in [`HistoryHook::to_json`] (PyTorch's trace names): `segment_alloc`,
+    /// `alloc`, `free_completed`.
+    pub fn name(self) -> &'static str {
         match self {
             HistoryAction::SegmentAlloc => "segment_alloc",
             HistoryAction::Malloc => "alloc",
             HistoryAction::Free => "free_completed",
+        }
+    }
+
+    /// The action named `name` in a trace ([`name`](Self::name)'s inverse); PyTorch's
+    /// `segment_map` (an expandable segment growing) counts as `segment_alloc`. `None`
+    /// for the trace actions that change nothing pictured here (`free_requested`,
+    /// `segment_free`, `snapshot`, `oom`...).
+    pub fn from_name(name: &str) -> Option<HistoryAction> {
+        match name {
+            "segment_alloc" | "segment_map" => Some(HistoryAction::SegmentAlloc),
+            "alloc" => Some(HistoryAction::Malloc),
+            "free_completed" => Some(HistoryAction::Free),
+            _ => None,
         }
     }
 }
@@ -354,22 +369,45 @@ fn segments_svg(
 /// segment a band, each block a rectangle over its lifetime, the largest labelled).
 /// Open it in a browser.
 pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
+    render(events, &|_| None, title)
+}
+
+/// [`render_html`] for events read back from a file (what `cuda-rt snapshot view`
+/// does with [`HistoryHook::to_json`]'s output or a PyTorch snapshot): their call sites
+/// are text, not `Location`s of this process, so they come beside the events:
+/// `sites[i]` is event `i`'s (`file:line`). An event's own `site` wins.
+pub fn render_html_with_sites(
+    events: &[HistoryEvent],
+    sites: &[Option<String>],
+    title: &str,
+) -> String {
+    render(events, &|i| sites.get(i).cloned().flatten(), title)
+}
+
+/// The page of [`render_html`], with `site_text(i)` naming event `i`'s call site when
+/// the event carries none.
+fn render(
+    events: &[HistoryEvent],
+    site_text: &dyn Fn(usize) -> Option<String>,
+    title: &str,
+) -> String {
     let mut points = Vec::with_capacity(events.len() + 1);
     let (mut reserved, mut in_use) = (0u64, 0u64);
-    let mut live: BTreeMap<u64, HistoryEvent> = BTreeMap::new();
-    let (mut peak, mut peak_live) = (0u64, Vec::new());
+    // Live blocks by address: the event that allocated each, and its index.
+    let mut live: BTreeMap<u64, (usize, HistoryEvent)> = BTreeMap::new();
+    let (mut peak, mut peak_live) = (0u64, Vec::<(usize, HistoryEvent)>::new());
     let t0 = events.first().map_or(0, |e| e.time_ns);
     points.push(Point {
         time_ns: t0,
         reserved: 0,
         in_use: 0,
     });
-    for e in events {
+    for (i, e) in events.iter().enumerate() {
         match e.action {
             HistoryAction::SegmentAlloc => reserved += e.size,
             HistoryAction::Malloc => {
                 in_use += e.size;
-                live.insert(e.address, *e);
+                live.insert(e.address, (i, *e));
             }
             HistoryAction::Free => {
                 in_use = in_use.saturating_sub(e.size);
@@ -453,13 +491,13 @@ pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
         lx = WIDTH - 200.0,
         lx2 = WIDTH - 120.0,
     );
-    peak_live.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
+    peak_live.sort_by(|(_, a), (_, b)| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
     let mut rows = String::new();
-    for e in peak_live.iter().take(LABELLED) {
-        let site = e.site.map_or_else(
-            || "unknown".to_owned(),
-            |s| format!("{}:{}", s.file(), s.line()),
-        );
+    for (i, e) in peak_live.iter().take(LABELLED) {
+        let site = match e.site {
+            Some(s) => format!("{}:{}", s.file(), s.line()),
+            None => site_text(*i).unwrap_or_else(|| "unknown".to_owned()),
+        };
         let _ = write!(
             rows,
             "<tr><td>{}</td><td>{:#x}</td><td>{}</td><td>{}</td></tr>",
@@ -479,7 +517,12 @@ pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
          {segments}<h2>Largest blocks live at the peak</h2><table><tr><th>size</th><th>address</th>\
          <th>device</th><th>allocated at</th></tr>{rows}</table></body></html>",
         t = html_escape(title),
-        segments = segments_svg(events, &peak_live, t0, t_end),
+        segments = segments_svg(
+            events,
+            &peak_live.iter().map(|(_, e)| *e).collect::<Vec<_>>(),
+            t0,
+            t_end
+        ),
         n = events.len(),
         peak_h = human_bytes(peak),
         top = human_bytes(y_max),
@@ -586,5 +629,44 @@ mod tests {
         assert_eq!(html.matches("class=\"segment\"").count(), 2, "{html}");
         assert_eq!(html.matches("class=\"block\"").count(), 9, "{html}");
         assert!(html.contains("seg 0: 64.00 MiB") && html.contains("seg 1: 32.00 MiB"));
+    }
+
+    #[test]
+    fn sites_read_back_from_a_file_label_the_largest_blocks() {
+        let mut events = sample();
+        for e in &mut events {
+            e.site = None;
+        }
+        let sites: Vec<Option<String>> = (0..events.len())
+            .map(|i| Some(format!("train.py:{i}")))
+            .collect();
+        let html = render_html_with_sites(&events, &sites, "from a file");
+        // The 30 MiB block is event 14, the largest live at the peak.
+        assert!(
+            html.contains("<td>30.00 MiB</td><td>0x20000000</td><td>0</td><td>train.py:14</td>"),
+            "{html}"
+        );
+        // Without sites the blocks are unknown, as with render_html.
+        let plain = render_html_with_sites(&events, &[], "from a file");
+        assert!(
+            plain.contains("<td>unknown</td>") && !plain.contains("train.py"),
+            "{plain}"
+        );
+    }
+
+    #[test]
+    fn action_names_read_back() {
+        for a in [
+            HistoryAction::SegmentAlloc,
+            HistoryAction::Malloc,
+            HistoryAction::Free,
+        ] {
+            assert_eq!(HistoryAction::from_name(a.name()), Some(a));
+        }
+        assert_eq!(
+            HistoryAction::from_name("segment_map"),
+            Some(HistoryAction::SegmentAlloc)
+        );
+        assert_eq!(HistoryAction::from_name("free_requested"), None);
     }
 }
