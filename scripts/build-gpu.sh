@@ -42,7 +42,7 @@ for line in sys.stdin:
     # The compile-fail tests run cargo itself: CPU only, they run in CI.
     if m["target"]["name"] == "compile_fail":
         continue
-    # The package id ends in `#name@version`, or `#version` when the name is the folder's.
+    # The package id ends in #name@version, or in #version when the name is the folder name.
     pkg = m["package_id"].split("#")[-1]
     pkg = pkg.split("@")[0] if "@" in pkg else os.path.basename(os.path.dirname(m["manifest_path"]))
     pkg = lib_names.get(pkg, pkg.replace("-", "_"))
@@ -59,10 +59,14 @@ if [ "${NO_BENCH:-0}" != 1 ]; then
 fi
 echo "examples:"; collect examples example build --examples
 cargo build -p cuda-rt-c --profile gpu
+# The `cuda-rt` command (run.sh runs `cuda-rt info`, and `cuda-rt bench` with BENCH=1;
+# its tests find it through CUDA_RT_CLI).
+cargo build -p cuda-rt-cli --profile gpu
 # Where cargo builds (CARGO_TARGET_DIR or the workspace's target/).
 target_dir=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 cp "$target_dir/gpu/libcuda_rt_c.so" "$OUT/lib/"
+cp "$target_dir/gpu/cuda-rt" "$OUT/cuda-rt"
 ${CC:-cc} tests/c/smoke.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_smoke"
 ${CC:-cc} tests/c/api.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_api"
 # The C example runs with the Rust examples (from gpu-bin/examples, so its rpath

@@ -3,8 +3,9 @@
 #   bash gpu-bin/run.sh            every test binary with CUDA_RT_REQUIRE_GPU=1, the C
 #                                  smoke and API programs, then every example (exit 0, no skip)
 #   SANITIZE=1 bash gpu-bin/run.sh the same under compute-sanitizer memcheck
-#   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables) and the
-#                                  serving workloads (tests/python/serving.py, figures)
+#   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables), `cuda-rt
+#                                  bench` and the serving workloads (tests/python/serving.py,
+#                                  figures)
 #   ONLY=word bash gpu-bin/run.sh  only the test and example binaries named with `word`
 #   SKIP=word bash gpu-bin/run.sh  all but the test binaries named with `word` (e.g. the
 #                                  framework workloads under the sanitizer)
@@ -17,6 +18,8 @@ export CUDA_RT_C_SMOKE="$HERE/c_smoke"
 export CUDA_RT_C_TEARDOWN="$HERE/c_teardown"
 export CUDA_RT_C_API="$HERE/c_api"
 export CUDA_RT_C_SAXPY="$HERE/examples/c_saxpy"
+# The `cuda-rt` command, for its tests (cuda_rt_cli__test__cli).
+export CUDA_RT_CLI="$HERE/cuda-rt"
 # The Python module beside gpu-bin in the checkout (python/cuda_rt_alloc.py).
 export CUDA_RT_PYTHON_DIR="$HERE/../python"
 export LD_LIBRARY_PATH="$HERE/lib:${LD_LIBRARY_PATH:-}"
@@ -53,6 +56,14 @@ for c in c_smoke c_api; do
     failed=$((failed + 1)); failed_bins+=("$c"); cat "$OUTDIR/$c.log"
   fi
 done
+# `cuda-rt info` must see the GPU: exit 0 and no "no GPU:" line. Its report is printed
+# (the machine's CUDA, for the run's notes).
+if run "$HERE/cuda-rt" info >"$OUTDIR/cuda-rt-info.log" 2>&1 && ! grep -q "no GPU:" "$OUTDIR/cuda-rt-info.log"; then
+  passed=$((passed + 1)); echo "cuda-rt info: passed"
+else
+  failed=$((failed + 1)); failed_bins+=("cuda-rt info"); echo "cuda-rt info: FAILED"
+fi
+cat "$OUTDIR/cuda-rt-info.log"
 # Every example runs in full here: a non-zero exit, a timeout, or a `skipped:` line (no
 # GPU, no NVRTC, no cuBLAS...) fails it, as a skipped GPU test fails under
 # CUDA_RT_REQUIRE_GPU=1. Each takes a few seconds; EXAMPLE_TIMEOUT bounds a hang.
@@ -90,6 +101,8 @@ if [ "${BENCH:-0}" = 1 ]; then
     echo "== bench $(basename "$b")"
     timeout "${BENCH_TIMEOUT:-180}" "$b" --bench 2>&1 | tee "$OUTDIR/bench-$(basename "$b").log" | tail -60
   done
+  echo "== cuda-rt bench"
+  timeout "${BENCH_TIMEOUT:-180}" "$HERE/cuda-rt" bench 2>&1 | tee "$OUTDIR/cuda-rt-bench.log"
   # The serving workloads (figures only): drifting shapes on each framework's allocator
   # and on cuda-rt's drop-in (tests/python/serving.py); skipped where torch or CuPy is
   # not installed.
