@@ -4,7 +4,9 @@
 //! buffers from the default [`PinnedMemoryPool`](super::PinnedMemoryPool), in chunks
 //! of up to [`CHUNK_SIZE`] bytes, [`STAGING_BUFFERS`] chunks in flight: while the DMA
 //! engine moves one chunk, the host copies others between the pageable memory and
-//! their staging buffers. The host-side copies are split over a small pool of
+//! their staging buffers. The chunks grow from [`RAMP_START`] at the start and shrink
+//! back at the end, so that the engine waits for a small first chunk rather than a
+//! whole one (host to device), and the host's last copy-out is short (device to host). The host-side copies are split over a small pool of
 //! persistent worker threads (created once, on first use; never one per copy), by
 //! default `min(8, available_parallelism)`, see [`set_staging_threads`]. Smaller
 //! copies use the driver directly (`cuMemcpyHtoDAsync`/`DtoHAsync` on the stream,
@@ -90,6 +92,7 @@ impl PlanShape {
 /// Sets the plan of later staged copies (for the benches that tune it): the chunk a
 /// multiple of 4 KiB between 256 KiB and 256 MiB, 2 to 16 buffers, a ramp start of 0
 /// or a multiple of 4 KiB below the chunk.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub(crate) fn set_plan_shape(shape: PlanShape) -> Result<()> {
     let PlanShape {
         chunk,
@@ -136,7 +139,12 @@ pub(crate) fn plan_chunks(len: usize, shape: PlanShape) -> Vec<(usize, usize)> {
     let mut pos = 0;
     for &l in ramp.iter().chain(std::iter::once(&0)) {
         if l == 0 {
-            out.extend(chunks(left, max).map(|(st, l)| (pos + st, l)));
+            // The middle in equal chunks (no short one among the large).
+            let piece = left
+                .div_ceil(left.div_ceil(max).max(1))
+                .next_multiple_of(PIECE_ALIGN)
+                .min(max);
+            out.extend(chunks(left, piece).map(|(st, l)| (pos + st, l)));
             pos += left;
         } else {
             out.push((pos, l));
@@ -797,8 +805,8 @@ mod tests {
         }
         let v = plan_chunks(256 << 20, shapes[0]);
         let sizes: Vec<usize> = v.iter().map(|&(_, l)| l >> 20).collect();
-        assert_eq!(&sizes[..4], &[1, 2, 4, 8]);
-        assert_eq!(&sizes[sizes.len() - 4..], &[8, 4, 2, 1]);
+        assert_eq!(&sizes[..4], &[1, 2, 4, 7]);
+        assert_eq!(&sizes[sizes.len() - 4..], &[7, 4, 2, 1]);
         assert!(plan_chunks(256 << 20, shapes[1])
             .iter()
             .all(|&(_, l)| l == CHUNK_SIZE));
