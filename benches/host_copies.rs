@@ -292,10 +292,8 @@ fn main() {
     let fresh = rate(
         n,
         time(|| {
-            let mut v: Vec<u8> = Vec::with_capacity(n);
-            // SAFETY: u8 has no invalid bits; every byte is written by the memcpy
-            // below before it is read (only `black_box` sees the Vec).
-            unsafe { v.set_len(n) };
+            // Untouched zero pages (calloc's fresh mapping): the copy faults them in.
+            let mut v = vec![0u8; n];
             pinned::parallel_memcpy(&mut v, &host).unwrap();
             drop(black_box(v));
         }),
@@ -425,9 +423,7 @@ fn main() {
         let fresh = rate(
             n,
             time(|| {
-                let mut v: Vec<u8> = Vec::with_capacity(n);
-                // SAFETY: as above.
-                unsafe { v.set_len(n) };
+                let mut v = vec![0u8; n];
                 pinned::parallel_memcpy(&mut v, &host).unwrap();
                 drop(black_box(v));
             }),
