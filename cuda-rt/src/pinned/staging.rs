@@ -4,9 +4,8 @@
 //! buffers from the default [`PinnedMemoryPool`](super::PinnedMemoryPool), in chunks
 //! of up to [`CHUNK_SIZE`] bytes, [`STAGING_BUFFERS`] chunks in flight: while the DMA
 //! engine moves one chunk, the host copies others between the pageable memory and
-//! their staging buffers. The chunks grow from [`RAMP_START`] at the start and shrink
-//! back at the end, so that the engine waits for a small first chunk rather than a
-//! whole one (host to device), and the host's last copy-out is short (device to host). The host-side copies are split over a small pool of
+//! their staging buffers. A plan may ramp its chunks up at the start and down at the
+//! end (see [`RAMP_START`]; the default does not). The host-side copies are split over a small pool of
 //! persistent worker threads (created once, on first use; never one per copy), by
 //! default `min(8, available_parallelism)`, see [`set_staging_threads`]. Smaller
 //! copies use the driver directly (`cuMemcpyHtoDAsync`/`DtoHAsync` on the stream,
@@ -45,11 +44,13 @@ pub const PAGEABLE_THRESHOLD: usize = 1 << 20;
 pub const CHUNK_SIZE: usize = 8 << 20;
 /// Chunks in flight (staging buffers per copy, the default plan's).
 pub const STAGING_BUFFERS: usize = 4;
-/// The first chunk of a large copy (the default plan's): the chunks grow from this to
-/// [`CHUNK_SIZE`] at the start and shrink back at the end, so that the DMA engine
-/// starts (host to device) and the host finishes (device to host) after a small
-/// chunk's host copy rather than a whole one's.
-pub const RAMP_START: usize = 1 << 20;
+/// The first chunk of a large copy (the default plan's), 0 for none: with a ramp the
+/// chunks grow from this to [`CHUNK_SIZE`] at the start and shrink back at the end,
+/// so that the DMA engine starts (host to device) and the host finishes (device to
+/// host) after a small chunk's host copy rather than a whole one's. Measured on the
+/// H200 host (`benches/host_copies.rs`, 256 MiB), a 1 MiB ramp was slower both ways
+/// (H2D 49.0 against 50.7 GB/s, D2H 52.3 against 53.1), so the default has none.
+pub const RAMP_START: usize = 0;
 /// Most staging buffers a plan may use (the size of a copy's slot arrays).
 const MAX_BUFFERS: usize = 16;
 /// Smallest chunk of a staged copy.
@@ -772,7 +773,7 @@ mod tests {
             PlanShape {
                 chunk: CHUNK_SIZE,
                 buffers: 4,
-                ramp: RAMP_START,
+                ramp: 1 << 20,
             },
             PlanShape {
                 chunk: CHUNK_SIZE,
@@ -827,6 +828,11 @@ mod tests {
                 ..ok
             },
             PlanShape { ramp: 4097, ..ok },
+            PlanShape {
+                ramp: 0,
+                chunk: 1000,
+                ..ok
+            },
         ] {
             assert!(set_plan_shape(bad).is_err(), "{bad:?}");
         }
