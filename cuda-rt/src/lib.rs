@@ -166,5 +166,6 @@ pub use pinned::{
     PinnedMemoryPointer, PinnedMemoryPool,
 };
 pub use stream::{
-    current_stream_of, get_current_stream, AsStream, ExternalStream, Stream, StreamRef, StreamScope,
+    current_stream_of, get_current_stream, AsStream, Completion, ExternalStream, Stream, StreamRef,
+    StreamScope,
 };
