@@ -5,11 +5,11 @@
 //! # How it wakes
 //!
 //! Making a [`Completion`] queues a stream callback (`cuStreamAddCallback`) that holds
-//! the future's shared [`Signal`]: when the work queued before it is done, the driver
+//! the future's shared state: when the work queued before it is done, the driver
 //! calls it on one of its threads, and it stores the outcome and wakes the task that
 //! last polled the future. That is all it does there: no CUDA call (CUDA forbids them
 //! in a callback; cuda-rt refuses them with
-//! [`StateKind::InHostFunction`](crate::StateKind::InHostFunction)), no polling, no
+//! [`StateKind::InHostFunction`]), no polling, no
 //! runtime: any executor's [`Waker`] works, so tokio, async-std, smol or
 //! `futures::executor::block_on` can `.await` it.
 //!
