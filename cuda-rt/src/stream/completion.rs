@@ -13,6 +13,10 @@
 //! runtime: any executor's [`Waker`] works, so tokio, async-std, smol or
 //! `futures::executor::block_on` can `.await` it.
 //!
+//! The wake runs on the driver's thread: executors queue the task there and poll it on
+//! their own threads (tokio, async-std, smol and `futures` all do). An executor whose
+//! waker polled the task inline would run it where cuda-rt refuses CUDA calls.
+//!
 //! `cuStreamAddCallback` rather than `cuLaunchHostFunc`: after a device error in the
 //! context (an illegal address, a trap) the driver still calls a stream callback, with
 //! the error, so the future resolves to that error; a host function would not be called
@@ -25,6 +29,16 @@
 //! frees nothing the callback uses: the work runs to its end, the callback finds no
 //! task to wake and releases the signal. A dropped future also forgets its waker at
 //! once, so the callback never wakes a task that no longer waits.
+//!
+//! # During a capture
+//!
+//! A capturing stream's work goes into the graph, so its completion is refused (an
+//! error, the capture goes on). [`Event::completion`](crate::Event::completion) first
+//! asks the driver whether the event is done (`cuEventQuery`), which also tells an
+//! event recorded in a capture apart; like [`Event::query`](crate::Event::query), that
+//! question is one CUDA refuses while a global-mode capture is under way on another
+//! thread (or a non-relaxed one on this thread), and the completion resolves to that
+//! error, explained.
 //!
 //! # When it cannot complete
 //!
