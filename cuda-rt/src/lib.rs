@@ -52,8 +52,8 @@
 //! ```
 //!
 //! The examples (`cargo run -p cuda-rt --example tour`, then `01_devices` ...
-//! `11_libraries`, one per section of the spec) show each area at length; without a GPU
-//! they say why and exit.
+//! `11_libraries`, one per section of the spec, and `13_async`, a GPU awaited beside file
+//! reads) show each area at length; without a GPU they say why and exit.
 //!
 //! # Map
 //!
@@ -66,7 +66,7 @@
 //! | typed memory | [`buffer`] | [`DeviceBuffer`], [`PinnedBuffer`], [`Transfer`] |
 //! | untyped memory, pools, hooks | [`memory`] | [`alloc`], [`MemoryPointer`], [`MemoryPool`] |
 //! | pinned host memory | [`pinned`] | [`PinnedMemoryPool`], [`alloc_pinned_memory`] |
-//! | streams | [`stream`] | [`Stream`], [`get_current_stream`], [`AsStream`] |
+//! | streams | [`stream`] | [`Stream`], [`get_current_stream`], [`AsStream`], [`Completion`] (async) |
 //! | events | [`event`] | [`Event`], [`get_elapsed_time`] |
 //! | graphs | [`graph`] | [`Graph`], [`StreamCaptureExt`] |
 //! | kernels | [`compiler`], [`module`], [`launch`](mod@launch) | [`RawKernel`], [`RawModule`], [`launch!`], [`LaunchConfig`] |
@@ -166,5 +166,6 @@ pub use pinned::{
     PinnedMemoryPointer, PinnedMemoryPool,
 };
 pub use stream::{
-    current_stream_of, get_current_stream, AsStream, ExternalStream, Stream, StreamRef, StreamScope,
+    current_stream_of, get_current_stream, AsStream, Completion, ExternalStream, Stream, StreamRef,
+    StreamScope,
 };
