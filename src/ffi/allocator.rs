@@ -170,7 +170,11 @@ fn pool_alloc(size: usize, device: i32, stream: Option<*mut c_void>) -> Res<*mut
             // stream of `device`, alive until the memory is freed. Wrapped, not owned.
             let s = unsafe { ExternalStream::from_raw(raw.cast(), device) };
             match super::graph_pools::route(device, raw) {
-                Some(pool) => super::graph_pools::relaxed(|| pool.malloc_on_stream(&s, size))?,
+                Some(pool) => {
+                    let p = super::graph_pools::relaxed(|| pool.malloc_on_stream(&s, size))?;
+                    super::graph_pools::after_graph_alloc(device);
+                    p
+                }
                 None => get_default_memory_pool().malloc_on_stream(&s, size)?,
             }
         }
