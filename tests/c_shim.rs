@@ -371,3 +371,90 @@ fn the_shared_library_has_a_versioned_soname_that_linked_programs_ask_for() {
     );
     run_c(&out, Some("C SMOKE PASSED"));
 }
+
+/// Runs `command`, panicking with what it printed when it fails.
+fn run_ok(command: &mut Command, what: &str) {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn out_of_memory_in_curt_torch_alloc_is_thrown_as_c10_out_of_memory_error() {
+    // C++ is compiled here, where the sources and compilers are (not on the GPU
+    // machine, whose prebuilt programs are named by variables; there the real PyTorch
+    // is tested by tests/python/torch_hour.py).
+    if std::env::var_os("CUDA_RT_C_API").is_some() {
+        eprintln!(
+            "skipped: prebuilt programs in use (the C++ stand-in for libc10 is tested where built)"
+        );
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = shim_dir();
+    let tmp = tempfile::Builder::new()
+        .prefix("cuda_rt_c_torch_oom_")
+        .tempdir()
+        .unwrap();
+    let t = tmp.path();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    // The fake driver: allocations succeed without a GPU, so the pool's limit is what
+    // runs out.
+    run_ok(
+        Command::new(&cc)
+            .args(["-O2", "-shared", "-fPIC", "-o"])
+            .arg(t.join("libcuda.so.1"))
+            .arg(root.join("scripts/fake-libcuda.c"))
+            .arg("-ldl"),
+        "building the fake driver",
+    );
+    run_ok(
+        Command::new(&cxx)
+            .args([
+                "-std=c++17",
+                "-shared",
+                "-fPIC",
+                "-Wl,-soname,libc10.so",
+                "-o",
+            ])
+            .arg(t.join("libc10.so"))
+            .arg(root.join("tests/cxx/fake_c10.cpp")),
+        "building the stand-in libc10.so",
+    );
+    std::os::unix::fs::symlink(dir.join("libcuda_rt_c.so"), t.join(SONAME)).unwrap();
+    let program = t.join("torch_oom");
+    run_ok(
+        Command::new(&cxx)
+            .args(["-std=c++17", "-Wall", "-Wextra", "-Werror"])
+            .arg(root.join("tests/cxx/torch_oom.cpp"))
+            .arg("-I")
+            .arg(&root)
+            .arg("-L")
+            .arg(t)
+            .arg("-lc10")
+            .arg("-L")
+            .arg(&dir)
+            .arg("-lcuda_rt_c")
+            .arg("-o")
+            .arg(&program),
+        "building tests/cxx/torch_oom.cpp",
+    );
+    let run = Command::new(&program)
+        .env("LD_LIBRARY_PATH", t)
+        .env("CUDA_RT_LIBCUDA", t.join("libcuda.so.1"))
+        .env_remove("CUDA_RT_GPU_MEMORY_LIMIT")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    println!("{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "{stdout}");
+    assert!(stdout.contains("TORCH OOM PASSED"), "{stdout}");
+    assert!(!stdout.contains("FAIL "), "{stdout}");
+}
