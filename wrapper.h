@@ -242,7 +242,8 @@ int curt_pool_get_limit(uint64_t *bytes);
 int curt_pool_free_all_blocks(void);
 
 /* The default pool's segments and blocks on `device` as JSON, in the shape of
- * PyTorch's torch.cuda.memory._snapshot(). Writes the length (without the NUL) to
+ * PyTorch's torch.cuda.memory._snapshot() (an error for a device that does not
+ * exist). Writes the length (without the NUL) to
  * `*len`, and the text with its NUL to `buf` when `cap` is larger than that; otherwise
  * fails with CURT_ERROR_INVALID_ARGUMENT (call again with `*len + 1` bytes). */
 int curt_pool_snapshot_json(int device, char *buf, size_t cap, size_t *len);
@@ -418,9 +419,11 @@ int curt_reset_allocator(void);
 
 /* PyTorch CUDAPluggableAllocator alloc: on `stream`'s arena (a cudaStream_t/CUstream
  * of `device`, or 0). The caller guarantees the stream stays alive until the memory is
- * freed. In a process where PyTorch's libc10.so is loaded, a failure is thrown as
- * PyTorch's c10::Error (a Python RuntimeError with cuda-rt's message) instead of
- * returning NULL, since PyTorch does not check for NULL. */
+ * freed. In a process where PyTorch's libc10.so is loaded, a failure is thrown instead
+ * of returning NULL, since PyTorch does not check for NULL: out of memory as PyTorch's
+ * c10::OutOfMemoryError (Python's torch.cuda.OutOfMemoryError, "CUDA out of memory.
+ * Tried to allocate ..."), anything else as c10::Error (a RuntimeError with cuda-rt's
+ * message). */
 void *curt_torch_alloc(ssize_t size, int device, void *stream);
 /* PyTorch CUDAPluggableAllocator free. */
 void curt_torch_free(void *ptr, ssize_t size, int device, void *stream);
