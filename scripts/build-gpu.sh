@@ -58,12 +58,16 @@ CUDA_RT_WHEEL_LIB="$OUT/lib/libcuda_rt_c.so" python3 -m pip wheel --quiet \
   --disable-pip-version-check --no-deps ./python -w "$OUT/wheel"
 rm -rf python/build python/*.egg-info
 ls "$OUT"/wheel/*.whl
-${CC:-cc} tests/c/smoke.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_smoke"
-${CC:-cc} tests/c/api.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_api"
+# The programs linked with -lcuda_rt_c ask the loader for the soname, libcuda_rt_c.so.0.
+ln -sf libcuda_rt_c.so "$OUT/lib/libcuda_rt_c.so.0"
+# As tests/c_shim.rs compiles them: strict C99.
+CFLAGS_C99="-std=c99 -pedantic -Wall -Wextra -Werror"
+${CC:-cc} $CFLAGS_C99 tests/c/smoke.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_smoke"
+${CC:-cc} $CFLAGS_C99 tests/c/api.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_api"
 # The C example runs with the Rust examples (from gpu-bin/examples, so its rpath
 # climbs one folder).
-${CC:-cc} examples/c/saxpy.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/../lib' -o "$OUT/examples/c_saxpy"
-${CC:-cc} tests/c/teardown.c -I. -pthread -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_teardown"
+${CC:-cc} $CFLAGS_C99 examples/c/saxpy.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/../lib' -o "$OUT/examples/c_saxpy"
+${CC:-cc} $CFLAGS_C99 tests/c/teardown.c -I. -pthread -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_teardown"
 cp scripts/gpu-run.sh "$OUT/run.sh"
 du -sh "$OUT"
 size=$(du -sb "$OUT" | cut -f1)

@@ -15,6 +15,9 @@ set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 export CUDA_RT_REQUIRE_GPU=1
 export CUDA_RT_SHIM_DIR="$HERE/lib"
+# The C programs ask the loader for the soname, libcuda_rt_c.so.0: the link made by
+# build-gpu.sh, made again here where a copy of gpu-bin/ dropped it.
+[ -e "$HERE/lib/libcuda_rt_c.so.0" ] || ln -sf libcuda_rt_c.so "$HERE/lib/libcuda_rt_c.so.0"
 export CUDA_RT_C_SMOKE="$HERE/c_smoke"
 export CUDA_RT_C_TEARDOWN="$HERE/c_teardown"
 export CUDA_RT_C_API="$HERE/c_api"
