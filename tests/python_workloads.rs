@@ -254,19 +254,15 @@ fn dlpack(from: &Origin) {
 
 #[test]
 fn the_pytorch_users_hour_out_of_memory_type_hooks_and_peaks() {
-    if ready("torch", "torch.cuda.is_available()").is_none() {
+    let from = Origin::Checkout;
+    if ready(&from, "torch", "torch.cuda.is_available()").is_none() {
         return;
     }
     assert!(shim().is_file(), "{} was not built", shim().display());
     // Alone: it fills the device on purpose.
     let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     let script = compare_script().with_file_name("torch_hour.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .env("PYTHONPATH", python_dir())
-        .env("CUDA_RT_C_LIB", shim())
-        .output()
-        .expect("python3 runs");
+    let out = from.python().arg(script).output().expect("python3 runs");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
