@@ -564,6 +564,11 @@ fn create_uncached(device: i32, flags: EventFlags) -> Result<usize> {
 #[cold]
 #[inline(never)]
 fn destroy_uncached(handle: usize) {
+    // Inside a host function the driver may not be called: the handle is kept
+    // (leaked), as memory dropped there is (docs/soundness.md, "Host functions").
+    if result::stream::in_host_function() {
+        return;
+    }
     // An error here (a context torn down at exit) leaves nothing to clean up.
     // SAFETY: the callers hand over a handle nothing holds any more (its `Event`
     // dropped, or its fence gave it back) and that the cache did not keep: destroyed

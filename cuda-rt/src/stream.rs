@@ -434,6 +434,11 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        // Inside a host function the driver may not be called: the handle is kept
+        // (leaked), as memory dropped there is (docs/soundness.md, "Host functions").
+        if result::stream::in_host_function() {
+            return;
+        }
         // The driver defers destruction until queued work finishes; an error here
         // (a context torn down at exit) leaves nothing to clean up.
         // SAFETY: the stream is owned (created here, or given with `from_raw`'s

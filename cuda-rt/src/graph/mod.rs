@@ -533,6 +533,11 @@ fn update_reason(r: sys::CUgraphExecUpdateResult) -> &'static str {
 
 impl Drop for Graph {
     fn drop(&mut self) {
+        // Inside a host function the driver may not be called: the graph (and what it keeps) stays
+        // (leaked), as memory dropped there is (docs/soundness.md, "Host functions").
+        if result::stream::in_host_function() {
+            return;
+        }
         let _ = make_current(self.device);
         // What the graph keeps alive may be in use by queued launches, or by work
         // queued outside the capture on a stream that joined it (noted as the
