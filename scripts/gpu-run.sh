@@ -8,7 +8,7 @@
 #   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables) and the
 #                                  serving workloads (tests/python/serving.py, figures)
 #   ONLY=word bash gpu-bin/run.sh  only the test and example binaries named with `word`
-#   SKIP=word bash gpu-bin/run.sh  all but the test binaries named with `word` (e.g. the
+#   SKIP=w1,w2 bash gpu-bin/run.sh all but the test binaries named with any of the words (e.g. the
 #                                  framework workloads under the sanitizer)
 # Ends with one line: `N passed, N failed`.
 set -u
@@ -67,7 +67,11 @@ run() {
 }
 for bin in "$HERE"/tests/*${ONLY:-}*; do
   name=$(basename "$bin")
-  if [ -n "${SKIP:-}" ] && [[ "$name" == *"$SKIP"* ]]; then echo "$name: left out (SKIP=$SKIP)"; continue; fi
+  left_out=""
+  for word in ${SKIP//,/ }; do
+    if [[ "$name" == *"$word"* ]]; then left_out=$word; fi
+  done
+  if [ -n "$left_out" ]; then echo "$name: left out (SKIP=$SKIP)"; continue; fi
   log="$OUTDIR/test-$name.log"
   run "$bin" --test-threads="${TEST_THREADS:-4}" >"$log" 2>&1
   rc=$?
