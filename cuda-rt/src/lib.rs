@@ -41,12 +41,12 @@
 //!     "double_it",
 //!     &[],
 //! )?; // compiled once, then from the kernel cache
-//! let x = DeviceBuffer::from_slice(&[1.5f32; 1000])?;
+//! let mut x = DeviceBuffer::from_slice(&[1.5f32; 1000])?;
 //! let n = x.len() as i32;
 //! let cfg = LaunchConfig::for_num_elems_occupancy(&double, n as u32)?;
 //! // SAFETY: double_it(float* x, int n): x holds n floats on this device, and nothing
 //! // else uses it until `to_vec` (on the same stream) has read it.
-//! unsafe { cuda_rt::launch!(double, &cfg, (x, n))? };
+//! unsafe { cuda_rt::launch!(double, &cfg, (&mut x, n))? }; // the kernel writes x
 //! assert_eq!(x.to_vec()?, vec![3.0f32; 1000]);
 //! # Ok(()) }
 //! ```
