@@ -244,9 +244,10 @@ impl LaunchConfig {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be passed to a kernel",
     label = "not a kernel argument",
-    note = "kernel arguments are scalars, raw pointers, `PlainData` structs, and \
-            buffers, views and memory pointers written `x`, `&x` or `&mut x` (a \
-            read-only `DeviceSlice` not as `&mut`)"
+    note = "kernel arguments are scalars, raw pointers, `PlainData` structs (or \
+            `BytemuckPod` ones, with the `bytemuck` feature), and buffers, views and \
+            memory pointers written `x`, `&x` or `&mut x` (a read-only `DeviceSlice` \
+            not as `&mut`)"
 )]
 pub unsafe trait KernelArg {
     /// Pointer to the bytes of the value (what `cuLaunchKernel`'s `kernelParams` holds).
@@ -257,7 +258,8 @@ pub unsafe trait KernelArg {
 
 /// Plain data: a `Copy` type whose bytes are its C layout (`#[repr(C)]` structs of
 /// plain data, primitive scalars, pointers). Implementing it makes the type a
-/// [`KernelArg`].
+/// [`KernelArg`]. With the `bytemuck` feature, a type that derives `bytemuck::Pod`
+/// gets it (and [`Pod`]) safely through `memory::BytemuckPod`.
 ///
 /// ```
 /// #[derive(Clone, Copy)]
@@ -294,6 +296,11 @@ macro_rules! plain {
     )* };
 }
 plain!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64, bool);
+// SAFETY: `bytemuck::Pod` (which the marker requires) is `Copy` with no padding and no
+// pointers; a `#[repr(C)]` derive of it is the C layout. That it matches the kernel's
+// parameter type is the launch's `# Safety`, as for every argument.
+#[cfg(feature = "bytemuck")]
+unsafe impl<T: crate::memory::BytemuckPod> PlainData for T {}
 // SAFETY: a pointer is passed by value as its address (a device or managed pointer).
 unsafe impl<T> PlainData for *const T {}
 // SAFETY: as above.

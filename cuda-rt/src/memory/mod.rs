@@ -52,6 +52,8 @@ pub use device_memory::{
     BaseMemory, CAllocator, CFreeFn, CMallocFn, ClosureAllocator, FreeFn, MallocFn, Memory,
 };
 pub use managed::{malloc_managed, Advice, Location, ManagedMemory};
+#[cfg(feature = "bytemuck")]
+pub use pod::BytemuckPod;
 pub use pod::{Bf16, Pod, F16};
 pub use pointer::MemoryPointer;
 pub use pool::{
