@@ -116,6 +116,9 @@
 //! at once (`use cuda_rt::prelude::*;`).
 
 #![warn(missing_docs)]
+// The docs link the JSON items (`to_json`, `DebugPrintHook`...), which exist with the
+// `serde` feature, on by default: without it those links have nothing to point to.
+#![cfg_attr(not(feature = "serde"), allow(rustdoc::broken_intra_doc_links))]
 
 pub mod buffer;
 mod capture;

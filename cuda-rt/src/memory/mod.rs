@@ -40,6 +40,8 @@ pub(crate) mod pod;
 pub(crate) mod pointer;
 pub mod pool;
 pub(crate) mod recycler;
+#[cfg(feature = "serde")]
+pub(crate) mod snapshot_json;
 mod unowned;
 pub(crate) mod uses;
 
