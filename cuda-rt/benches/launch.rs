@@ -134,6 +134,22 @@ fn run() -> cuda_rt::Result<()> {
         unsafe { cuda_rt::launch!(e6, &cfg, &stream, (x, y, z, n, f, d)) }.expect("launch");
     });
     report.push(Figure::new("launch_empty_6args", ours6, "us").raw(raw6, "cuLaunchKernel"));
+    // The same with buffers, an input as `&x` and outputs as `&mut` (what user code
+    // writes): the references add no work to the launch.
+    let bx = cuda_rt::DeviceBuffer::<f32>::zeros(32)?;
+    let (mut by, mut bz) = (
+        cuda_rt::DeviceBuffer::<f32>::zeros(32)?,
+        cuda_rt::DeviceBuffer::<f32>::zeros(32)?,
+    );
+    let ours6_refs = per_launch_us(&stream, || {
+        // SAFETY: empty6 gets three buffers of 32 floats on its device and one value of
+        // each other parameter type; its body is empty.
+        unsafe { cuda_rt::launch!(e6, &cfg, &stream, (&bx, &mut by, &mut bz, n, f, d)) }
+            .expect("launch");
+    });
+    report.push(
+        Figure::new("launch_empty_6args_buffer_refs", ours6_refs, "us").raw(raw6, "cuLaunchKernel"),
+    );
 
     // Second construction of the same RawKernel vs one raw cuModuleGetFunction.
     let _ = RawKernel::new(SRC, "empty6", &[])?;

@@ -41,12 +41,12 @@
 //!     "double_it",
 //!     &[],
 //! )?; // compiled once, then from the kernel cache
-//! let x = DeviceBuffer::from_slice(&[1.5f32; 1000])?;
+//! let mut x = DeviceBuffer::from_slice(&[1.5f32; 1000])?;
 //! let n = x.len() as i32;
 //! let cfg = LaunchConfig::for_num_elems_occupancy(&double, n as u32)?;
 //! // SAFETY: double_it(float* x, int n): x holds n floats on this device, and nothing
 //! // else uses it until `to_vec` (on the same stream) has read it.
-//! unsafe { cuda_rt::launch!(double, &cfg, (x, n))? };
+//! unsafe { cuda_rt::launch!(double, &cfg, (&mut x, n))? }; // the kernel writes x
 //! assert_eq!(x.to_vec()?, vec![3.0f32; 1000]);
 //! # Ok(()) }
 //! ```
@@ -116,6 +116,9 @@
 //! at once (`use cuda_rt::prelude::*;`).
 
 #![warn(missing_docs)]
+// The docs link the JSON items (`to_json`, `DebugPrintHook`...), which exist with the
+// `serde` feature, on by default: without it those links have nothing to point to.
+#![cfg_attr(not(feature = "serde"), allow(rustdoc::broken_intra_doc_links))]
 
 pub mod buffer;
 mod capture;

@@ -287,18 +287,18 @@ gpu_test!(saxpy_on_typed_buffers, {
     let k = RawKernel::new(common_kernel::SAXPY, "saxpy", &[]).unwrap();
     let n = 100_000;
     let x = DeviceBuffer::from_slice(&vec![1.0f32; n]).unwrap();
-    let y = DeviceBuffer::from_slice(&vec![2.0f32; n]).unwrap();
+    let mut y = DeviceBuffer::from_slice(&vec![2.0f32; n]).unwrap();
     let (a, len) = (3.0f32, n as i32);
     let cfg = LaunchConfig::for_num_elems_with_block(n as u32, 256);
     // SAFETY: saxpy(float a, const float* x, float* y, int n): x and y hold n floats on
     // the current device; nothing else touches them before `to_vec` (same stream).
-    unsafe { cuda_rt::launch!(k, &cfg, (a, x, y, len)).unwrap() };
+    unsafe { cuda_rt::launch!(k, &cfg, (a, &x, &mut y, len)).unwrap() };
     assert!(y.to_vec().unwrap().iter().all(|&v| v == 5.0));
     // Views pass the address of their first element.
-    let tail = y.slice(n - 10..).unwrap();
+    let mut tail = y.slice_mut(n - 10..).unwrap();
     let (one, ten) = (1.0f32, 10i32);
     // SAFETY: as above, on the last 10 elements of y (x's first 10 are read).
-    unsafe { cuda_rt::launch!(k, &LaunchConfig::new(1, 32), (one, x, tail, ten)).unwrap() };
+    unsafe { cuda_rt::launch!(k, &LaunchConfig::new(1, 32), (one, &x, &mut tail, ten)).unwrap() };
     let v = y.to_vec().unwrap();
     assert!(v[..n - 10].iter().all(|&e| e == 5.0) && v[n - 10..].iter().all(|&e| e == 6.0));
 });

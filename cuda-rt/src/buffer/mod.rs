@@ -32,12 +32,12 @@
 //!     &[],
 //! )?;
 //! let x = DeviceBuffer::from_slice(&[1.0f32; 1000])?;
-//! let y = DeviceBuffer::from_slice(&[2.0f32; 1000])?;
+//! let mut y = DeviceBuffer::from_slice(&[2.0f32; 1000])?;
 //! let (a, n) = (2.0f32, y.len() as i32);
 //! let cfg = LaunchConfig::for_num_elems_with_block(n as u32, 256);
 //! // SAFETY: saxpy reads `n` floats of `x` and writes `n` of `y`, both that long, and
 //! // nothing else uses them until `to_vec` (on the same stream) has read `y`.
-//! unsafe { cuda_rt::launch!(saxpy, &cfg, (a, x, y, n))? };
+//! unsafe { cuda_rt::launch!(saxpy, &cfg, (a, &x, &mut y, n))? }; // y is written
 //! assert_eq!(y.to_vec()?, vec![4.0f32; 1000]);
 //! # Ok(()) }
 //! ```
