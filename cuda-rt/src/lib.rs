@@ -153,7 +153,9 @@ pub use error::{
     StateKind, Unavailable, UnsupportedKind,
 };
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle, StreamEventExt};
-pub use graph::{CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, StreamCaptureExt};
+pub use graph::{
+    CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, Recorder, StreamCaptureExt,
+};
 pub use launch::{CooperativeGrid, Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{

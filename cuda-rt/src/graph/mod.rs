@@ -54,7 +54,9 @@
 //! (CUDA asks that calls on one graph be serialized). Kernel nodes are `unsafe`
 //! ([`Graph::add_kernel_node`]) and keep their kernel's module loaded.
 
+mod memory_usage;
 mod node;
+mod recorder;
 mod stream_capture;
 
 use std::any::Any;
@@ -66,10 +68,12 @@ use std::sync::Arc;
 
 pub use crate::capture::{any_capture_active, CaptureMode, CaptureStatus};
 pub use crate::memory::graph_memory::capture_aware_alloc;
+pub use memory_usage::{graph_memory_usage, trim_graph_memory, GraphMemoryUsage};
 pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
+pub use recorder::{Outcome, Recorder, RecorderStats};
 pub use stream_capture::StreamCaptureExt;
 
-use crate::capture::{info as capture_info, keep_in_capture, AllocState, LaunchRecord};
+use crate::capture::{info as capture_info, keep_in_capture, AllocState, Ended, LaunchRecord};
 
 use cuda_sys::driver as sys;
 use cuda_sys::result;
@@ -188,6 +192,18 @@ pub struct Graph {
     launches: Arc<LaunchRecord>,
     /// Whether it was ever launched (so there is work to wait for on drop).
     launched: Cell<bool>,
+    /// Whether its capture noted a use of kept memory on a forked stream (see
+    /// `capture::Ended::forked_uses`).
+    forked_uses: bool,
+}
+
+/// What a graph kept alive, taken out of it (see [`Graph::take_kept`]).
+pub(crate) struct Kept {
+    /// The objects.
+    pub(crate) items: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Whether work queued outside the capture, on a stream forked into it, may use
+    /// some of them: then only an idle context lets them go.
+    pub(crate) forked_uses: bool,
 }
 
 impl std::fmt::Debug for Graph {
@@ -222,31 +238,39 @@ impl Graph {
             allocs: Vec::new(),
             launches: Arc::default(),
             launched: Cell::new(false),
+            forked_uses: false,
         }
     }
 
     /// The graph of a finished capture, instantiated with `flags` (plus
     /// [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`] when it owns allocations).
     pub(crate) fn from_capture(
-        raw: sys::CUgraph,
+        ended: Ended,
         device: i32,
-        keep: Vec<Arc<dyn Any + Send + Sync>>,
-        allocs: Vec<Arc<AllocState>>,
         flags: InstantiateFlags,
     ) -> Result<Graph> {
-        let mut g = Self::from_parts(raw, device, flags);
-        g.keep = RefCell::new(keep);
+        let mut g = Self::from_ended(ended, device, flags);
+        // A failed instantiation drops `g`, which abandons its allocations.
+        g.instantiate(g.flags)?;
+        Ok(g)
+    }
+
+    /// The graph of a finished capture, not instantiated yet: it owns the
+    /// allocations the capture did not free, and keeps what the capture kept.
+    pub(crate) fn from_ended(ended: Ended, device: i32, flags: InstantiateFlags) -> Graph {
+        let mut g = Self::from_parts(ended.raw, device, flags);
+        g.keep = RefCell::new(ended.keep);
+        g.forked_uses = ended.forked_uses;
         let rec = Arc::clone(&g.launches);
-        g.allocs = allocs
+        g.allocs = ended
+            .allocs
             .into_iter()
             .filter(|a| a.hand_to_graph(&rec))
             .collect();
         if !g.allocs.is_empty() {
             g.flags |= InstantiateFlags::AUTO_FREE_ON_LAUNCH;
         }
-        // A failed instantiation drops `g`, which abandons its allocations.
-        g.instantiate(g.flags)?;
-        Ok(g)
+        g
     }
 
     /// The raw `CUgraph` (owned by this value).
@@ -399,6 +423,53 @@ impl Graph {
                     update_reason(reason)
                 ),
             )),
+        }
+    }
+
+    /// Gives this graph's executable the node parameters of `fresh` (a new capture of
+    /// the same work) and takes `fresh`'s place: from then on this graph is `fresh`'s
+    /// graph, keeping what `fresh` kept. Returns what this graph kept before, which
+    /// launches queued before the update may still use: the caller lets it go once
+    /// they are done. When the update cannot be made (either graph owns allocations
+    /// of its capture, whose addresses belong to each executable, or the driver
+    /// refuses), nothing changes and `fresh` comes back with the reason.
+    pub(crate) fn update_from(
+        &mut self,
+        mut fresh: Graph,
+    ) -> Result<std::result::Result<Kept, (Graph, &'static str)>> {
+        if !self.allocs.is_empty() || !fresh.allocs.is_empty() {
+            return Ok(Err((
+                fresh,
+                "a recording that allocates memory during its capture and keeps it past                  the capture owns that memory in each executable: it cannot be updated",
+            )));
+        }
+        let e = self.exec()?;
+        make_current(self.device)?;
+        // SAFETY: this graph's executable and `fresh`'s graph are owned by them and
+        // live while borrowed; once updated, the executable refers to what `fresh`
+        // keeps alive, which this graph takes over below, and launches queued before
+        // go on with the old parameters, whose keep-alive list goes to the caller.
+        match unsafe { result::graph::exec_update(e, fresh.as_raw()) }? {
+            Ok(()) => {
+                // The executable is independent of the graph it came from: this graph
+                // takes `fresh`'s graph, and `fresh`, now holding the old one (no
+                // executable, nothing kept), destroys it as it drops.
+                std::mem::swap(&mut self.raw, &mut fresh.raw);
+                let old = self.take_kept();
+                *self.keep.get_mut() = std::mem::take(fresh.keep.get_mut());
+                self.forked_uses = fresh.forked_uses;
+                Ok(Ok(old))
+            }
+            Err(reason) => Ok(Err((fresh, update_reason(reason)))),
+        }
+    }
+
+    /// Takes out what the graph keeps alive, for a caller that lets it go once the
+    /// graph's launches are done (the graph's drop then has nothing to wait for).
+    pub(crate) fn take_kept(&mut self) -> Kept {
+        Kept {
+            items: std::mem::take(self.keep.get_mut()),
+            forked_uses: self.forked_uses,
         }
     }
 
