@@ -97,8 +97,9 @@ impl Recording {
         if nested {
             return Err(Fail::Rt(Error::invalid_state(
                 StateKind::Other,
-                "curt_graph_record: called on a recorder from inside its own callback (the \
-                 callback queues work; it cannot record on the recorder that runs it)",
+                "a call on a graph recorder from inside its own callback: the callback queues \
+                 work on the stream it gets; the recorder running it takes no other call \
+                 until it returns",
             )));
         }
         Ok(Recording(handle))
