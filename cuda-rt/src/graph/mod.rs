@@ -429,14 +429,16 @@ impl Graph {
     /// Gives this graph's executable the node parameters of `fresh` (a new capture of
     /// the same work) and takes `fresh`'s place: from then on this graph is `fresh`'s
     /// graph, keeping what `fresh` kept. Returns what this graph kept before, which
-    /// launches queued before the update may still use: the caller lets it go once
-    /// they are done. When the update cannot be made (either graph owns allocations
-    /// of its capture, whose addresses belong to each executable, or the driver
-    /// refuses), nothing changes and `fresh` comes back with the reason.
+    /// launches queued before the update may still use (the caller lets it go once
+    /// they are done), and `fresh` holding this graph's old graph (no executable,
+    /// nothing kept), for the caller to drop when destroying it costs least (after the
+    /// next launch is queued). When the update cannot be made (either graph owns
+    /// allocations of its capture, whose addresses belong to each executable, or the
+    /// driver refuses), nothing changes and `fresh` comes back with the reason.
     pub(crate) fn update_from(
         &mut self,
         mut fresh: Graph,
-    ) -> Result<std::result::Result<Kept, (Graph, &'static str)>> {
+    ) -> Result<std::result::Result<(Kept, Graph), (Graph, &'static str)>> {
         if !self.allocs.is_empty() || !fresh.allocs.is_empty() {
             return Ok(Err((
                 fresh,
@@ -452,13 +454,13 @@ impl Graph {
         match unsafe { result::graph::exec_update(e, fresh.as_raw()) }? {
             Ok(()) => {
                 // The executable is independent of the graph it came from: this graph
-                // takes `fresh`'s graph, and `fresh`, now holding the old one (no
-                // executable, nothing kept), destroys it as it drops.
+                // takes `fresh`'s graph, and `fresh` the old one, which it destroys as
+                // it drops.
                 std::mem::swap(&mut self.raw, &mut fresh.raw);
                 let old = self.take_kept();
                 *self.keep.get_mut() = std::mem::take(fresh.keep.get_mut());
                 self.forked_uses = fresh.forked_uses;
-                Ok(Ok(old))
+                Ok(Ok((old, fresh)))
             }
             Err(reason) => Ok(Err((fresh, update_reason(reason)))),
         }

@@ -178,6 +178,14 @@ impl RecorderStats {
     }
 }
 
+/// What an update replaced.
+enum Replaced {
+    /// The executable's old parameters: what they kept, and the old graph.
+    Parameters(super::Kept, Graph),
+    /// The whole recording (the update was refused).
+    Recording(Recording),
+}
+
 /// One key's executable, and the stream of its last launch.
 #[derive(Debug)]
 struct Recording {
@@ -355,19 +363,17 @@ impl<K: Hash + Eq> Recorder<K> {
         else {
             return self.record(key.to_owned(), fresh, stream);
         };
-        let outcome = match rec.graph.update_from(fresh) {
-            Ok(Ok(old)) => {
-                self.retired.retire(old, device, rec.last.as_ref());
-                Outcome::Updated
-            }
+        // What the update replaced goes after the launch is queued: destroying a graph
+        // or an executable then overlaps with the device running the new one.
+        let (outcome, old) = match rec.graph.update_from(fresh) {
+            Ok(Ok((kept, old_graph))) => (Outcome::Updated, Replaced::Parameters(kept, old_graph)),
             Ok(Err((fresh, reason))) => {
                 let graph = instantiate(fresh, &mut self.retired, &mut self.stats)?;
                 let old = Recording {
                     graph: std::mem::replace(&mut rec.graph, graph),
                     last: rec.last.take(),
                 };
-                retire(old, &mut self.retired);
-                Outcome::Reinstantiated { reason }
+                (Outcome::Reinstantiated { reason }, Replaced::Recording(old))
             }
             Err(e) => {
                 self.stats.failures += 1;
@@ -375,8 +381,18 @@ impl<K: Hash + Eq> Recorder<K> {
             }
         };
         self.stats.count(outcome);
-        rec.launch(stream)?;
-        Ok(outcome)
+        let launched = rec.launch(stream);
+        match old {
+            // The executable's launches run in order: a fence after the last one (this
+            // one, or the one before when it failed) follows every launch with the old
+            // parameters.
+            Replaced::Parameters(kept, old_graph) => {
+                self.retired.retire(kept, device, rec.last.as_ref());
+                drop(old_graph);
+            }
+            Replaced::Recording(old) => retire(old, &mut self.retired),
+        }
+        launched.map(|()| outcome)
     }
 
     /// Whether an executable is cached for `key` (not counted as a use).
