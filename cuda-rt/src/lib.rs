@@ -52,8 +52,8 @@
 //! ```
 //!
 //! The examples (`cargo run -p cuda-rt --example tour`, then `01_devices` ...
-//! `11_libraries`, one per section of the spec) show each area at length; without a GPU
-//! they say why and exit.
+//! `11_libraries`, one per section of the spec, and `12_graphs_made_easy`) show each
+//! area at length; without a GPU they say why and exit.
 //!
 //! # Map
 //!
@@ -68,7 +68,7 @@
 //! | pinned host memory | [`pinned`] | [`PinnedMemoryPool`], [`alloc_pinned_memory`] |
 //! | streams | [`stream`] | [`Stream`], [`get_current_stream`], [`AsStream`] |
 //! | events | [`event`] | [`Event`], [`get_elapsed_time`] |
-//! | graphs | [`graph`] | [`Graph`], [`StreamCaptureExt`] |
+//! | graphs | [`graph`] | [`Graph`], [`StreamCaptureExt`], [`Recorder`] (record once, replay, update in place) |
 //! | kernels | [`compiler`], [`module`], [`launch`](mod@launch) | [`RawKernel`], [`RawModule`], [`launch!`], [`LaunchConfig`] |
 //! | libraries | [`libs`], [`cuda_sys`] | [`get_cublas_handle`], [`cuda_sys::result`] |
 //! | profiling | [`profiler`] | [`profiler::profile`], [`profiler::range`] |

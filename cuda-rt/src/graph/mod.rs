@@ -1,5 +1,6 @@
 //! CUDA graphs: capture work on a stream and replay it ([`Graph`]), or build a graph
-//! node by node.
+//! node by node. [`Recorder`] does the capturing for you: a closure recorded once per
+//! key, replayed as one graph launch, updated in place when only its arguments change.
 //!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
@@ -47,6 +48,17 @@
 //! Memory a captured kernel uses (an address given to an `unsafe` launch) must
 //! otherwise outlive the graph: hand it to [`Graph::keep_alive`]. A graph waits for its
 //! launches to finish before releasing what it keeps alive.
+//!
+//! # Recording without the effort
+//! A step of many small kernels spends most of its time on the host, a few
+//! microseconds per launch; one graph launch costs about as much as one kernel launch.
+//! [`Recorder::run`] takes a key and a closure that queues the step on a stream: the
+//! first call for a key captures it, instantiates and launches; later calls launch the
+//! same executable without running the closure. [`Recorder::update`] captures the
+//! closure again and updates the executable in place (`cuGraphExecUpdate`) when only
+//! kernel arguments changed, falling back to a new instantiation when the driver
+//! refuses. A bounded cache keeps the least recently used keys' executables, with
+//! [`RecorderStats`]. See the [`Recorder`] docs and the `12_graphs_made_easy` example.
 //!
 //! # Nodes and threads
 //! A [`Node`] borrows its graph and cannot outlive it; nodes are added through `&self`,

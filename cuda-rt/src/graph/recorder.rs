@@ -1,98 +1,6 @@
-//! [`Recorder`]: graphs without the effort. Give it a key and a closure that queues
-//! work on a stream; the first call for a key captures the closure into a graph,
-//! instantiates it and launches it, and later calls launch the same executable again
-//! without running the closure. [`Recorder::update`] runs the closure again and
-//! updates the key's executable in place with the new kernel arguments.
-//!
-//! # Why
-//! A launch costs the host a few microseconds; a graph launch costs about as much as
-//! one launch for the whole graph. A step of many small kernels (an optimiser, a
-//! decoder step, a simulation tick) is bound by those microseconds, and a graph makes
-//! it several times faster. Capturing by hand means beginning and ending the capture,
-//! keeping the executable, and knowing when it no longer fits the work; the recorder
-//! does that, per key, with a bounded cache.
-//!
-//! # What the key is for
-//! A recording replays exactly what the closure queued when it was captured: the same
-//! kernels, launch shapes and arguments (the same buffers and scalars). The key names
-//! one such recording; make it out of whatever changes the graph (sizes, shapes, which
-//! buffers, flags). A different key records a new graph; the [least recently
-//! used](Recorder::with_capacity) ones are evicted beyond the capacity.
-//!
-//! # Updating in place
-//! When only the arguments change (other buffers of the same sizes, other scalars),
-//! call [`Recorder::update`] with the same key: it captures the closure again (which
-//! runs nothing on the device) and gives the key's executable the new parameters
-//! (`cuGraphExecUpdate`), which costs a fraction of a new instantiation. Launches
-//! queued before keep the old parameters. When the executable cannot take them (the
-//! topology, a kernel or a node's kind changed, or the recording allocates memory that
-//! outlives its capture), the new capture is instantiated in its place: the result is
-//! right either way, and [`Outcome::Reinstantiated`] and
-//! [`RecorderStats::update_fallbacks`] say it happened.
-//!
-//! # Where the closure runs
-//! The closure runs on the calling thread, once per capture, with the recorder's own
-//! capture stream of the launch stream's device, which is also the thread's current
-//! stream while it runs (so [`alloc`](crate::alloc) and launches that take the current
-//! stream are captured as well). Queue the work on that stream, or on streams forked
-//! from it and joined back (see [`StreamCaptureExt`](super::StreamCaptureExt)). The
-//! executable is launched on the stream given to the call, after the work queued
-//! there before it; the stream given is never put in capture mode.
-//!
-//! Everything a capture refuses is refused here too, before anything is recorded:
-//! synchronous copies, synchronizations, run-once host closures. The call then returns
-//! that error (its message names the call), the capture is ended and thrown away, and
-//! nothing is cached, launched or left capturing. Memory the closure allocates is a
-//! memory node of the graph (see [`capture_aware_alloc`](super::capture_aware_alloc)),
-//! and memory that cuda-rt's asynchronous copies and memsets use is kept alive by the
-//! recording, as in any capture ([`crate::graph`]).
-//!
-//! # What a replay relies on
-//! Kernel launches are `unsafe`: a launch during a capture promises that every address
-//! the kernel reaches stays valid until the graph's last launch completes, and the
-//! recorder launches its graphs until the key is evicted, removed or the recorder
-//! dropped. Keep the buffers (and the kernels' modules) alive longer than the
-//! recorder, or tie them to the recording with
-//! [`keep_alive_in_capture`](super::StreamCaptureExt::keep_alive_in_capture) inside
-//! the closure. What a recording keeps alive is let go once the launches that may use
-//! it are done, also after an update or an eviction.
-//!
-//! # Example
-//! ```no_run
-//! # fn main() -> cuda_rt::Result<()> {
-//! use cuda_rt::graph::{Outcome, Recorder};
-//! use cuda_rt::{DeviceBuffer, LaunchConfig, RawKernel, Stream};
-//! let axpy = RawKernel::new(
-//!     r#"extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
-//!            int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] += a * x[i]; }"#,
-//!     "axpy",
-//!     &[],
-//! )?;
-//! let stream = Stream::non_blocking()?;
-//! // Declared before the recorder: they outlive every replay.
-//! let x = DeviceBuffer::from_slice(&vec![1.0f32; 4096])?;
-//! let y = DeviceBuffer::<f32>::zeros(4096)?;
-//! let n = x.len() as i32;
-//! let cfg = LaunchConfig::for_num_elems(n as u32);
-//! let mut recorder = Recorder::new();
-//! for step in 0..1000 {
-//!     // The key names what shapes the graph: here only the length.
-//!     let outcome = recorder.run(&n, &stream, |s| {
-//!         for _ in 0..50 {
-//!             // SAFETY: axpy(float* y, const float* x, float a, int n): x and y hold n
-//!             // floats on this device and outlive the recorder, so every replay of
-//!             // the recording finds them.
-//!             unsafe { cuda_rt::launch!(axpy, &cfg, s, (y, x, 0.5f32, n))? };
-//!         }
-//!         Ok(())
-//!     })?;
-//!     assert_eq!(outcome, if step == 0 { Outcome::Recorded } else { Outcome::Replayed });
-//! }
-//! stream.synchronize()?;
-//! assert_eq!(y.to_vec()?[0], 25_000.0);
-//! assert_eq!(recorder.stats().hits, 999);
-//! # Ok(()) }
-//! ```
+//! The graph recorder ([`Recorder`]): a closure recorded into a graph once per key,
+//! replayed, updated in place, in a bounded cache ([`lru`]) whose retired entries let
+//! go of what they kept once their launches are done ([`retired`]).
 
 mod lru;
 mod retired;
@@ -231,9 +139,104 @@ fn refuse_capturing<S: AsStream + ?Sized>(stream: &S) -> Result<()> {
     }
 }
 
-/// Graphs recorded once per key and replayed, updated in place when only their
-/// arguments change, in a bounded cache (see the [module docs](self)).
+/// Graphs without the effort: recorded once per key, replayed, updated in place when
+/// only their arguments change, in a bounded cache. Give it a key and a closure that
+/// queues work on a stream; the first call for a key captures the closure into a
+/// graph, instantiates it and launches it, and later calls launch the same executable
+/// again without running the closure. [`Recorder::update`] runs the closure again and
+/// updates the key's executable in place with the new kernel arguments.
 ///
+/// # Why
+/// A launch costs the host a few microseconds; a graph launch costs about as much as
+/// one launch for the whole graph. A step of many small kernels (an optimiser, a
+/// decoder step, a simulation tick) is bound by those microseconds, and a graph makes
+/// it several times faster. Capturing by hand means beginning and ending the capture,
+/// keeping the executable, and knowing when it no longer fits the work; the recorder
+/// does that, per key, with a bounded cache.
+///
+/// # What the key is for
+/// A recording replays exactly what the closure queued when it was captured: the same
+/// kernels, launch shapes and arguments (the same buffers and scalars). The key names
+/// one such recording; make it out of whatever changes the graph (sizes, shapes, which
+/// buffers, flags). A different key records a new graph; the [least recently
+/// used](Recorder::with_capacity) ones are evicted beyond the capacity.
+///
+/// # Updating in place
+/// When only the arguments change (other buffers of the same sizes, other scalars),
+/// call [`Recorder::update`] with the same key: it captures the closure again (which
+/// runs nothing on the device) and gives the key's executable the new parameters
+/// (`cuGraphExecUpdate`), which costs a fraction of a new instantiation. Launches
+/// queued before keep the old parameters. When the executable cannot take them (the
+/// topology, a kernel or a node's kind changed, or the recording allocates memory that
+/// outlives its capture), the new capture is instantiated in its place: the result is
+/// right either way, and [`Outcome::Reinstantiated`] and
+/// [`RecorderStats::update_fallbacks`] say it happened.
+///
+/// # Where the closure runs
+/// The closure runs on the calling thread, once per capture, with the recorder's own
+/// capture stream of the launch stream's device, which is also the thread's current
+/// stream while it runs (so [`alloc`](crate::alloc) and launches that take the current
+/// stream are captured as well). Queue the work on that stream, or on streams forked
+/// from it and joined back (see [`StreamCaptureExt`](super::StreamCaptureExt)). The
+/// executable is launched on the stream given to the call, after the work queued
+/// there before it; the stream given is never put in capture mode.
+///
+/// Everything a capture refuses is refused here too, before anything is recorded:
+/// synchronous copies, synchronizations, run-once host closures. The call then returns
+/// that error (its message names the call), the capture is ended and thrown away, and
+/// nothing is cached, launched or left capturing. Memory the closure allocates is a
+/// memory node of the graph (see [`capture_aware_alloc`](super::capture_aware_alloc)),
+/// and memory that cuda-rt's asynchronous copies and memsets use is kept alive by the
+/// recording, as in any capture ([`crate::graph`]).
+///
+/// # What a replay relies on
+/// Kernel launches are `unsafe`: a launch during a capture promises that every address
+/// the kernel reaches stays valid until the graph's last launch completes, and the
+/// recorder launches its graphs until the key is evicted, removed or the recorder
+/// dropped. Keep the buffers (and the kernels' modules) alive longer than the
+/// recorder, or tie them to the recording with
+/// [`keep_alive_in_capture`](super::StreamCaptureExt::keep_alive_in_capture) inside
+/// the closure. What a recording keeps alive is let go once the launches that may use
+/// it are done, also after an update or an eviction.
+///
+/// # Example
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::graph::{Outcome, Recorder};
+/// use cuda_rt::{DeviceBuffer, LaunchConfig, RawKernel, Stream};
+/// let axpy = RawKernel::new(
+///     r#"extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
+///            int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] += a * x[i]; }"#,
+///     "axpy",
+///     &[],
+/// )?;
+/// let stream = Stream::non_blocking()?;
+/// // Declared before the recorder: they outlive every replay.
+/// let x = DeviceBuffer::from_slice(&vec![1.0f32; 4096])?;
+/// let y = DeviceBuffer::<f32>::zeros(4096)?;
+/// let n = x.len() as i32;
+/// let cfg = LaunchConfig::for_num_elems(n as u32);
+/// let mut recorder = Recorder::new();
+/// for step in 0..1000 {
+///     // The key names what shapes the graph: here only the length.
+///     let outcome = recorder.run(&n, &stream, |s| {
+///         for _ in 0..50 {
+///             // SAFETY: axpy(float* y, const float* x, float a, int n): x and y hold n
+///             // floats on this device and outlive the recorder, so every replay of
+///             // the recording finds them.
+///             unsafe { cuda_rt::launch!(axpy, &cfg, s, (y, x, 0.5f32, n))? };
+///         }
+///         Ok(())
+///     })?;
+///     assert_eq!(outcome, if step == 0 { Outcome::Recorded } else { Outcome::Replayed });
+/// }
+/// stream.synchronize()?;
+/// assert_eq!(y.to_vec()?[0], 25_000.0);
+/// assert_eq!(recorder.stats().hits, 999);
+/// # Ok(()) }
+/// ```
+///
+/// # Keys, threads, lifetimes
 /// `K` is the key type: anything `Hash + Eq` that names what shapes the graph (a size,
 /// a tuple of shapes, a `Vec<u8>` of bytes). Calls take the key by reference, also as
 /// its borrowed form (`&[u8]` for `Vec<u8>`, `&str` for `String`); it is copied only
@@ -302,8 +305,8 @@ impl<K: Hash + Eq> Recorder<K> {
 
     /// Launches the executable recorded for `key` on `stream`; when there is none
     /// (the key's first call, or it was evicted), first captures `f` into a graph
-    /// and instantiates it. `f` gets the capture stream (see the [module
-    /// docs](self)) and runs only when recording.
+    /// and instantiates it. `f` gets the capture stream (see [`Recorder`]) and runs
+    /// only when recording.
     ///
     /// An error from `f`, or from a call `f` made that a capture refuses, is returned
     /// as it is; the capture is then thrown away, and nothing is cached or launched.
