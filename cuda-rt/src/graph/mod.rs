@@ -209,6 +209,24 @@ pub struct Graph {
     forked_uses: bool,
 }
 
+/// How [`Graph::update_from`] went.
+pub(crate) enum Updated {
+    /// The executable has the new parameters.
+    Made {
+        /// What the graph kept for the old ones.
+        old: Kept,
+        /// The old graph (no executable, nothing kept), to drop.
+        old_graph: Graph,
+    },
+    /// Nothing changed.
+    Refused {
+        /// The graph that was to give its parameters.
+        fresh: Graph,
+        /// Why, in words.
+        reason: &'static str,
+    },
+}
+
 /// What a graph kept alive, taken out of it (see [`Graph::take_kept`]).
 pub(crate) struct Kept {
     /// The objects.
@@ -447,15 +465,14 @@ impl Graph {
     /// next launch is queued). When the update cannot be made (either graph owns
     /// allocations of its capture, whose addresses belong to each executable, or the
     /// driver refuses), nothing changes and `fresh` comes back with the reason.
-    pub(crate) fn update_from(
-        &mut self,
-        mut fresh: Graph,
-    ) -> Result<std::result::Result<(Kept, Graph), (Graph, &'static str)>> {
+    pub(crate) fn update_from(&mut self, mut fresh: Graph) -> Result<Updated> {
         if !self.allocs.is_empty() || !fresh.allocs.is_empty() {
-            return Ok(Err((
+            return Ok(Updated::Refused {
                 fresh,
-                "a recording that allocates memory during its capture and keeps it past                  the capture owns that memory in each executable: it cannot be updated",
-            )));
+                reason: "a recording that allocates memory during its capture and keeps it \
+                         past the capture owns that memory in each executable: it cannot be \
+                         updated",
+            });
         }
         let e = self.exec()?;
         make_current(self.device)?;
@@ -472,9 +489,15 @@ impl Graph {
                 let old = self.take_kept();
                 *self.keep.get_mut() = std::mem::take(fresh.keep.get_mut());
                 self.forked_uses = fresh.forked_uses;
-                Ok(Ok((old, fresh)))
+                Ok(Updated::Made {
+                    old,
+                    old_graph: fresh,
+                })
             }
-            Err(reason) => Ok(Err((fresh, update_reason(reason)))),
+            Err(reason) => Ok(Updated::Refused {
+                fresh,
+                reason: update_reason(reason),
+            }),
         }
     }
 

@@ -10,7 +10,7 @@ use std::hash::Hash;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use super::{CaptureMode, Graph, InstantiateFlags};
+use super::{CaptureMode, Graph, InstantiateFlags, Updated};
 use crate::capture::{self, any_capture_active, CaptureStatus};
 use crate::device::{get_device_id, Device, DeviceScope};
 use crate::error::{CaptureKind, Error, Result};
@@ -369,8 +369,10 @@ impl<K: Hash + Eq> Recorder<K> {
         // What the update replaced goes after the launch is queued: destroying a graph
         // or an executable then overlaps with the device running the new one.
         let (outcome, old) = match rec.graph.update_from(fresh) {
-            Ok(Ok((kept, old_graph))) => (Outcome::Updated, Replaced::Parameters(kept, old_graph)),
-            Ok(Err((fresh, reason))) => {
+            Ok(Updated::Made { old, old_graph }) => {
+                (Outcome::Updated, Replaced::Parameters(old, old_graph))
+            }
+            Ok(Updated::Refused { fresh, reason }) => {
                 let graph = instantiate(fresh, &mut self.retired, &mut self.stats)?;
                 let old = Recording {
                     graph: std::mem::replace(&mut rec.graph, graph),

@@ -87,7 +87,8 @@ pub trait StreamCaptureExt: AsStream {
         Err(Error::capture(
             CaptureKind::NotCapturing,
             format!(
-                "keep_alive_in_capture on stream {:#x} of device {}: the stream is not                  capturing into a capture begun through cuda-rt",
+                "keep_alive_in_capture on stream {:#x} of device {}: the stream is not \
+                 capturing into a capture begun through cuda-rt",
                 self.as_raw() as usize,
                 self.device_id()
             ),

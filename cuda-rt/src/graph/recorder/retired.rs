@@ -59,8 +59,9 @@ impl Retired {
         if kept.items.is_empty() {
             return;
         }
-        let fence_will_do =
-            !kept.forked_uses && last.map_or(true, |s| s.handle() != PER_THREAD_DEFAULT_HANDLE);
+        // (`Option::is_none_or` is newer than the workspace's Rust 1.80.)
+        let per_thread = last.is_some_and(|s| s.handle() == PER_THREAD_DEFAULT_HANDLE);
+        let fence_will_do = !kept.forked_uses && !per_thread;
         if fence_will_do {
             let Some(s) = last else {
                 // Never launched, and no work outside the capture uses it.
