@@ -59,6 +59,7 @@ typedef struct curt_pinned_s *curt_pinned_t;   /* pinned host memory */
 typedef struct curt_module_s *curt_module_t;
 typedef struct curt_function_s *curt_function_t;
 typedef struct curt_graph_s *curt_graph_t;
+typedef struct curt_recorder_s *curt_recorder_t; /* graph recorder */
 
 /* CUDA's stream type: CUstream (cuda.h) and cudaStream_t (cuda_runtime.h) are both
  * `struct CUstream_st *`, so either passes here without a cast or an include. */
@@ -398,6 +399,70 @@ int curt_graph_launch(curt_graph_t graph, curt_stream_t stream);
 
 /* Destroy a graph (queued launches still run). */
 int curt_graph_destroy(curt_graph_t graph);
+
+/* ---- Graph recorders ----------------------------------------------------------
+ * Record once, replay cheaply, update in place: a callback that queues work on a
+ * stream is captured into a graph the first time its key is seen, and the executable
+ * is launched again on later calls with that key, without calling the callback. Keys
+ * are byte strings (`key_len` bytes at `key`; NULL with 0 is the empty key; a
+ * uint64_t key is its 8 bytes); make them of whatever shapes the work (sizes, which
+ * buffers). The least recently used executables go beyond the recorder's capacity.
+ *
+ * The callback runs on the calling thread, once per capture, with `stream` a handle to
+ * the recorder's capture stream (valid during the callback; also the thread's current
+ * stream then, so NULL works too). It queues work there and returns CURT_SUCCESS, or an
+ * error code: the record call then returns that code, with the thread's last error
+ * message at the callback's return, and nothing is cached or launched. A call a
+ * capture refuses (a synchronous copy, a synchronize) fails inside the callback with
+ * its own message; the capture is ended and thrown away either way. A kernel the
+ * callback launches runs again at every replay: every address it uses must stay valid
+ * for as long as the recorder holds the executable. The callback must not call the
+ * same recorder (CURT_ERROR_OTHER). One call at a time per recorder: calls from other
+ * threads wait. */
+
+/* The callback of curt_graph_record. */
+typedef int (*curt_record_fn)(curt_stream_t stream, void *user_data);
+
+/* A recorder's statistics. */
+typedef struct curt_recorder_stats_t {
+    uint64_t hits;             /* calls that replayed the key's executable */
+    uint64_t misses;           /* calls that recorded a new one */
+    uint64_t captures;         /* callbacks captured (misses and updates) */
+    uint64_t instantiations;   /* executables made (misses and refused updates) */
+    uint64_t updates;          /* executables updated in place */
+    uint64_t update_fallbacks; /* updates refused, replaced by a new instantiation */
+    uint64_t evictions;        /* executables evicted beyond the capacity */
+    uint64_t failures;         /* calls that failed: nothing cached */
+    uint64_t entries;          /* executables cached now */
+    uint64_t capacity;         /* executables kept at most */
+} curt_recorder_stats_t;
+
+/* A recorder keeping up to `capacity` executables (0: 32), capturing in `mode` (a
+ * CURT_CAPTURE_MODE_*; THREAD_LOCAL is the usual choice). */
+int curt_recorder_create(size_t capacity, int mode, curt_recorder_t *recorder);
+
+/* Destroy a recorder: what its executables kept alive goes once their launches are
+ * done (waited for here). */
+int curt_recorder_destroy(curt_recorder_t recorder);
+
+/* Launch the executable recorded for the key on `stream` (NULL: the current stream),
+ * first recording fn(capture stream, user_data) when there is none. */
+int curt_graph_record(curt_recorder_t recorder, const void *key, size_t key_len,
+                      curt_stream_t stream, curt_record_fn fn, void *user_data);
+
+/* Record fn again and launch it as the key's recording: the executable is updated in
+ * place when only kernel arguments and other parameters changed (other buffers of the
+ * same sizes, other scalars), else replaced by a new instantiation (counted in
+ * update_fallbacks). Launches queued before keep their parameters. */
+int curt_graph_record_update(curt_recorder_t recorder, const void *key, size_t key_len,
+                             curt_stream_t stream, curt_record_fn fn, void *user_data);
+
+/* Drop the key's executable; *removed = 1 if there was one, else 0. */
+int curt_recorder_remove(curt_recorder_t recorder, const void *key, size_t key_len,
+                         int *removed);
+
+/* The recorder's statistics. */
+int curt_recorder_stats(curt_recorder_t recorder, curt_recorder_stats_t *stats);
 
 /* ---- Allocators --------------------------------------------------------------- */
 

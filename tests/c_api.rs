@@ -110,6 +110,72 @@ fn null_out_pointers_are_invalid_arguments_naming_the_argument() {
             "fn is NULL",
         );
         expect(curt_dropin_live_count(null_mut()), a, "count is NULL");
+        expect(
+            curt_recorder_create(0, 1, null_mut()),
+            a,
+            "recorder is NULL",
+        );
+        expect(
+            curt_recorder_stats(null_mut(), null_mut()),
+            a,
+            "stats is NULL",
+        );
+        expect(
+            curt_recorder_remove(null_mut(), null(), 0, null_mut()),
+            a,
+            "removed is NULL",
+        );
+        expect(
+            curt_graph_record(null_mut(), null(), 0, null_mut(), None, null_mut()),
+            a,
+            "fn is NULL",
+        );
+        expect(
+            curt_graph_record_update(null_mut(), null(), 4, null_mut(), Some(ok_cb), null_mut()),
+            a,
+            "key is NULL with key_len 4",
+        );
+    }
+}
+
+extern "C" fn ok_cb(_: curt_stream_t, _: *mut c_void) -> i32 {
+    CURT_SUCCESS
+}
+
+#[test]
+fn a_recorder_is_made_and_destroyed_without_a_cuda_call() {
+    // SAFETY: every pointer passed to the shim is a live local of the type wrapper.h
+    // names, alive for the call.
+    unsafe {
+        let mut r = null_mut();
+        ok(curt_recorder_create(
+            0,
+            CURT_CAPTURE_MODE_THREAD_LOCAL,
+            &mut r,
+        ));
+        let mut st = curt_recorder_stats_t::default();
+        ok(curt_recorder_stats(r, &mut st));
+        assert_eq!(
+            st,
+            curt_recorder_stats_t {
+                capacity: 32,
+                ..Default::default()
+            }
+        );
+        let mut removed = -1;
+        ok(curt_recorder_remove(
+            r,
+            c"k".as_ptr().cast(),
+            1,
+            &mut removed,
+        ));
+        assert_eq!(removed, 0);
+        ok(curt_recorder_destroy(r));
+        expect(
+            curt_recorder_stats(r, &mut st),
+            CURT_ERROR_INVALID_HANDLE,
+            "graph recorder",
+        );
     }
 }
 
@@ -133,6 +199,13 @@ fn bad_flags_and_modes_are_invalid_arguments() {
             a,
             "unknown capture mode 9",
         );
+        let mut r = null_mut();
+        expect(
+            curt_recorder_create(0, 9, &mut r),
+            a,
+            "unknown capture mode 9",
+        );
+        assert!(r.is_null(), "out-pointers are written only on success");
     }
 }
 
@@ -210,6 +283,22 @@ fn null_and_made_up_handles_are_invalid_handles_never_crashes() {
             "invalid graph handle",
         );
         expect(curt_graph_destroy(null_mut()), h, "graph handle is NULL");
+        expect(
+            curt_recorder_destroy(null_mut()),
+            h,
+            "graph recorder handle is NULL",
+        );
+        expect(
+            curt_graph_record(fake as _, null(), 0, null_mut(), Some(ok_cb), null_mut()),
+            h,
+            "invalid graph recorder handle",
+        );
+        let mut st = curt_recorder_stats_t::default();
+        expect(
+            curt_recorder_stats(fake as _, &mut st),
+            h,
+            "invalid graph recorder handle",
+        );
         // A stream handle passed where another kind is expected is not that kind.
         expect(
             curt_stream_wait_event(fake as _, null_mut()),
@@ -660,6 +749,231 @@ fn gpu_saxpy_compiled_by_nvrtc_launched_and_replayed_from_a_graph() {
         ok(curt_free(dx));
         ok(curt_free(dy));
         ok(curt_stream_destroy(s));
+    }
+}
+
+/// What the record callback of the recorder test gets.
+struct SaxpyCall {
+    f: curt_function_t,
+    a: f32,
+    x: u64,
+    y: u64,
+    n: i32,
+    /// What the callback does: 0 the saxpy, 1 a synchronous copy (refused during a
+    /// capture), 2 a call on the recorder that runs it.
+    mode: u32,
+    recorder: curt_recorder_t,
+    host: [f32; 4],
+    dst: curt_memory_t,
+    /// The stream handle the callback got.
+    stream: curt_stream_t,
+}
+
+extern "C" fn saxpy_cb(stream: curt_stream_t, data: *mut c_void) -> i32 {
+    // SAFETY: `data` is the test's live `SaxpyCall`, used by nothing else meanwhile;
+    // the shim calls are given live locals and handles of that test.
+    unsafe {
+        let d = &mut *data.cast::<SaxpyCall>();
+        d.stream = stream;
+        match d.mode {
+            1 => curt_memcpy_htod(d.dst, 0, d.host.as_ptr().cast(), 16),
+            2 => {
+                let mut st = curt_recorder_stats_t::default();
+                curt_recorder_stats(d.recorder, &mut st)
+            }
+            _ => {
+                let mut args: [*mut c_void; 4] = [
+                    (&mut d.a as *mut f32).cast(),
+                    (&mut d.x as *mut u64).cast(),
+                    (&mut d.y as *mut u64).cast(),
+                    (&mut d.n as *mut i32).cast(),
+                ];
+                let grid = curt_dim3 {
+                    x: (d.n as u32).div_ceil(256),
+                    y: 1,
+                    z: 1,
+                };
+                let block = curt_dim3 { x: 256, y: 1, z: 1 };
+                curt_launch(d.f, grid, block, 0, stream, args.as_mut_ptr(), 4)
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_recorder_records_replays_updates_and_reports_callback_errors() {
+    let _serial = serial();
+    // SAFETY: every pointer passed to the shim is a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call; the callback's data is `call`,
+    // alive for every record call; the kernel's buffers outlive the recorder.
+    unsafe {
+        if !gpu_or_skip("gpu_recorder_records_replays_updates_and_reports_callback_errors") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let opts = [c"-std=c++17".as_ptr()];
+        let (mut m, mut f) = (null_mut(), null_mut());
+        ok(curt_module_compile(
+            SAXPY.as_ptr(),
+            opts.as_ptr(),
+            1,
+            &mut m,
+        ));
+        ok(curt_module_get_function(m, c"saxpy".as_ptr(), &mut f));
+        let n = 1000usize;
+        let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let (mut dx, mut dy, mut dz) = (null_mut(), null_mut(), null_mut());
+        ok(curt_malloc(n * 4, null_mut(), &mut dx));
+        ok(curt_malloc(n * 4, null_mut(), &mut dy));
+        ok(curt_malloc(n * 4, null_mut(), &mut dz));
+        ok(curt_memcpy_htod(dx, 0, x.as_ptr().cast(), n * 4));
+        ok(curt_memset(dy, 0, 0, n * 4));
+        ok(curt_memset(dz, 0, 0, n * 4));
+        let (mut px, mut py, mut pz) = (0u64, 0u64, 0u64);
+        ok(curt_memory_ptr(dx, &mut px));
+        ok(curt_memory_ptr(dy, &mut py));
+        ok(curt_memory_ptr(dz, &mut pz));
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        let mut r = null_mut();
+        ok(curt_recorder_create(
+            4,
+            CURT_CAPTURE_MODE_THREAD_LOCAL,
+            &mut r,
+        ));
+        let mut call = SaxpyCall {
+            f,
+            a: 2.0,
+            x: px,
+            y: py,
+            n: n as i32,
+            mode: 0,
+            recorder: r,
+            host: [1.0; 4],
+            dst: dy,
+            stream: null_mut(),
+        };
+        // Made again before each call: a write to `call` ends an earlier pointer's
+        // right to it.
+        fn data(c: &mut SaxpyCall) -> *mut c_void {
+            (c as *mut SaxpyCall).cast()
+        }
+        let key = 7u64.to_ne_bytes();
+        let k = key.as_ptr().cast::<c_void>();
+        // Recorded (y = 2x), then replayed: the callback is not called again, so its
+        // new scalar is not seen (y = 4x).
+        ok(curt_graph_record(
+            r,
+            k,
+            8,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        ));
+        let handed = call.stream;
+        assert!(
+            !handed.is_null() && handed != s,
+            "the capture stream's handle"
+        );
+        call.a = 100.0;
+        call.stream = null_mut();
+        ok(curt_graph_record(
+            r,
+            k,
+            8,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        ));
+        assert!(call.stream.is_null(), "a replay does not call back");
+        expect(
+            curt_stream_synchronize(handed),
+            CURT_ERROR_INVALID_HANDLE,
+            "stream",
+        );
+        ok(curt_stream_synchronize(s));
+        let want: Vec<f32> = x.iter().map(|v| 4.0 * v).collect();
+        assert_eq!(to_host(dy, n), want);
+        // Updated in place: another buffer, another scalar (z = 3x).
+        call.a = 3.0;
+        call.y = pz;
+        ok(curt_graph_record_update(
+            r,
+            k,
+            8,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        ));
+        ok(curt_stream_synchronize(s));
+        let want3: Vec<f32> = x.iter().map(|v| 3.0 * v).collect();
+        assert_eq!(to_host(dz, n), want3);
+        assert_eq!(to_host(dy, n), want, "y untouched by the update");
+        // A callback's failure comes back with its code and message: a synchronous
+        // copy is refused during a capture.
+        call.mode = 1;
+        let rc = curt_graph_record(
+            r,
+            c"other".as_ptr().cast(),
+            5,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        );
+        assert_eq!(rc, CURT_ERROR_OTHER, "{}", last_error());
+        assert!(
+            last_error().contains("capturing a graph"),
+            "{}",
+            last_error()
+        );
+        // A call on the recorder from its own callback is refused, not a deadlock.
+        call.mode = 2;
+        let rc = curt_graph_record(
+            r,
+            c"other".as_ptr().cast(),
+            5,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        );
+        assert_eq!(rc, CURT_ERROR_OTHER, "{}", last_error());
+        assert!(
+            last_error().contains("inside its own callback"),
+            "{}",
+            last_error()
+        );
+        let mut st = curt_recorder_stats_t::default();
+        ok(curt_recorder_stats(r, &mut st));
+        assert_eq!(
+            st,
+            curt_recorder_stats_t {
+                hits: 1,
+                misses: 1,
+                captures: 2,
+                instantiations: 1,
+                updates: 1,
+                update_fallbacks: 0,
+                evictions: 0,
+                failures: 2,
+                entries: 1,
+                capacity: 4,
+            }
+        );
+        let mut removed = 0;
+        ok(curt_recorder_remove(r, k, 8, &mut removed));
+        assert_eq!(removed, 1);
+        ok(curt_recorder_destroy(r));
+        expect(
+            curt_graph_record(r, k, 8, s, Some(saxpy_cb), data(&mut call)),
+            CURT_ERROR_INVALID_HANDLE,
+            "graph recorder",
+        );
+        ok(curt_stream_destroy(s));
+        ok(curt_free(dx));
+        ok(curt_free(dy));
+        ok(curt_free(dz));
+        ok(curt_function_destroy(f));
+        ok(curt_module_destroy(m));
     }
 }
 

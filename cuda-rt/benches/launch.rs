@@ -214,13 +214,14 @@ fn run() -> cuda_rt::Result<()> {
         std::hint::black_box(c);
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let raw_load = median(raws);
     report.push(
         Figure::new("raw_module_warm_disk_first_use", median(firsts), "ms")
-            .raw(median(raws), "cuModuleLoadData"),
+            .raw(raw_load, "cuModuleLoadData"),
     );
     report.push(
         Figure::new("warm_disk_lookup_only", median(lookups), "ms")
-            .raw(median(raws), "cuModuleLoadData")
+            .raw(raw_load, "cuModuleLoadData")
             .note("a fresh cache's compile() from disk: secret, key, read, tag; no load"),
     );
 

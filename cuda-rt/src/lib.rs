@@ -52,8 +52,9 @@
 //! ```
 //!
 //! The examples (`cargo run -p cuda-rt --example tour`, then `01_devices` ...
-//! `11_libraries`, one per section of the spec, and `13_async`, a GPU awaited beside file
-//! reads) show each area at length; without a GPU they say why and exit.
+//! `11_libraries`, one per section of the spec, `12_graphs_made_easy`, and `13_async`, a
+//! GPU awaited beside file reads) show each area at length; without a GPU they say why
+//! and exit.
 //!
 //! # Map
 //!
@@ -68,7 +69,7 @@
 //! | pinned host memory | [`pinned`] | [`PinnedMemoryPool`], [`alloc_pinned_memory`] |
 //! | streams | [`stream`] | [`Stream`], [`get_current_stream`], [`AsStream`], [`Completion`] (async) |
 //! | events | [`event`] | [`Event`], [`get_elapsed_time`] |
-//! | graphs | [`graph`] | [`Graph`], [`StreamCaptureExt`] |
+//! | graphs | [`graph`] | [`Graph`], [`StreamCaptureExt`], [`Recorder`] (record once, replay, update in place) |
 //! | kernels | [`compiler`], [`module`], [`launch`](mod@launch) | [`RawKernel`], [`RawModule`], [`launch!`], [`LaunchConfig`] |
 //! | libraries | [`libs`], [`cuda_sys`] | [`get_cublas_handle`], [`cuda_sys::result`] |
 //! | profiling | [`profiler`] | [`profiler::profile`], [`profiler::range`] |
@@ -156,7 +157,9 @@ pub use error::{
     StateKind, Unavailable, UnsupportedKind,
 };
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle, StreamEventExt};
-pub use graph::{CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, StreamCaptureExt};
+pub use graph::{
+    CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, Recorder, StreamCaptureExt,
+};
 pub use launch::{CooperativeGrid, Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{

@@ -103,6 +103,9 @@ pub(crate) enum Fail {
     Rt(Error),
     /// A bad handle, with the message.
     Handle(String),
+    /// A code and message handed back as they came (a C callback's failure, whose
+    /// code the callback chose).
+    Code(c_int, String),
 }
 
 impl From<Error> for Fail {
@@ -117,6 +120,7 @@ impl Fail {
         match self {
             Fail::Rt(e) => (error_code(e), e.to_string()),
             Fail::Handle(m) => (CURT_ERROR_INVALID_HANDLE, m.clone()),
+            Fail::Code(c, m) => (*c, m.clone()),
         }
     }
 }

@@ -15,11 +15,28 @@ static int failures = 0;
 
 static void bump(void *p) { ++*(volatile int *)p; }
 
+/* What the record callback sets: `bytes` bytes of `mem` to `value`, on the stream it
+ * gets; `seen` counts its calls. */
+struct fill { curt_memory_t mem; int value; size_t bytes; int seen; };
+
+static int fill_cb(curt_stream_t stream, void *p) {
+    struct fill *f = (struct fill *)p;
+    f->seen++;
+    return curt_memset_async(f->mem, 0, f->value, f->bytes, stream);
+}
+
+static int sync_cb(curt_stream_t stream, void *p) {
+    (void)p;
+    return curt_stream_synchronize(stream); /* not allowed while capturing */
+}
+
 static void without_gpu_too(void) {
     curt_memory_t m = NULL;
     curt_stream_t s = NULL;
     curt_event_t e = NULL;
     curt_graph_t g = NULL;
+    curt_recorder_t r = NULL;
+    curt_recorder_stats_t rs;
     CHECK(curt_malloc(16, NULL, NULL) == CURT_ERROR_INVALID_ARGUMENT && HAS("mem is NULL"), "curt_malloc NULL out-pointer");
     CHECK(curt_stream_create(0, 0, NULL) == CURT_ERROR_INVALID_ARGUMENT && HAS("stream is NULL"), "curt_stream_create NULL out-pointer");
     CHECK(curt_stream_create(99, 0, &s) == CURT_ERROR_INVALID_ARGUMENT && HAS("unknown stream flags"), "bad stream flags");
@@ -32,6 +49,12 @@ static void without_gpu_too(void) {
     CHECK(curt_stream_destroy((curt_stream_t)(uintptr_t)42) == CURT_ERROR_INVALID_HANDLE, "made-up stream handle");
     CHECK(curt_event_destroy(e) == CURT_ERROR_INVALID_HANDLE, "NULL event handle");
     CHECK(curt_graph_destroy(g) == CURT_ERROR_INVALID_HANDLE, "NULL graph handle");
+    CHECK(curt_recorder_create(0, 7, &r) == CURT_ERROR_INVALID_ARGUMENT && HAS("unknown capture mode"), "bad recorder capture mode");
+    CHECK(curt_recorder_create(0, CURT_CAPTURE_MODE_THREAD_LOCAL, &r) == CURT_SUCCESS, "recorder without a GPU call");
+    CHECK(curt_recorder_stats(r, &rs) == CURT_SUCCESS && rs.capacity == 32 && rs.entries == 0, "recorder statistics");
+    CHECK(curt_graph_record(r, "k", 1, NULL, NULL, NULL) == CURT_ERROR_INVALID_ARGUMENT && HAS("fn is NULL"), "NULL record callback");
+    CHECK(curt_recorder_destroy(r) == CURT_SUCCESS, "recorder destroy");
+    CHECK(curt_recorder_destroy(r) == CURT_ERROR_INVALID_HANDLE, "destroyed recorder handle");
     CHECK(curt_set_allocator(NULL, NULL, NULL) == CURT_ERROR_INVALID_ARGUMENT, "NULL allocator functions");
     CHECK(curt_torch_alloc(0, 0, NULL) == NULL, "torch alloc of 0 bytes is NULL");
     CHECK(curt_torch_alloc(-5, 0, NULL) == NULL && HAS("negative size"), "torch alloc of a negative size says why");
@@ -101,6 +124,42 @@ static void raw_streams_without_gpu(void) {
     CHECK(curt_malloc_ptr(16, NULL, &m, NULL) == CURT_ERROR_INVALID_ARGUMENT && HAS("ptr is NULL") && m == NULL, "curt_malloc_ptr NULL address out-pointer");
 }
 
+/* A recorder whose callback sets memory: recorded once, replayed, updated in place
+ * with another buffer and value, a callback error passed through. */
+static void with_recorder(void) {
+    curt_stream_t s = NULL;
+    curt_memory_t a = NULL, b = NULL;
+    curt_recorder_t r = NULL;
+    curt_recorder_stats_t st;
+    unsigned char back[256];
+    struct fill f;
+    uint64_t key = 42;
+    int i, ok_a = 1, ok_b = 1;
+    CHECK(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &s) == CURT_SUCCESS, "recorder stream");
+    CHECK(curt_malloc(256, s, &a) == CURT_SUCCESS && curt_malloc(256, s, &b) == CURT_SUCCESS, "recorder buffers");
+    CHECK(curt_recorder_create(2, CURT_CAPTURE_MODE_THREAD_LOCAL, &r) == CURT_SUCCESS, "recorder");
+    f.mem = a; f.value = 5; f.bytes = sizeof back; f.seen = 0;
+    CHECK(curt_graph_record(r, &key, sizeof key, s, fill_cb, &f) == CURT_SUCCESS && f.seen == 1, "recorded");
+    CHECK(curt_memset_async(a, 0, 0, sizeof back, s) == CURT_SUCCESS, "cleared between launches");
+    CHECK(curt_graph_record(r, &key, sizeof key, s, fill_cb, &f) == CURT_SUCCESS && f.seen == 1, "replayed without a callback");
+    CHECK(curt_stream_synchronize(s) == CURT_SUCCESS, "recorder sync");
+    CHECK(curt_memcpy_dtoh(back, a, 0, sizeof back) == CURT_SUCCESS, "recorder dtoh");
+    for (i = 0; i < (int)sizeof back; i++) ok_a &= back[i] == 5;
+    CHECK(ok_a, "the replay set the memory again");
+    f.mem = b; f.value = 9;
+    CHECK(curt_graph_record_update(r, &key, sizeof key, s, fill_cb, &f) == CURT_SUCCESS && f.seen == 2, "updated with another buffer and value");
+    CHECK(curt_stream_synchronize(s) == CURT_SUCCESS, "recorder sync after the update");
+    CHECK(curt_memcpy_dtoh(back, b, 0, sizeof back) == CURT_SUCCESS, "recorder dtoh after the update");
+    for (i = 0; i < (int)sizeof back; i++) ok_b &= back[i] == 9;
+    CHECK(ok_b, "the update set the other buffer");
+    CHECK(curt_graph_record(r, "sync", 4, s, sync_cb, NULL) != CURT_SUCCESS && HAS("synchronize"), "a synchronize in the callback is its error");
+    CHECK(curt_recorder_stats(r, &st) == CURT_SUCCESS, "recorder stats");
+    CHECK(st.hits == 1 && st.misses == 1 && st.updates + st.update_fallbacks == 1 && st.failures == 1 && st.entries == 1, "recorder counts");
+    CHECK(curt_recorder_destroy(r) == CURT_SUCCESS, "recorder destroyed");
+    CHECK(curt_free(a) == CURT_SUCCESS && curt_free(b) == CURT_SUCCESS, "recorder buffers freed");
+    CHECK(curt_stream_destroy(s) == CURT_SUCCESS, "recorder stream destroyed");
+}
+
 static void with_gpu(void) {
     curt_stream_t s = NULL;
     curt_memory_t a = NULL, b = NULL;
@@ -165,6 +224,7 @@ static void with_gpu(void) {
           "after the reset the peaks are the current values");
     CHECK(curt_device_count(&count) == CURT_SUCCESS && curt_pool_stats(count, &st) == CURT_ERROR_INVALID_ARGUMENT,
           "statistics of the device past the last are a bad argument");
+    with_recorder();
 }
 
 int main(void) {
