@@ -1,5 +1,6 @@
-/* cuda-rt's C ABI. Link with -lcuda_rt_c (libcuda_rt_c.so, built by `cargo build`);
- * see the README's "C" section for the compile line, pkg-config and CMake.
+/* cuda-rt's C ABI. Link with -lcuda_rt_c (libcuda_rt_c.so, built by `cargo build`; its
+ * soname is libcuda_rt_c.so.0, the number changing with an incompatible ABI); see the
+ * README's "C" section for the compile line, the soname link, pkg-config and CMake.
  *
  * Every function returns CURT_SUCCESS (0) or an error code: a positive CUDA driver
  * code (CUresult) when the driver failed, otherwise one of the negative CURT_ERROR_*
@@ -12,7 +13,8 @@
  *
  * Objects are handles (curt_stream_t, curt_event_t, ...): opaque values looked up in a
  * table, never pointers. NULL, a destroyed handle, one of another kind or a made-up
- * value is CURT_ERROR_INVALID_HANDLE, never a crash. Where a function takes a
+ * value is CURT_ERROR_INVALID_HANDLE, never a crash, except that curt_free(NULL) and
+ * curt_pinned_free(NULL) do nothing and succeed, as C's free(NULL). Where a function takes a
  * curt_stream_t, NULL means the calling thread's current stream of the current device.
  * Out-pointers must be NULL (CURT_ERROR_INVALID_ARGUMENT) or valid; they are written
  * only on success. Strings are NUL-terminated UTF-8. */
@@ -26,6 +28,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The version of this header; curt_version() gives the library's, to compare. */
+#define CURT_VERSION_MAJOR 0
+#define CURT_VERSION_MINOR 1
+#define CURT_VERSION_PATCH 0
+#define CURT_VERSION (CURT_VERSION_MAJOR * 10000 + CURT_VERSION_MINOR * 100 + CURT_VERSION_PATCH)
 
 #define CURT_SUCCESS 0
 #define CURT_ERROR_INVALID_ARGUMENT (-1)
@@ -51,6 +59,11 @@ typedef struct curt_pinned_s *curt_pinned_t;   /* pinned host memory */
 typedef struct curt_module_s *curt_module_t;
 typedef struct curt_function_s *curt_function_t;
 typedef struct curt_graph_s *curt_graph_t;
+typedef struct curt_recorder_s *curt_recorder_t; /* graph recorder */
+
+/* CUDA's stream type: CUstream (cuda.h) and cudaStream_t (cuda_runtime.h) are both
+ * `struct CUstream_st *`, so either passes here without a cast or an include. */
+struct CUstream_st;
 
 /* A memory pool's statistics. */
 typedef struct curt_pool_stats_t {
@@ -72,6 +85,16 @@ typedef struct curt_pool_stats_t {
 typedef struct curt_dim3 {
     unsigned int x, y, z;
 } curt_dim3;
+
+/* The library's version, major * 10000 + minor * 100 + patch (CURT_VERSION of the
+ * header it was built from), and as text ("0.1.0"; static). */
+int curt_version(void);
+const char *curt_version_string(void);
+
+/* The name of a status code: "CURT_SUCCESS", "CURT_ERROR_OUT_OF_MEMORY"..., the driver's
+ * name ("CUDA_ERROR_ILLEGAL_ADDRESS"...) of a positive CUDA code, or
+ * "CURT_ERROR_UNRECOGNIZED". Static, never NULL. */
+const char *curt_status_name(int code);
 
 /* The last error message on this thread ("" if none, or once the thread's storage is
  * torn down). Never NULL. */
@@ -115,6 +138,10 @@ int curt_device_name(int id, char *buf, size_t len);
  * arena (reuse without synchronisation follows the stream). Size 0: a null pointer. */
 int curt_malloc(size_t size, curt_stream_t stream, curt_memory_t *mem);
 
+/* curt_malloc that also writes the device address to `*ptr` (no curt_memory_ptr call
+ * needed; 0 for size 0). */
+int curt_malloc_ptr(size_t size, curt_stream_t stream, curt_memory_t *mem, uint64_t *ptr);
+
 /* `size` bytes with the current allocator (curt_set_allocator; the pool by default)
  * on the current device. */
 int curt_alloc(size_t size, curt_memory_t *mem);
@@ -129,7 +156,7 @@ int curt_malloc_managed(size_t size, curt_memory_t *mem);
 int curt_malloc_async(size_t size, curt_stream_t stream, curt_memory_t *mem);
 
 /* Free `mem` (back to its pool once queued work using it is done). The handle is dead
- * afterwards; its address must no longer be used. */
+ * afterwards; its address must no longer be used. NULL: nothing, CURT_SUCCESS. */
 int curt_free(curt_memory_t mem);
 
 /* Device address of `mem` (valid until curt_free). */
@@ -195,8 +222,15 @@ int curt_memory_from_dlpack_versioned(DLManagedTensorVersioned *tensor, curt_mem
  * synchronisation). Nothing for `mem`'s own stream or for memory that is not pooled. */
 int curt_pool_record_stream(curt_memory_t mem, curt_stream_t stream);
 
-/* Statistics of the default pool on `device`. */
+/* Statistics of the default pool on `device` (peaks since the last
+ * curt_pool_reset_peaks). A device that does not exist (or no usable CUDA) is an error,
+ * never zeros. */
 int curt_pool_stats(int device, curt_pool_stats_t *stats);
+
+/* Restart the peaks of `device` from now: the default pool's and those of
+ * curt_torch_memory_peaks (torch's reset_peak_memory_stats() is refused under a
+ * pluggable allocator). */
+int curt_pool_reset_peaks(int device);
 
 /* Limit of the default pool per device, in bytes (0: none). Past it, allocation
  * fails with CURT_ERROR_OUT_OF_MEMORY. */
@@ -209,7 +243,8 @@ int curt_pool_get_limit(uint64_t *bytes);
 int curt_pool_free_all_blocks(void);
 
 /* The default pool's segments and blocks on `device` as JSON, in the shape of
- * PyTorch's torch.cuda.memory._snapshot(). Writes the length (without the NUL) to
+ * PyTorch's torch.cuda.memory._snapshot() (an error for a device that does not
+ * exist). Writes the length (without the NUL) to
  * `*len`, and the text with its NUL to `buf` when `cap` is larger than that; otherwise
  * fails with CURT_ERROR_INVALID_ARGUMENT (call again with `*len + 1` bytes). */
 int curt_pool_snapshot_json(int device, char *buf, size_t cap, size_t *len);
@@ -219,7 +254,8 @@ int curt_pool_snapshot_json(int device, char *buf, size_t cap, size_t *len);
 /* `size` bytes of pinned host memory from the default pinned pool. */
 int curt_pinned_malloc(size_t size, curt_pinned_t *mem);
 
-/* Free pinned memory (back to the pool once copies using it are done). */
+/* Free pinned memory (back to the pool once copies using it are done). NULL: nothing,
+ * CURT_SUCCESS. */
 int curt_pinned_free(curt_pinned_t mem);
 
 /* Host address (valid until curt_pinned_free) and size (`size` may be NULL). */
@@ -265,8 +301,19 @@ int curt_memset_async(curt_memory_t mem, size_t offset, int value, size_t bytes,
  * (lower is higher; clamped to the device's range). */
 int curt_stream_create(int flags, int priority, curt_stream_t *stream);
 
-/* Destroy a stream (queued work still runs). */
+/* Destroy a stream (queued work still runs). A handle of curt_stream_wrap goes, its
+ * CUstream stays. */
 int curt_stream_destroy(curt_stream_t stream);
+
+/* The raw CUstream / cudaStream_t of `stream` (NULL: the current stream; 0 is the legacy
+ * default stream), to give cuBLAS, NCCL or a <<<>>> launch; valid while the handle is. */
+int curt_stream_raw(curt_stream_t stream, struct CUstream_st **raw);
+
+/* A handle that borrows `raw`, a stream of `device` (-1: the current device) made
+ * elsewhere (0 and CU_STREAM_PER_THREAD are the default streams). Destroying the handle
+ * does not destroy `raw`: its owner keeps it alive as long as the handle, or memory
+ * allocated on it, is used, and destroys it after. */
+int curt_stream_wrap(struct CUstream_st *raw, int device, curt_stream_t *stream);
 
 /* Block until the work queued on `stream` is done. */
 int curt_stream_synchronize(curt_stream_t stream);
@@ -353,6 +400,70 @@ int curt_graph_launch(curt_graph_t graph, curt_stream_t stream);
 /* Destroy a graph (queued launches still run). */
 int curt_graph_destroy(curt_graph_t graph);
 
+/* ---- Graph recorders ----------------------------------------------------------
+ * Record once, replay cheaply, update in place: a callback that queues work on a
+ * stream is captured into a graph the first time its key is seen, and the executable
+ * is launched again on later calls with that key, without calling the callback. Keys
+ * are byte strings (`key_len` bytes at `key`; NULL with 0 is the empty key; a
+ * uint64_t key is its 8 bytes); make them of whatever shapes the work (sizes, which
+ * buffers). The least recently used executables go beyond the recorder's capacity.
+ *
+ * The callback runs on the calling thread, once per capture, with `stream` a handle to
+ * the recorder's capture stream (valid during the callback; also the thread's current
+ * stream then, so NULL works too). It queues work there and returns CURT_SUCCESS, or an
+ * error code: the record call then returns that code, with the thread's last error
+ * message at the callback's return, and nothing is cached or launched. A call a
+ * capture refuses (a synchronous copy, a synchronize) fails inside the callback with
+ * its own message; the capture is ended and thrown away either way. A kernel the
+ * callback launches runs again at every replay: every address it uses must stay valid
+ * for as long as the recorder holds the executable. The callback must not call the
+ * same recorder (CURT_ERROR_OTHER). One call at a time per recorder: calls from other
+ * threads wait. */
+
+/* The callback of curt_graph_record. */
+typedef int (*curt_record_fn)(curt_stream_t stream, void *user_data);
+
+/* A recorder's statistics. */
+typedef struct curt_recorder_stats_t {
+    uint64_t hits;             /* calls that replayed the key's executable */
+    uint64_t misses;           /* calls that recorded a new one */
+    uint64_t captures;         /* callbacks captured (misses and updates) */
+    uint64_t instantiations;   /* executables made (misses and refused updates) */
+    uint64_t updates;          /* executables updated in place */
+    uint64_t update_fallbacks; /* updates refused, replaced by a new instantiation */
+    uint64_t evictions;        /* executables evicted beyond the capacity */
+    uint64_t failures;         /* calls that failed: nothing cached */
+    uint64_t entries;          /* executables cached now */
+    uint64_t capacity;         /* executables kept at most */
+} curt_recorder_stats_t;
+
+/* A recorder keeping up to `capacity` executables (0: 32), capturing in `mode` (a
+ * CURT_CAPTURE_MODE_*; THREAD_LOCAL is the usual choice). */
+int curt_recorder_create(size_t capacity, int mode, curt_recorder_t *recorder);
+
+/* Destroy a recorder: what its executables kept alive goes once their launches are
+ * done (waited for here). */
+int curt_recorder_destroy(curt_recorder_t recorder);
+
+/* Launch the executable recorded for the key on `stream` (NULL: the current stream),
+ * first recording fn(capture stream, user_data) when there is none. */
+int curt_graph_record(curt_recorder_t recorder, const void *key, size_t key_len,
+                      curt_stream_t stream, curt_record_fn fn, void *user_data);
+
+/* Record fn again and launch it as the key's recording: the executable is updated in
+ * place when only kernel arguments and other parameters changed (other buffers of the
+ * same sizes, other scalars), else replaced by a new instantiation (counted in
+ * update_fallbacks). Launches queued before keep their parameters. */
+int curt_graph_record_update(curt_recorder_t recorder, const void *key, size_t key_len,
+                             curt_stream_t stream, curt_record_fn fn, void *user_data);
+
+/* Drop the key's executable; *removed = 1 if there was one, else 0. */
+int curt_recorder_remove(curt_recorder_t recorder, const void *key, size_t key_len,
+                         int *removed);
+
+/* The recorder's statistics. */
+int curt_recorder_stats(curt_recorder_t recorder, curt_recorder_stats_t *stats);
+
 /* ---- Allocators --------------------------------------------------------------- */
 
 /* Make malloc_fn(ctx, size, device) / free_fn(ctx, ptr, device) the process-wide allocator
@@ -373,9 +484,11 @@ int curt_reset_allocator(void);
 
 /* PyTorch CUDAPluggableAllocator alloc: on `stream`'s arena (a cudaStream_t/CUstream
  * of `device`, or 0). The caller guarantees the stream stays alive until the memory is
- * freed. In a process where PyTorch's libc10.so is loaded, a failure is thrown as
- * PyTorch's c10::Error (a Python RuntimeError with cuda-rt's message) instead of
- * returning NULL, since PyTorch does not check for NULL. */
+ * freed. In a process where PyTorch's libc10.so is loaded, a failure is thrown instead
+ * of returning NULL, since PyTorch does not check for NULL: out of memory as PyTorch's
+ * c10::OutOfMemoryError (Python's torch.cuda.OutOfMemoryError, "CUDA out of memory.
+ * Tried to allocate ..."), anything else as c10::Error (a RuntimeError with cuda-rt's
+ * message). */
 void *curt_torch_alloc(ssize_t size, int device, void *stream);
 /* PyTorch CUDAPluggableAllocator free. */
 void curt_torch_free(void *ptr, ssize_t size, int device, void *stream);
@@ -419,6 +532,10 @@ void curt_torch_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
 void curt_torch_release_pool(int device, uint64_t id0, uint64_t id1);
 /* Bytes reserved now by the private graph pools of `device`. */
 int curt_torch_graph_pools_reserved(int device, uint64_t *bytes);
+/* Peak bytes in use and reserved on `device` by the default pool and the private graph
+ * pools together (what torch's max_memory_allocated / max_memory_reserved count),
+ * since the last curt_pool_reset_peaks. */
+int curt_torch_memory_peaks(int device, uint64_t *peak_used, uint64_t *peak_reserved);
 /* torch.cuda.empty_cache(): every device's cached blocks back to the driver. */
 void curt_torch_empty_cache(void);
 /* torch.cuda.set_per_process_memory_fraction(fraction, device): the pool's limit on

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds every test and bench binary (profile `gpu`: optimised, no debug info,
-# stripped), the C shim, the C smoke program and the examples into gpu-bin/, with the
-# runner gpu-bin/run.sh. Send gpu-bin/ to the GPU machine and run `bash gpu-bin/run.sh`.
+# stripped), the C shim, the C smoke program, the examples and the Python wheel
+# (gpu-bin/wheel/, around the same shim) into gpu-bin/, with the runner gpu-bin/run.sh.
+# Send gpu-bin/ to the GPU machine and run `bash gpu-bin/run.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=gpu-bin
 rm -rf "$OUT"
-mkdir -p "$OUT/tests" "$OUT/benches" "$OUT/examples" "$OUT/lib"
+mkdir -p "$OUT/tests" "$OUT/benches" "$OUT/examples" "$OUT/lib" "$OUT/wheel"
 
 # Binaries are named after the library a package builds (`cuda_rt__test__pool`), not
 # the package (`cuda-rt-safe` on crates.io): run.sh's ONLY/SKIP filters and the notes
@@ -67,12 +68,23 @@ target_dir=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 cp "$target_dir/gpu/libcuda_rt_c.so" "$OUT/lib/"
 cp "$target_dir/gpu/cuda-rt" "$OUT/cuda-rt"
-${CC:-cc} tests/c/smoke.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_smoke"
-${CC:-cc} tests/c/api.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_api"
+# The wheel around that shim (no second cargo build): run.sh installs it in a virtual
+# environment on the GPU machine, which has no network and needs none (the wheel has
+# no dependencies, and nothing is built at install time).
+CUDA_RT_WHEEL_LIB="$OUT/lib/libcuda_rt_c.so" python3 -m pip wheel --quiet \
+  --disable-pip-version-check --no-deps ./python -w "$OUT/wheel"
+rm -rf python/build python/*.egg-info
+ls "$OUT"/wheel/*.whl
+# The programs linked with -lcuda_rt_c ask the loader for the soname, libcuda_rt_c.so.0.
+ln -sf libcuda_rt_c.so "$OUT/lib/libcuda_rt_c.so.0"
+# As tests/c_shim.rs compiles them: strict C99.
+CFLAGS_C99="-std=c99 -pedantic -Wall -Wextra -Werror"
+${CC:-cc} $CFLAGS_C99 tests/c/smoke.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_smoke"
+${CC:-cc} $CFLAGS_C99 tests/c/api.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_api"
 # The C example runs with the Rust examples (from gpu-bin/examples, so its rpath
 # climbs one folder).
-${CC:-cc} examples/c/saxpy.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/../lib' -o "$OUT/examples/c_saxpy"
-${CC:-cc} tests/c/teardown.c -I. -pthread -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_teardown"
+${CC:-cc} $CFLAGS_C99 examples/c/saxpy.c -I. -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/../lib' -o "$OUT/examples/c_saxpy"
+${CC:-cc} $CFLAGS_C99 tests/c/teardown.c -I. -pthread -L"$OUT/lib" -lcuda_rt_c -Wl,-rpath,'$ORIGIN/lib' -o "$OUT/c_teardown"
 cp scripts/gpu-run.sh "$OUT/run.sh"
 du -sh "$OUT"
 size=$(du -sb "$OUT" | cut -f1)

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # The GPU suite runner (copied to gpu-bin/run.sh by scripts/build-gpu.sh).
-#   bash gpu-bin/run.sh            every test binary with CUDA_RT_REQUIRE_GPU=1, the C
+#   bash gpu-bin/run.sh            the Python wheel installed in a virtual environment and
+#                                  checked, every test binary with CUDA_RT_REQUIRE_GPU=1
+#                                  (the framework workloads also from the wheel), the C
 #                                  smoke and API programs, then every example (exit 0, no skip)
 #   SANITIZE=1 bash gpu-bin/run.sh the same under compute-sanitizer memcheck
 #   BENCH=1 bash gpu-bin/run.sh    then every bench binary (JSON lines + tables), `cuda-rt
 #                                  bench` and the serving workloads (tests/python/serving.py,
 #                                  figures)
 #   ONLY=word bash gpu-bin/run.sh  only the test and example binaries named with `word`
-#   SKIP=word bash gpu-bin/run.sh  all but the test binaries named with `word` (e.g. the
+#   SKIP=w1,w2 bash gpu-bin/run.sh all but the test binaries named with any of the words (e.g. the
 #                                  framework workloads under the sanitizer)
 # Ends with one line: `N passed, N failed`.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 export CUDA_RT_REQUIRE_GPU=1
 export CUDA_RT_SHIM_DIR="$HERE/lib"
+# The C programs ask the loader for the soname, libcuda_rt_c.so.0: the link made by
+# build-gpu.sh, made again here where a copy of gpu-bin/ dropped it.
+[ -e "$HERE/lib/libcuda_rt_c.so.0" ] || ln -sf libcuda_rt_c.so "$HERE/lib/libcuda_rt_c.so.0"
 export CUDA_RT_C_SMOKE="$HERE/c_smoke"
 export CUDA_RT_C_TEARDOWN="$HERE/c_teardown"
 export CUDA_RT_C_API="$HERE/c_api"
@@ -27,6 +32,35 @@ OUTDIR=${OUT:-/tmp}
 # Figures of tests that measure (the framework workloads) are appended here.
 export CUDA_RT_FIGURES="$OUTDIR/figures.txt"
 passed=0; failed=0; failed_bins=()
+# The wheel (gpu-bin/wheel/*.whl) in a virtual environment that also sees the machine's
+# torch and CuPy (--system-site-packages): checked here (tests/python/wheel_check.py),
+# then tests/python_workloads.rs runs the framework workloads from it
+# (CUDA_RT_WHEEL_PYTHON). Installed offline: the wheel has no dependencies.
+WHEEL_VENV=$(mktemp -d "${TMPDIR:-/tmp}/cuda-rt-wheel-venv.XXXXXX")
+trap 'rm -rf "$WHEEL_VENV"' EXIT
+install_wheel() {
+  local whl
+  whl=$(ls "$HERE"/wheel/cuda_rt_alloc-*.whl 2>/dev/null | head -1)
+  if [ -z "$whl" ]; then echo "no wheel in $HERE/wheel"; return 1; fi
+  if python3 -m venv --clear --system-site-packages "$WHEEL_VENV"; then
+    "$WHEEL_VENV/bin/python" -m pip install --quiet --no-index --no-deps "$whl"
+  else
+    # A Python without ensurepip: a venv without pip, the system's pip installing in it.
+    python3 -m venv --clear --without-pip --system-site-packages "$WHEEL_VENV" &&
+      python3 -m pip --python "$WHEEL_VENV/bin/python" install --quiet --no-index --no-deps "$whl"
+  fi
+}
+wheel_log="$OUTDIR/wheel.log"
+if install_wheel >"$wheel_log" 2>&1 &&
+   (cd "$WHEEL_VENV" && env -u PYTHONPATH -u CUDA_RT_C_LIB "$WHEEL_VENV/bin/python" \
+     "$HERE/../tests/python/wheel_check.py") >>"$wheel_log" 2>&1; then
+  export CUDA_RT_WHEEL_PYTHON="$WHEEL_VENV/bin/python"
+  passed=$((passed + 1))
+  printf '%-50s passed (%s)\n' "wheel" "$(tail -1 "$wheel_log")"
+else
+  failed=$((failed + 1)); failed_bins+=("wheel")
+  printf '%-50s FAILED\n' "wheel"; tail -20 "$wheel_log"
+fi
 run() {
   if [ "${SANITIZE:-0}" = 1 ]; then
     timeout "${TEST_TIMEOUT:-600}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 86 --print-limit 20 "$@"
@@ -36,7 +70,11 @@ run() {
 }
 for bin in "$HERE"/tests/*${ONLY:-}*; do
   name=$(basename "$bin")
-  if [ -n "${SKIP:-}" ] && [[ "$name" == *"$SKIP"* ]]; then echo "$name: left out (SKIP=$SKIP)"; continue; fi
+  left_out=""
+  for word in ${SKIP//,/ }; do
+    if [[ "$name" == *"$word"* ]]; then left_out=$word; fi
+  done
+  if [ -n "$left_out" ]; then echo "$name: left out (SKIP=$SKIP)"; continue; fi
   log="$OUTDIR/test-$name.log"
   run "$bin" --test-threads="${TEST_THREADS:-4}" >"$log" 2>&1
   rc=$?

@@ -110,6 +110,72 @@ fn null_out_pointers_are_invalid_arguments_naming_the_argument() {
             "fn is NULL",
         );
         expect(curt_dropin_live_count(null_mut()), a, "count is NULL");
+        expect(
+            curt_recorder_create(0, 1, null_mut()),
+            a,
+            "recorder is NULL",
+        );
+        expect(
+            curt_recorder_stats(null_mut(), null_mut()),
+            a,
+            "stats is NULL",
+        );
+        expect(
+            curt_recorder_remove(null_mut(), null(), 0, null_mut()),
+            a,
+            "removed is NULL",
+        );
+        expect(
+            curt_graph_record(null_mut(), null(), 0, null_mut(), None, null_mut()),
+            a,
+            "fn is NULL",
+        );
+        expect(
+            curt_graph_record_update(null_mut(), null(), 4, null_mut(), Some(ok_cb), null_mut()),
+            a,
+            "key is NULL with key_len 4",
+        );
+    }
+}
+
+extern "C" fn ok_cb(_: curt_stream_t, _: *mut c_void) -> i32 {
+    CURT_SUCCESS
+}
+
+#[test]
+fn a_recorder_is_made_and_destroyed_without_a_cuda_call() {
+    // SAFETY: every pointer passed to the shim is a live local of the type wrapper.h
+    // names, alive for the call.
+    unsafe {
+        let mut r = null_mut();
+        ok(curt_recorder_create(
+            0,
+            CURT_CAPTURE_MODE_THREAD_LOCAL,
+            &mut r,
+        ));
+        let mut st = curt_recorder_stats_t::default();
+        ok(curt_recorder_stats(r, &mut st));
+        assert_eq!(
+            st,
+            curt_recorder_stats_t {
+                capacity: 32,
+                ..Default::default()
+            }
+        );
+        let mut removed = -1;
+        ok(curt_recorder_remove(
+            r,
+            c"k".as_ptr().cast(),
+            1,
+            &mut removed,
+        ));
+        assert_eq!(removed, 0);
+        ok(curt_recorder_destroy(r));
+        expect(
+            curt_recorder_stats(r, &mut st),
+            CURT_ERROR_INVALID_HANDLE,
+            "graph recorder",
+        );
     }
 }
 
@@ -133,6 +199,13 @@ fn bad_flags_and_modes_are_invalid_arguments() {
             a,
             "unknown capture mode 9",
         );
+        let mut r = null_mut();
+        expect(
+            curt_recorder_create(0, 9, &mut r),
+            a,
+            "unknown capture mode 9",
+        );
+        assert!(r.is_null(), "out-pointers are written only on success");
     }
 }
 
@@ -164,7 +237,9 @@ fn null_and_made_up_handles_are_invalid_handles_never_crashes() {
             h,
             "invalid memory handle",
         );
-        expect(curt_free(null_mut()), h, "memory handle is NULL");
+        // NULL is C's free(NULL): nothing to do, success.
+        assert_eq!(curt_free(null_mut()), CURT_SUCCESS);
+        assert_eq!(curt_pinned_free(null_mut()), CURT_SUCCESS);
         expect(curt_free(fake as _), h, "invalid memory handle");
         let mut p = 0u64;
         expect(
@@ -208,6 +283,22 @@ fn null_and_made_up_handles_are_invalid_handles_never_crashes() {
             "invalid graph handle",
         );
         expect(curt_graph_destroy(null_mut()), h, "graph handle is NULL");
+        expect(
+            curt_recorder_destroy(null_mut()),
+            h,
+            "graph recorder handle is NULL",
+        );
+        expect(
+            curt_graph_record(fake as _, null(), 0, null_mut(), Some(ok_cb), null_mut()),
+            h,
+            "invalid graph recorder handle",
+        );
+        let mut st = curt_recorder_stats_t::default();
+        expect(
+            curt_recorder_stats(fake as _, &mut st),
+            h,
+            "invalid graph recorder handle",
+        );
         // A stream handle passed where another kind is expected is not that kind.
         expect(
             curt_stream_wait_event(fake as _, null_mut()),
@@ -420,6 +511,7 @@ fn header_compiles_as_c99_and_as_cpp_with_all_warnings_as_errors() {
         &cc,
         &[
             "-std=c99",
+            "-pedantic",
             "-Wall",
             "-Wextra",
             "-Wshadow",
@@ -436,6 +528,7 @@ fn header_compiles_as_c99_and_as_cpp_with_all_warnings_as_errors() {
             "-x",
             "c++",
             "-std=c++11",
+            "-pedantic",
             "-Wall",
             "-Wextra",
             "-Werror",
@@ -659,6 +752,231 @@ fn gpu_saxpy_compiled_by_nvrtc_launched_and_replayed_from_a_graph() {
     }
 }
 
+/// What the record callback of the recorder test gets.
+struct SaxpyCall {
+    f: curt_function_t,
+    a: f32,
+    x: u64,
+    y: u64,
+    n: i32,
+    /// What the callback does: 0 the saxpy, 1 a synchronous copy (refused during a
+    /// capture), 2 a call on the recorder that runs it.
+    mode: u32,
+    recorder: curt_recorder_t,
+    host: [f32; 4],
+    dst: curt_memory_t,
+    /// The stream handle the callback got.
+    stream: curt_stream_t,
+}
+
+extern "C" fn saxpy_cb(stream: curt_stream_t, data: *mut c_void) -> i32 {
+    // SAFETY: `data` is the test's live `SaxpyCall`, used by nothing else meanwhile;
+    // the shim calls are given live locals and handles of that test.
+    unsafe {
+        let d = &mut *data.cast::<SaxpyCall>();
+        d.stream = stream;
+        match d.mode {
+            1 => curt_memcpy_htod(d.dst, 0, d.host.as_ptr().cast(), 16),
+            2 => {
+                let mut st = curt_recorder_stats_t::default();
+                curt_recorder_stats(d.recorder, &mut st)
+            }
+            _ => {
+                let mut args: [*mut c_void; 4] = [
+                    (&mut d.a as *mut f32).cast(),
+                    (&mut d.x as *mut u64).cast(),
+                    (&mut d.y as *mut u64).cast(),
+                    (&mut d.n as *mut i32).cast(),
+                ];
+                let grid = curt_dim3 {
+                    x: (d.n as u32).div_ceil(256),
+                    y: 1,
+                    z: 1,
+                };
+                let block = curt_dim3 { x: 256, y: 1, z: 1 };
+                curt_launch(d.f, grid, block, 0, stream, args.as_mut_ptr(), 4)
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_recorder_records_replays_updates_and_reports_callback_errors() {
+    let _serial = serial();
+    // SAFETY: every pointer passed to the shim is a live local, buffer or string of the
+    // type and size wrapper.h names, alive for the call; the callback's data is `call`,
+    // alive for every record call; the kernel's buffers outlive the recorder.
+    unsafe {
+        if !gpu_or_skip("gpu_recorder_records_replays_updates_and_reports_callback_errors") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let opts = [c"-std=c++17".as_ptr()];
+        let (mut m, mut f) = (null_mut(), null_mut());
+        ok(curt_module_compile(
+            SAXPY.as_ptr(),
+            opts.as_ptr(),
+            1,
+            &mut m,
+        ));
+        ok(curt_module_get_function(m, c"saxpy".as_ptr(), &mut f));
+        let n = 1000usize;
+        let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let (mut dx, mut dy, mut dz) = (null_mut(), null_mut(), null_mut());
+        ok(curt_malloc(n * 4, null_mut(), &mut dx));
+        ok(curt_malloc(n * 4, null_mut(), &mut dy));
+        ok(curt_malloc(n * 4, null_mut(), &mut dz));
+        ok(curt_memcpy_htod(dx, 0, x.as_ptr().cast(), n * 4));
+        ok(curt_memset(dy, 0, 0, n * 4));
+        ok(curt_memset(dz, 0, 0, n * 4));
+        let (mut px, mut py, mut pz) = (0u64, 0u64, 0u64);
+        ok(curt_memory_ptr(dx, &mut px));
+        ok(curt_memory_ptr(dy, &mut py));
+        ok(curt_memory_ptr(dz, &mut pz));
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        let mut r = null_mut();
+        ok(curt_recorder_create(
+            4,
+            CURT_CAPTURE_MODE_THREAD_LOCAL,
+            &mut r,
+        ));
+        let mut call = SaxpyCall {
+            f,
+            a: 2.0,
+            x: px,
+            y: py,
+            n: n as i32,
+            mode: 0,
+            recorder: r,
+            host: [1.0; 4],
+            dst: dy,
+            stream: null_mut(),
+        };
+        // Made again before each call: a write to `call` ends an earlier pointer's
+        // right to it.
+        fn data(c: &mut SaxpyCall) -> *mut c_void {
+            (c as *mut SaxpyCall).cast()
+        }
+        let key = 7u64.to_ne_bytes();
+        let k = key.as_ptr().cast::<c_void>();
+        // Recorded (y = 2x), then replayed: the callback is not called again, so its
+        // new scalar is not seen (y = 4x).
+        ok(curt_graph_record(
+            r,
+            k,
+            8,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        ));
+        let handed = call.stream;
+        assert!(
+            !handed.is_null() && handed != s,
+            "the capture stream's handle"
+        );
+        call.a = 100.0;
+        call.stream = null_mut();
+        ok(curt_graph_record(
+            r,
+            k,
+            8,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        ));
+        assert!(call.stream.is_null(), "a replay does not call back");
+        expect(
+            curt_stream_synchronize(handed),
+            CURT_ERROR_INVALID_HANDLE,
+            "stream",
+        );
+        ok(curt_stream_synchronize(s));
+        let want: Vec<f32> = x.iter().map(|v| 4.0 * v).collect();
+        assert_eq!(to_host(dy, n), want);
+        // Updated in place: another buffer, another scalar (z = 3x).
+        call.a = 3.0;
+        call.y = pz;
+        ok(curt_graph_record_update(
+            r,
+            k,
+            8,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        ));
+        ok(curt_stream_synchronize(s));
+        let want3: Vec<f32> = x.iter().map(|v| 3.0 * v).collect();
+        assert_eq!(to_host(dz, n), want3);
+        assert_eq!(to_host(dy, n), want, "y untouched by the update");
+        // A callback's failure comes back with its code and message: a synchronous
+        // copy is refused during a capture.
+        call.mode = 1;
+        let rc = curt_graph_record(
+            r,
+            c"other".as_ptr().cast(),
+            5,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        );
+        assert_eq!(rc, CURT_ERROR_OTHER, "{}", last_error());
+        assert!(
+            last_error().contains("capturing a graph"),
+            "{}",
+            last_error()
+        );
+        // A call on the recorder from its own callback is refused, not a deadlock.
+        call.mode = 2;
+        let rc = curt_graph_record(
+            r,
+            c"other".as_ptr().cast(),
+            5,
+            s,
+            Some(saxpy_cb),
+            data(&mut call),
+        );
+        assert_eq!(rc, CURT_ERROR_OTHER, "{}", last_error());
+        assert!(
+            last_error().contains("inside its own callback"),
+            "{}",
+            last_error()
+        );
+        let mut st = curt_recorder_stats_t::default();
+        ok(curt_recorder_stats(r, &mut st));
+        assert_eq!(
+            st,
+            curt_recorder_stats_t {
+                hits: 1,
+                misses: 1,
+                captures: 2,
+                instantiations: 1,
+                updates: 1,
+                update_fallbacks: 0,
+                evictions: 0,
+                failures: 2,
+                entries: 1,
+                capacity: 4,
+            }
+        );
+        let mut removed = 0;
+        ok(curt_recorder_remove(r, k, 8, &mut removed));
+        assert_eq!(removed, 1);
+        ok(curt_recorder_destroy(r));
+        expect(
+            curt_graph_record(r, k, 8, s, Some(saxpy_cb), data(&mut call)),
+            CURT_ERROR_INVALID_HANDLE,
+            "graph recorder",
+        );
+        ok(curt_stream_destroy(s));
+        ok(curt_free(dx));
+        ok(curt_free(dy));
+        ok(curt_free(dz));
+        ok(curt_function_destroy(f));
+        ok(curt_module_destroy(m));
+    }
+}
+
 static C_ALLOCS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 extern "C" fn c_malloc(ctx: *mut c_void, size: usize, device: i32) -> u64 {
@@ -787,51 +1105,63 @@ fn gpu_record_stream_through_the_shim_and_the_torch_hook() {
 }
 
 /// The snapshot JSON through a buffer: too small (or NULL) says the length needed and
-/// fails; large enough gets the text. Without a GPU (or before any allocation) the
-/// device pool is empty.
+/// fails; large enough gets the text. The pinned pool's needs no GPU; a device's
+/// snapshot is an error where the device does not exist (without a GPU, device 0).
 #[test]
 fn snapshots_come_back_as_json_through_a_sized_buffer() {
-    // SAFETY: every pointer passed to the shim here is NULL (which the call
-    // refuses, the point of the check) or a live local, buffer or string of the
-    // type and size wrapper.h names, alive for the call (and, for device or host
-    // memory a queued copy uses, until the stream or event is synchronised below).
-    unsafe {
+    type Snap = unsafe extern "C" fn(*mut std::ffi::c_char, usize, *mut usize) -> i32;
+    unsafe extern "C" fn device0(b: *mut std::ffi::c_char, cap: usize, len: *mut usize) -> i32 {
+        // SAFETY: this function's caller passes what curt_pool_snapshot_json takes.
+        unsafe { curt_pool_snapshot_json(0, b, cap, len) }
+    }
+    let mut snaps: Vec<(Snap, &str)> =
+        vec![(curt_pinned_pool_snapshot_json as Snap, "{\"segments\": [")];
+    if curt_is_available() == 1 {
+        snaps.push((device0 as Snap, "{\"segments\": ["));
+    } else {
         let mut len = 0usize;
-        expect(
-            curt_pool_snapshot_json(0, null_mut(), 0, &mut len),
-            CURT_ERROR_INVALID_ARGUMENT,
-            "needs",
+        // SAFETY: a live out-value.
+        let rc = unsafe { curt_pool_snapshot_json(0, null_mut(), 0, &mut len) };
+        assert_ne!(
+            rc, CURT_SUCCESS,
+            "a snapshot of a device that does not exist"
         );
-        assert!(len > 0);
-        let mut small = vec![0 as std::ffi::c_char; len];
-        expect(
-            curt_pool_snapshot_json(0, small.as_mut_ptr(), small.len(), &mut len),
-            CURT_ERROR_INVALID_ARGUMENT,
-            "needs",
-        );
-        let mut buf = vec![0 as std::ffi::c_char; len + 1];
-        assert_eq!(
-            curt_pool_snapshot_json(0, buf.as_mut_ptr(), buf.len(), &mut len),
-            CURT_SUCCESS,
-            "{}",
-            last_error()
-        );
-        // The call wrote a NUL-terminated string into `buf`.
-        let text = CStr::from_ptr(buf.as_ptr()).to_str().unwrap().to_owned();
-        assert_eq!(text.len(), len);
-        assert!(
-            text.starts_with("{\"segments\": [") && text.ends_with("\"device_traces\": [[]]}"),
-            "{text}"
-        );
-        expect(
-            curt_pool_snapshot_json(0, buf.as_mut_ptr(), buf.len(), null_mut()),
-            CURT_ERROR_INVALID_ARGUMENT,
-            "len is NULL",
-        );
-        let mut len2 = 0usize;
-        let rc = curt_pinned_pool_snapshot_json(null_mut(), 0, &mut len2);
-        assert_eq!(rc, CURT_ERROR_INVALID_ARGUMENT, "{}", last_error());
-        assert!(len2 > 0);
+        assert!(!last_error().contains("needs"), "{}", last_error());
+    }
+    for (snap, start) in snaps {
+        // SAFETY: every pointer passed to the shim here is NULL (which the call
+        // refuses, the point of the check) or a live local or buffer of the size given.
+        unsafe {
+            let mut len = 0usize;
+            expect(
+                snap(null_mut(), 0, &mut len),
+                CURT_ERROR_INVALID_ARGUMENT,
+                "needs",
+            );
+            assert!(len > 0);
+            let mut small = vec![0 as std::ffi::c_char; len];
+            expect(
+                snap(small.as_mut_ptr(), small.len(), &mut len),
+                CURT_ERROR_INVALID_ARGUMENT,
+                "needs",
+            );
+            let mut buf = vec![0 as std::ffi::c_char; len + 1];
+            assert_eq!(
+                snap(buf.as_mut_ptr(), buf.len(), &mut len),
+                CURT_SUCCESS,
+                "{}",
+                last_error()
+            );
+            // The call wrote a NUL-terminated string into `buf`.
+            let text = CStr::from_ptr(buf.as_ptr()).to_str().unwrap().to_owned();
+            assert_eq!(text.len(), len);
+            assert!(text.starts_with(start) && text.ends_with('}'), "{text}");
+            expect(
+                snap(buf.as_mut_ptr(), buf.len(), null_mut()),
+                CURT_ERROR_INVALID_ARGUMENT,
+                "len is NULL",
+            );
+        }
     }
 }
 
@@ -978,6 +1308,172 @@ fn gpu_memory_freed_under_a_memset_on_another_stream_is_not_reused() {
             );
             ok(curt_free(o));
         }
+        ok(curt_stream_destroy(s));
+    }
+}
+
+#[test]
+fn every_status_code_has_its_name_and_unknown_ones_one_too() {
+    let name = |code| {
+        // SAFETY: curt_status_name returns a static NUL-terminated string, never NULL.
+        unsafe { CStr::from_ptr(curt_status_name(code)) }
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    for (code, text) in [
+        (CURT_SUCCESS, "CURT_SUCCESS"),
+        (CURT_ERROR_INVALID_ARGUMENT, "CURT_ERROR_INVALID_ARGUMENT"),
+        (CURT_ERROR_NOT_FOUND, "CURT_ERROR_NOT_FOUND"),
+        (CURT_ERROR_OUT_OF_MEMORY, "CURT_ERROR_OUT_OF_MEMORY"),
+        (CURT_ERROR_COMPILE, "CURT_ERROR_COMPILE"),
+        (CURT_ERROR_NOT_SUPPORTED, "CURT_ERROR_NOT_SUPPORTED"),
+        (CURT_ERROR_OTHER, "CURT_ERROR_OTHER"),
+        (CURT_ERROR_INVALID_HANDLE, "CURT_ERROR_INVALID_HANDLE"),
+        (CURT_ERROR_PANIC, "CURT_ERROR_PANIC"),
+        (-8, "CURT_ERROR_UNRECOGNIZED"),
+        (i32::MIN, "CURT_ERROR_UNRECOGNIZED"),
+    ] {
+        assert_eq!(name(code), text, "code {code}");
+    }
+    // A positive code is the driver's: named by it where it loads.
+    let oom = name(2);
+    if curt_is_available() == 1 {
+        assert_eq!(oom, "CUDA_ERROR_OUT_OF_MEMORY");
+    } else {
+        assert!(
+            oom == "CUDA_ERROR_OUT_OF_MEMORY" || oom == "CURT_ERROR_UNRECOGNIZED",
+            "{oom}"
+        );
+    }
+}
+
+/// The value of `#define name value` in wrapper.h.
+fn header_define(name: &str) -> String {
+    let text = std::fs::read_to_string(root().join("wrapper.h")).unwrap();
+    let prefix = format!("#define {name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("wrapper.h has no {name}"))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn the_version_call_the_version_string_and_the_header_agree_with_the_package() {
+    let major: i32 = env!("CARGO_PKG_VERSION_MAJOR").parse().unwrap();
+    let minor: i32 = env!("CARGO_PKG_VERSION_MINOR").parse().unwrap();
+    let patch: i32 = env!("CARGO_PKG_VERSION_PATCH").parse().unwrap();
+    assert_eq!(curt_version(), major * 10000 + minor * 100 + patch);
+    // SAFETY: a static NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(curt_version_string()) };
+    assert_eq!(text.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    assert_eq!(header_define("CURT_VERSION_MAJOR"), major.to_string());
+    assert_eq!(header_define("CURT_VERSION_MINOR"), minor.to_string());
+    assert_eq!(header_define("CURT_VERSION_PATCH"), patch.to_string());
+}
+
+#[test]
+fn statistics_of_a_device_that_does_not_exist_are_an_error_not_zeros() {
+    // SAFETY: live out-values of the types wrapper.h names.
+    unsafe {
+        let mut st = curt_pool_stats_t {
+            used_bytes: 5,
+            ..Default::default()
+        };
+        for device in [-1, 9999] {
+            let rc = curt_pool_stats(device, &mut st);
+            assert_ne!(rc, CURT_SUCCESS, "device {device}");
+            assert!(!last_error().is_empty());
+            assert_eq!(st.used_bytes, 5, "nothing written");
+            let (mut u, mut r) = (0, 0);
+            assert_ne!(
+                curt_torch_memory_peaks(device, &mut u, &mut r),
+                CURT_SUCCESS
+            );
+            assert_ne!(curt_pool_reset_peaks(device), CURT_SUCCESS);
+        }
+        if curt_is_available() == 1 {
+            let mut n = 0;
+            ok(curt_device_count(&mut n));
+            expect(
+                curt_pool_stats(n, &mut st),
+                CURT_ERROR_INVALID_ARGUMENT,
+                "device",
+            );
+            ok(curt_pool_stats(0, &mut st));
+        } else {
+            assert_ne!(curt_pool_stats(0, &mut st), CURT_SUCCESS);
+        }
+    }
+}
+
+#[test]
+fn a_wrapped_raw_stream_is_borrowed_and_gives_its_handle_back() {
+    // SAFETY: the raw stream is made up and only ever compared, never given to the
+    // driver (a wrapper's destruction does not touch its CUstream: the point).
+    unsafe {
+        let made_up = 0x7e57usize as *mut c_void;
+        let mut s = null_mut();
+        ok(curt_stream_wrap(made_up, -1, &mut s));
+        let mut raw = null_mut();
+        ok(curt_stream_raw(s, &mut raw));
+        assert_eq!(raw, made_up);
+        ok(curt_stream_destroy(s));
+        expect(
+            curt_stream_raw(s, &mut raw),
+            CURT_ERROR_INVALID_HANDLE,
+            "stream handle",
+        );
+        expect(
+            curt_stream_raw(null_mut(), null_mut()),
+            CURT_ERROR_INVALID_ARGUMENT,
+            "raw is NULL",
+        );
+        // NULL is the current stream: the legacy default stream (0) until one is set.
+        ok(curt_stream_raw(null_mut(), &mut raw));
+        assert!(raw.is_null());
+        assert_ne!(curt_stream_wrap(made_up, 9999, &mut s), CURT_SUCCESS);
+    }
+}
+
+#[test]
+fn gpu_a_stream_made_here_and_wrapped_again_outlives_its_wrapper() {
+    if !gpu_or_skip("gpu_a_stream_made_here_and_wrapped_again_outlives_its_wrapper") {
+        return;
+    }
+    // SAFETY: live out-values and host buffers of the sizes given; the raw stream is
+    // kept alive by `s` until after the wrapper is destroyed.
+    unsafe {
+        ok(curt_set_device(0));
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        let mut raw = null_mut();
+        ok(curt_stream_raw(s, &mut raw));
+        assert!(!raw.is_null());
+        let mut w = null_mut();
+        ok(curt_stream_wrap(raw, 0, &mut w));
+        let (mut m, mut addr) = (null_mut(), 0u64);
+        ok(curt_malloc_ptr(1024, w, &mut m, &mut addr));
+        let mut again = 0u64;
+        ok(curt_memory_ptr(m, &mut again));
+        assert_eq!(addr, again);
+        assert_ne!(addr, 0);
+        let host: Vec<u8> = (0..1024).map(|i| i as u8).collect();
+        let mut back = vec![0u8; 1024];
+        ok(curt_memcpy_htod_async(m, 0, host.as_ptr().cast(), 1024, w));
+        ok(curt_memcpy_dtoh_async(
+            back.as_mut_ptr().cast(),
+            m,
+            0,
+            1024,
+            w,
+        ));
+        ok(curt_stream_destroy(w));
+        // The stream is alive: the copies queued through the wrapper complete on it.
+        ok(curt_stream_synchronize(s));
+        assert_eq!(host, back);
+        ok(curt_free(m));
         ok(curt_stream_destroy(s));
     }
 }

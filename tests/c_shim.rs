@@ -43,11 +43,17 @@ fn device_count_matches_availability() {
 /// scripts/build-gpu.sh (named by the variable `prebuilt`, on machines without the
 /// sources or a C compiler).
 /// A C program to run: prebuilt, or compiled here into a temporary folder that goes
-/// with it (removed on drop, also when the test panics).
+/// with it (removed on drop, also when the test panics), with the folder the loader
+/// finds the shim in under its soname.
 struct CProgram {
     path: PathBuf,
+    /// Holds `libcuda_rt_c.so.0`, the name the program asks the loader for.
+    lib_dir: PathBuf,
     _dir: Option<tempfile::TempDir>,
 }
+
+/// The shim's soname (build.rs): what a program linked with `-lcuda_rt_c` loads.
+const SONAME: &str = "libcuda_rt_c.so.0";
 
 impl std::ops::Deref for CProgram {
     type Target = std::path::Path;
@@ -70,8 +76,10 @@ fn c_program(dir: &std::path::Path, name: &str, prebuilt: &str) -> CProgram {
 /// takes the program named by the variable `prebuilt`.
 fn c_source(dir: &std::path::Path, source: &str, prebuilt: &str) -> CProgram {
     if let Some(p) = std::env::var_os(prebuilt) {
+        // scripts/build-gpu.sh made the soname's link beside the library.
         return CProgram {
             path: PathBuf::from(p),
+            lib_dir: dir.to_path_buf(),
             _dir: None,
         };
     }
@@ -85,7 +93,7 @@ fn c_source(dir: &std::path::Path, source: &str, prebuilt: &str) -> CProgram {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .arg(root.join(source))
-        .args(["-std=c99", "-Wall", "-Wextra", "-Werror"])
+        .args(["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror"])
         .arg("-I")
         .arg(&root)
         .arg("-pthread")
@@ -97,8 +105,12 @@ fn c_source(dir: &std::path::Path, source: &str, prebuilt: &str) -> CProgram {
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
     assert!(status.success(), "compiling {source} failed");
+    // Cargo names the library `libcuda_rt_c.so`; the program asks for the soname, which
+    // a link beside it in the program's folder answers (as an installation's does).
+    std::os::unix::fs::symlink(dir.join("libcuda_rt_c.so"), tmp.path().join(SONAME)).unwrap();
     CProgram {
         path: out,
+        lib_dir: tmp.path().to_path_buf(),
         _dir: Some(tmp),
     }
 }
@@ -110,7 +122,7 @@ fn c_program_links_the_shim_and_never_crashes() {
     assert!(so.exists(), "{} not built", so.display());
     let out = c_program(&dir, "smoke", "CUDA_RT_C_SMOKE");
     let run = Command::new(&out)
-        .env("LD_LIBRARY_PATH", &dir)
+        .env("LD_LIBRARY_PATH", &out.lib_dir)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -121,9 +133,9 @@ fn c_program_links_the_shim_and_never_crashes() {
 
 /// Runs a C program with the shim on its library path: its stdout, after checking it
 /// exited 0 with `passed` in its output (when given).
-fn run_c(program: &std::path::Path, dir: &std::path::Path, passed: Option<&str>) -> String {
+fn run_c(program: &CProgram, passed: Option<&str>) -> String {
     let run = Command::new(program)
-        .env("LD_LIBRARY_PATH", dir)
+        .env("LD_LIBRARY_PATH", &program.lib_dir)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
@@ -145,7 +157,7 @@ fn run_c(program: &std::path::Path, dir: &std::path::Path, passed: Option<&str>)
 fn c_api_program_gets_the_right_code_and_message_on_every_error_path() {
     let dir = shim_dir();
     let out = c_program(&dir, "api", "CUDA_RT_C_API");
-    let stdout = run_c(&out, &dir, Some("C API PASSED"));
+    let stdout = run_c(&out, Some("C API PASSED"));
     assert!(!stdout.contains("FAIL "), "{stdout}");
 }
 
@@ -153,7 +165,7 @@ fn c_api_program_gets_the_right_code_and_message_on_every_error_path() {
 fn c_saxpy_example_builds_and_runs_or_skips_without_a_gpu() {
     let dir = shim_dir();
     let out = c_source(&dir, "examples/c/saxpy.c", "CUDA_RT_C_SAXPY");
-    let stdout = run_c(&out, &dir, None);
+    let stdout = run_c(&out, None);
     if curt_is_available() == 1 {
         assert!(stdout.contains("saxpy: 0 of 4096 wrong"), "{stdout}");
     } else {
@@ -172,7 +184,7 @@ fn c_program_calling_the_shim_from_a_key_destructor_and_atexit_exits_normally() 
     let dir = shim_dir();
     let out = c_program(&dir, "teardown", "CUDA_RT_C_TEARDOWN");
     let run = Command::new(&out)
-        .env("LD_LIBRARY_PATH", &dir)
+        .env("LD_LIBRARY_PATH", &out.lib_dir)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -304,7 +316,7 @@ fn c_api_program_links_the_static_library_too() {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .arg(root.join("tests/c/api.c"))
-        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-I"])
+        .args(["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(&root)
         .arg(&lib)
         .args(["-pthread", "-ldl", "-lm", "-o"])
@@ -324,4 +336,130 @@ fn c_api_program_links_the_static_library_too() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert!(stdout.contains("C API PASSED"), "{stdout}");
+}
+
+/// Whether `file`'s dynamic section has the entry `readelf -d` prints as
+/// `<tag>: [<SONAME>]` (`Library soname`, `Shared library`). Where readelf (binutils)
+/// is missing (a bare GPU machine), whether the name is among the file's strings.
+fn has_dynamic_entry(file: &std::path::Path, tag: &str) -> bool {
+    match Command::new("readelf").arg("-d").arg(file).output() {
+        Ok(out) if out.status.success() => {
+            String::from_utf8_lossy(&out.stdout).contains(&format!("{tag}: [{SONAME}]"))
+        }
+        _ => {
+            let bytes = std::fs::read(file).unwrap();
+            let name = format!("{SONAME}\0");
+            bytes.windows(name.len()).any(|w| w == name.as_bytes())
+        }
+    }
+}
+
+#[test]
+fn the_shared_library_has_a_versioned_soname_that_linked_programs_ask_for() {
+    let dir = shim_dir();
+    let so = dir.join("libcuda_rt_c.so");
+    assert!(
+        has_dynamic_entry(&so, "Library soname"),
+        "{} has no soname {SONAME}",
+        so.display()
+    );
+    // A program linked with -lcuda_rt_c records the soname, and runs through the link.
+    let out = c_program(&dir, "smoke", "CUDA_RT_C_SMOKE");
+    assert!(
+        has_dynamic_entry(&out, "Shared library"),
+        "{} does not ask for {SONAME}",
+        out.display()
+    );
+    assert!(
+        out.lib_dir.join(SONAME).exists(),
+        "no {SONAME} beside the program"
+    );
+    run_c(&out, Some("C SMOKE PASSED"));
+}
+
+/// Runs `command`, panicking with what it printed when it fails.
+fn run_ok(command: &mut Command, what: &str) {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn out_of_memory_in_curt_torch_alloc_is_thrown_as_c10_out_of_memory_error() {
+    // C++ is compiled here, where the sources and compilers are (not on the GPU
+    // machine, whose prebuilt programs are named by variables; there the real PyTorch
+    // is tested by tests/python/torch_hour.py).
+    if std::env::var_os("CUDA_RT_C_API").is_some() {
+        eprintln!(
+            "skipped: prebuilt programs in use (the C++ stand-in for libc10 is tested where built)"
+        );
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = shim_dir();
+    let tmp = tempfile::Builder::new()
+        .prefix("cuda_rt_c_torch_oom_")
+        .tempdir()
+        .unwrap();
+    let t = tmp.path();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    // The fake driver: allocations succeed without a GPU, so the pool's limit is what
+    // runs out.
+    run_ok(
+        Command::new(&cc)
+            .args(["-O2", "-shared", "-fPIC", "-o"])
+            .arg(t.join("libcuda.so.1"))
+            .arg(root.join("scripts/fake-libcuda.c"))
+            .arg("-ldl"),
+        "building the fake driver",
+    );
+    run_ok(
+        Command::new(&cxx)
+            .args([
+                "-std=c++17",
+                "-shared",
+                "-fPIC",
+                "-Wl,-soname,libc10.so",
+                "-o",
+            ])
+            .arg(t.join("libc10.so"))
+            .arg(root.join("tests/cxx/fake_c10.cpp")),
+        "building the stand-in libc10.so",
+    );
+    std::os::unix::fs::symlink(dir.join("libcuda_rt_c.so"), t.join(SONAME)).unwrap();
+    let program = t.join("torch_oom");
+    run_ok(
+        Command::new(&cxx)
+            .args(["-std=c++17", "-Wall", "-Wextra", "-Werror"])
+            .arg(root.join("tests/cxx/torch_oom.cpp"))
+            .arg("-I")
+            .arg(&root)
+            .arg("-L")
+            .arg(t)
+            .arg("-lc10")
+            .arg("-L")
+            .arg(&dir)
+            .arg("-lcuda_rt_c")
+            .arg("-o")
+            .arg(&program),
+        "building tests/cxx/torch_oom.cpp",
+    );
+    let run = Command::new(&program)
+        .env("LD_LIBRARY_PATH", t)
+        .env("CUDA_RT_LIBCUDA", t.join("libcuda.so.1"))
+        .env_remove("CUDA_RT_GPU_MEMORY_LIMIT")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    println!("{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "{stdout}");
+    assert!(stdout.contains("TORCH OOM PASSED"), "{stdout}");
+    assert!(!stdout.contains("FAIL "), "{stdout}");
 }

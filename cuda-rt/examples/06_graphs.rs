@@ -46,7 +46,7 @@ fn run() -> cuda_rt::Result<()> {
     let _current = stream.enter()?;
     // The buffers are declared before the graph, so they outlive it.
     let x = DeviceBuffer::from_slice(&host_x)?;
-    let y = DeviceBuffer::<f32>::zeros(N)?;
+    let mut y = DeviceBuffer::<f32>::zeros(N)?;
     let launches = Arc::new(AtomicU32::new(0));
 
     let graph = {
@@ -60,7 +60,7 @@ fn run() -> cuda_rt::Result<()> {
             // SAFETY: accumulate(float* y, const float* x, int n): y and scratch hold n
             // floats on this device; y outlives every replay of the graph (it is
             // declared before it), and scratch is a node of the graph itself.
-            unsafe { cuda_rt::launch!(kernel, &cfg, &stream, (y, scratch, n))? };
+            unsafe { cuda_rt::launch!(kernel, &cfg, &stream, (&mut y, &scratch, n))? };
         }
         let counter = launches.clone();
         stream.launch_host_func_repeatable(move || {

@@ -78,19 +78,19 @@ fn run() -> cuda_rt::Result<()> {
     let (a, len) = (2.0f32, n as i32);
     // SAFETY: saxpy(float a, const float* x, float* y, int n): x and y hold n floats on
     // this device; `to_vec` below reads y on the same stream, after the kernel.
-    unsafe { cuda_rt::launch!(saxpy, &cfg, (a, x, y, len))? };
+    unsafe { cuda_rt::launch!(saxpy, &cfg, (a, &x, &mut y, len))? }; // y is written
     let want: Vec<f32> = host_x.iter().map(|&v| 2.0 * v + 1.0).collect();
     assert_eq!(y.to_vec()?, want);
 
     // A view passes the address of its first element; here on a stream of its own.
     let (half, stream) = (n / 2, Stream::non_blocking()?);
     let (one, m) = (1.0f32, (n - half) as i32);
-    let tail = y.slice_mut(half..)?;
+    let mut tail = y.slice_mut(half..)?;
     let cfg = LaunchConfig::for_num_elems_with_block(m as u32, 256);
     // SAFETY: as above for the last n - half elements of y (the first of x); the work
     // before on the default stream is done (`to_vec` waited), and the exclusive view
     // keeps y from other use until the synchronize.
-    unsafe { cuda_rt::launch!(saxpy, &cfg, &stream, (one, x, tail, m))? };
+    unsafe { cuda_rt::launch!(saxpy, &cfg, &stream, (one, &x, &mut tail, m))? };
     stream.synchronize()?;
     let got = y.to_vec()?;
     assert_eq!(got[..half], want[..half]);
@@ -102,11 +102,11 @@ fn run() -> cuda_rt::Result<()> {
     let scale_f64 = module.get_function("scale<double>")?;
     let lowered = module.lowered_name("scale<double>").unwrap_or_default();
     println!("scale<double> is {lowered}");
-    let d = DeviceBuffer::from_slice(&[1.5f64; 1000])?;
+    let mut d = DeviceBuffer::from_slice(&[1.5f64; 1000])?;
     let cfg = LaunchConfig::for_num_elems_with_block(1000, 128);
     // SAFETY: scale<double>(double* x, double a, int n): d holds 1000 doubles; `to_vec`
     // reads it on the same stream, after the kernel.
-    unsafe { cuda_rt::launch!(scale_f64, &cfg, (d, 4.0f64, 1000i32))? };
+    unsafe { cuda_rt::launch!(scale_f64, &cfg, (&mut d, 4.0f64, 1000i32))? };
     assert_eq!(d.to_vec()?, vec![6.0; 1000]);
 
     // A compile error carries NVRTC's log.

@@ -114,6 +114,9 @@ struct Entry {
     /// The free nodes of its allocations captured on forked streams, as addresses
     /// (see [`fork_join`]).
     side_frees: Vec<fork_join::SideFree>,
+    /// Whether memory in `keep` was noted by a use on a stream other than the origin
+    /// (see [`Ended::forked_uses`]).
+    forked_uses: bool,
 }
 
 impl Entry {
@@ -268,6 +271,7 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
         used: HashSet::new(),
         allocs: Vec::new(),
         side_frees: Vec::new(),
+        forked_uses: false,
     };
     // A record left on this stream by a capture that ended outside cuda-rt is stale
     // (a stream is in one capture at most): its allocations died with that capture.
@@ -317,6 +321,28 @@ pub(crate) struct Ended {
     pub(crate) keep: Vec<Arc<dyn Any + Send + Sync>>,
     /// The allocations made in the capture.
     pub(crate) allocs: Vec<Arc<AllocState>>,
+    /// Whether some memory in `keep` was noted by a use on a stream forked into the
+    /// capture rather than on its origin. Work queued there just before the stream
+    /// joined may have been noted as the capture's (see [`enqueue_using`]): such
+    /// memory is let go only once the whole context is idle, whereas the origin's
+    /// uses are ordered by the capture's begin (under [`TRANSITION`]).
+    pub(crate) forked_uses: bool,
+}
+
+impl Ended {
+    /// Throws the captured graph away without instantiating it: its allocations never
+    /// existed outside it, the graph is destroyed, and what it kept is let go (after
+    /// the context is idle when a forked stream noted a use, as a graph's drop does).
+    pub(crate) fn discard(self) {
+        for a in &self.allocs {
+            a.abandon();
+        }
+        discard(self.raw);
+        if self.forked_uses && !self.keep.is_empty() {
+            let _ = result::context::synchronize();
+        }
+        drop(self.keep);
+    }
 }
 
 /// Ends the capture begun on `s` (`StreamCaptureExt::end_capture_with`, which makes
@@ -368,12 +394,17 @@ pub(crate) fn end<S: AsStream + ?Sized>(s: &S) -> Result<Ended> {
             return Err(explain_capture(e.into(), "end_capture"));
         }
     };
-    let (keep, allocs) = match entry {
-        Some(e) => (e.keep, e.allocs),
-        None => (Vec::new(), Vec::new()),
+    let (keep, allocs, forked_uses) = match entry {
+        Some(e) => (e.keep, e.allocs, e.forked_uses),
+        None => (Vec::new(), Vec::new(), false),
     };
     finish(None);
-    Ok(Ended { raw, keep, allocs })
+    Ok(Ended {
+        raw,
+        keep,
+        allocs,
+        forked_uses,
+    })
 }
 
 /// Runs `f` on the record of the capture `s` belongs to (also a stream forked into
@@ -526,6 +557,9 @@ fn note_use_slow<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> bool 
         // The address of a kept object is unique while the entry keeps it.
         if e.used.insert(m.identity()) {
             e.keep.push(m.keep());
+        }
+        if !e.began_on(s.as_raw() as usize, s.device_id()) {
+            e.forked_uses = true;
         }
     }
     true

@@ -443,6 +443,43 @@ impl Event {
         self.query()
     }
 
+    /// The work before the event's last record, as a
+    /// [`Future`](std::future::Future) that any executor can await: `Ok(())` once it is
+    /// done (at once if it is done already, or the event was never recorded), or the
+    /// driver's error if it failed. A driver callback wakes the task (no polling; see
+    /// [`stream::completion`](crate::stream::completion)).
+    ///
+    /// The record is the one made before this call: recording the event again later
+    /// changes nothing for this future, and the event may be dropped before the future
+    /// completes. Nothing waits on the stream that recorded it: a stream of the
+    /// completion's own waits for the event and calls back, so the recording stream
+    /// goes on at full speed (the cost is a stream made and destroyed, some
+    /// microseconds, when the work is still running).
+    ///
+    /// An error (resolved at the first poll) when the event was recorded in a graph
+    /// capture, or inside a host function.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> cuda_rt::Result<()> {
+    /// use cuda_rt::prelude::*;
+    /// use cuda_rt::{DeviceBuffer, Stream};
+    /// let stream = Stream::non_blocking()?;
+    /// let mut buf = DeviceBuffer::<f32>::empty(1 << 24)?;
+    /// buf.fill_async(2.0, &stream)?;
+    /// let filled = stream.record(None)?;
+    /// buf.fill_async(3.0, &stream)?; // queued at once, not held by the await below
+    /// filled.completion().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn completion(&self) -> crate::stream::Completion {
+        if !self.is_recorded() {
+            return crate::stream::Completion::known(Ok(()));
+        }
+        // SAFETY: the event is live while `self` is borrowed, and the call returns
+        // before the borrow ends.
+        unsafe { crate::stream::completion::after_event(self.as_raw(), self.device) }
+    }
+
     /// Milliseconds from this event to `end` (both recorded, both with timing, and
     /// `end` completed); see [`get_elapsed_time`].
     pub fn elapsed_time(&self, end: &Event) -> Result<f32> {
@@ -527,6 +564,11 @@ fn create_uncached(device: i32, flags: EventFlags) -> Result<usize> {
 #[cold]
 #[inline(never)]
 fn destroy_uncached(handle: usize) {
+    // Inside a host function the driver may not be called: the handle is kept
+    // (leaked), as memory dropped there is (docs/soundness.md, "Host functions").
+    if result::stream::in_host_function() {
+        return;
+    }
     // An error here (a context torn down at exit) leaves nothing to clean up.
     // SAFETY: the callers hand over a handle nothing holds any more (its `Event`
     // dropped, or its fence gave it back) and that the cache did not keep: destroyed

@@ -2,10 +2,11 @@
 //! without heap allocation, cooperative launches and launch attributes (clusters).
 //!
 //! Arguments are anything that implements [`KernelArg`]: every primitive scalar, raw
-//! pointers, `u64` device pointers, [`MemoryPointer`]s, and your
-//! own `#[repr(C)]` plain-data structs once they implement [`PlainData`]. A launch
-//! takes them as `&[&dyn KernelArg]` (an array on the caller's stack) or through the
-//! [`launch!`](crate::launch!) macro:
+//! pointers, `u64` device pointers, [`MemoryPointer`]s, buffers and views, and your
+//! own `#[repr(C)]` plain-data structs once they implement [`PlainData`]. Memory the
+//! kernel writes is passed as `&mut`, memory it only reads as itself or `&` (see
+//! [`KernelArg`]). A launch takes them as `&[&dyn KernelArg]` (an array on the
+//! caller's stack) or through the [`launch!`](crate::launch!) macro:
 //!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
@@ -18,13 +19,13 @@
 //!     &[],
 //! )?;
 //! let (a, n) = (2.0f32, 1000i32);
-//! let x = cuda_rt::alloc(4 * n as usize)?; // n floats on the current device
+//! let mut x = cuda_rt::alloc(4 * n as usize)?; // n floats on the current device
 //! let cfg = LaunchConfig::for_num_elems_occupancy(&k, n as u32)?;
 //! // SAFETY: scale(float* x, float a, int n): x holds n floats on the kernel's device,
 //! // and nothing else touches them until the synchronize below.
-//! unsafe { k.launch(&cfg, &[&x, &a, &n])? }; // on the current stream
+//! unsafe { k.launch(&cfg, &[&mut x, &a, &n])? }; // on the current stream
 //! // SAFETY: the same arguments.
-//! unsafe { cuda_rt::launch!(k, &cfg, (x, a, n))? }; // the same
+//! unsafe { cuda_rt::launch!(k, &cfg, (&mut x, a, n))? }; // the same
 //! cuda_rt::synchronize()?; // x stays alive until the kernels are done
 //! # Ok(()) }
 //! ```
@@ -62,9 +63,10 @@ use std::mem::MaybeUninit;
 use cuda_sys::driver as sys;
 use cuda_sys::result::launch as dl;
 
+use crate::buffer::{DeviceBuffer, DeviceSlice, DeviceSliceMut};
 use crate::device::context::make_current;
 use crate::error::{ArgumentKind, Error, Result};
-use crate::memory::{Bf16, MemoryPointer, F16};
+use crate::memory::{Bf16, MemoryPointer, Pod, F16};
 use crate::module::Function;
 use crate::stream::{current_stream_unretained, AsStream};
 
@@ -228,10 +230,25 @@ impl LaunchConfig {
 
 /// A value that can be passed to a kernel by value.
 ///
+/// Buffers, views and [`MemoryPointer`]s pass their device address, and may be
+/// written plainly (`x`), as `&x` or, for memory the kernel writes, as `&mut y`: a
+/// [`DeviceBuffer`], a [`DeviceSliceMut`] or a [`MemoryPointer`] borrowed mutably, so
+/// that the borrow checker sees the output as written and refuses the same buffer as
+/// another argument of the launch. A read-only [`DeviceSlice`] cannot be passed as
+/// `&mut`.
+///
 /// # Safety
 /// [`param_ptr`](KernelArg::param_ptr) points to [`param_size`](KernelArg::param_size)
 /// readable bytes laid out as the kernel's C++ parameter type expects, valid as long
 /// as `self` is borrowed.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be passed to a kernel",
+    label = "not a kernel argument",
+    note = "kernel arguments are scalars, raw pointers, `PlainData` structs (or \
+            `BytemuckPod` ones, with the `bytemuck` feature), and buffers, views and \
+            memory pointers written `x`, `&x` or `&mut x` (a read-only `DeviceSlice` \
+            not as `&mut`)"
+)]
 pub unsafe trait KernelArg {
     /// Pointer to the bytes of the value (what `cuLaunchKernel`'s `kernelParams` holds).
     fn param_ptr(&self) -> *mut c_void;
@@ -241,7 +258,8 @@ pub unsafe trait KernelArg {
 
 /// Plain data: a `Copy` type whose bytes are its C layout (`#[repr(C)]` structs of
 /// plain data, primitive scalars, pointers). Implementing it makes the type a
-/// [`KernelArg`].
+/// [`KernelArg`]. With the `bytemuck` feature, a type that derives `bytemuck::Pod`
+/// gets it (and [`Pod`]) safely through `memory::BytemuckPod`.
 ///
 /// ```
 /// #[derive(Clone, Copy)]
@@ -278,6 +296,11 @@ macro_rules! plain {
     )* };
 }
 plain!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64, bool);
+// SAFETY: `bytemuck::Pod` (which the marker requires) is `Copy` with no padding and no
+// pointers; a `#[repr(C)]` derive of it is the C layout. That it matches the kernel's
+// parameter type is the launch's `# Safety`, as for every argument.
+#[cfg(feature = "bytemuck")]
+unsafe impl<T: crate::memory::BytemuckPod> PlainData for T {}
 // SAFETY: a pointer is passed by value as its address (a device or managed pointer).
 unsafe impl<T> PlainData for *const T {}
 // SAFETY: as above.
@@ -312,6 +335,36 @@ unsafe impl KernelArg for MemoryPointer {
     fn param_size(&self) -> usize {
         std::mem::size_of::<u64>()
     }
+}
+
+// Buffers, views and memory pointers also as `&x` and `&mut y` (see `KernelArg`).
+// One impl per type rather than a blanket `impl<T: KernelArg> KernelArg for &T`: that
+// would overlap `impl<T: PlainData> KernelArg for T` (a downstream crate may implement
+// `PlainData` for `&TheirType`).
+macro_rules! by_reference {
+    ($( [$($gen:tt)*] ($($r:tt)+) $ty:ty; )*) => {$(
+        // SAFETY: the referenced value's own parameter bytes (its impl's guarantee),
+        // valid while the reference, and so the value, is borrowed.
+        unsafe impl<$($gen)*> KernelArg for $($r)+ $ty {
+            #[inline(always)]
+            fn param_ptr(&self) -> *mut c_void {
+                KernelArg::param_ptr(&**self)
+            }
+            #[inline(always)]
+            fn param_size(&self) -> usize {
+                KernelArg::param_size(&**self)
+            }
+        }
+    )*};
+}
+by_reference! {
+    [] (&) MemoryPointer;
+    [] (&mut) MemoryPointer;
+    [T: Pod] (&) DeviceBuffer<T>;
+    [T: Pod] (&mut) DeviceBuffer<T>;
+    [T: Pod] (&) DeviceSliceMut<'_, T>;
+    [T: Pod] (&mut) DeviceSliceMut<'_, T>;
+    [T: Pod] (&) DeviceSlice<'_, T>;
 }
 
 /// A launch attribute for [`Function::launch_ex`] (`cuLaunchKernelEx`).
@@ -649,7 +702,10 @@ impl ParamArray {
 /// `launch!(f, &cfg, (a, b, c))` on the current stream, or
 /// `launch!(f, &cfg, &stream, (a, b, c))`. `f` is a [`Function`] or anything that
 /// dereferences to one (a [`RawKernel`](crate::compiler::RawKernel)); each argument
-/// is a [`KernelArg`], borrowed (not moved) by the launch. Evaluates to `Result<()>`.
+/// is a [`KernelArg`], borrowed (not moved) by the launch. Memory the kernel writes is
+/// written `&mut y` (a buffer, a mutable view or a memory pointer), so the borrow
+/// checker treats it as written and refuses it as another argument of the same
+/// launch; inputs are written `x` or `&x`. Evaluates to `Result<()>`.
 ///
 /// It expands to a call of the `unsafe fn` [`Function::launch`] (or
 /// [`Function::launch_on`]) and is therefore only accepted inside an `unsafe` block,
@@ -660,11 +716,11 @@ impl ParamArray {
 /// # let k = cuda_rt::RawKernel::new("", "f", &[])?;
 /// # let stream = cuda_rt::Stream::new()?;
 /// let n = 1024i32;
-/// let (x, y) = (cuda_rt::alloc(4 * n as usize)?, cuda_rt::alloc(4 * n as usize)?);
+/// let (x, mut y) = (cuda_rt::alloc(4 * n as usize)?, cuda_rt::alloc(4 * n as usize)?);
 /// let cfg = cuda_rt::LaunchConfig::for_num_elems_occupancy(&k, n as u32)?;
 /// // SAFETY: saxpy(float a, const float* x, float* y, int n): x and y hold n floats each
 /// // on k's device and stay alive and untouched until the synchronize below.
-/// unsafe { cuda_rt::launch!(k, &cfg, &stream, (2.0f32, x, y, n))? };
+/// unsafe { cuda_rt::launch!(k, &cfg, &stream, (2.0f32, &x, &mut y, n))? };
 /// stream.synchronize()?;
 /// # Ok(()) }
 /// ```
@@ -715,6 +771,26 @@ mod tests {
         // SAFETY: the cluster variant was written.
         let d = unsafe { a.value.clusterDim };
         assert_eq!((d.x, d.y, d.z), (2, 1, 1));
+    }
+
+    #[test]
+    fn references_to_memory_pass_the_same_address_bytes() {
+        let mut p = MemoryPointer::null(0);
+        let by_value = p.param_ptr();
+        assert_eq!(<&MemoryPointer as KernelArg>::param_ptr(&&p), by_value);
+        assert_eq!(<&MemoryPointer as KernelArg>::param_size(&&p), 8);
+        let as_mut = &mut p;
+        assert_eq!(
+            <&mut MemoryPointer as KernelArg>::param_ptr(&as_mut),
+            by_value
+        );
+        assert_eq!(<&mut MemoryPointer as KernelArg>::param_size(&as_mut), 8);
+        // The launch array the macro builds: each form points at the pointer's field.
+        let q = MemoryPointer::null(0);
+        let mut r = MemoryPointer::null(0);
+        let (qp, rp) = (q.param_ptr(), r.param_ptr());
+        let args: [&dyn KernelArg; 3] = [&q, &&q, &&mut r];
+        assert_eq!(args.map(|a| a.param_ptr()), [qp, qp, rp]);
     }
 
     #[test]

@@ -41,19 +41,20 @@
 //!     "double_it",
 //!     &[],
 //! )?; // compiled once, then from the kernel cache
-//! let x = DeviceBuffer::from_slice(&[1.5f32; 1000])?;
+//! let mut x = DeviceBuffer::from_slice(&[1.5f32; 1000])?;
 //! let n = x.len() as i32;
 //! let cfg = LaunchConfig::for_num_elems_occupancy(&double, n as u32)?;
 //! // SAFETY: double_it(float* x, int n): x holds n floats on this device, and nothing
 //! // else uses it until `to_vec` (on the same stream) has read it.
-//! unsafe { cuda_rt::launch!(double, &cfg, (x, n))? };
+//! unsafe { cuda_rt::launch!(double, &cfg, (&mut x, n))? }; // the kernel writes x
 //! assert_eq!(x.to_vec()?, vec![3.0f32; 1000]);
 //! # Ok(()) }
 //! ```
 //!
 //! The examples (`cargo run -p cuda-rt-safe --example tour`, then `01_devices` ...
-//! `11_libraries`, one per section of the spec) show each area at length; without a GPU
-//! they say why and exit.
+//! `11_libraries`, one per section of the spec, `12_graphs_made_easy`, and `13_async`, a
+//! GPU awaited beside file reads) show each area at length; without a GPU they say why
+//! and exit.
 //!
 //! # Map
 //!
@@ -66,9 +67,9 @@
 //! | typed memory | [`buffer`] | [`DeviceBuffer`], [`PinnedBuffer`], [`Transfer`] |
 //! | untyped memory, pools, hooks | [`memory`] | [`alloc`], [`MemoryPointer`], [`MemoryPool`] |
 //! | pinned host memory | [`pinned`] | [`PinnedMemoryPool`], [`alloc_pinned_memory`] |
-//! | streams | [`stream`] | [`Stream`], [`get_current_stream`], [`AsStream`] |
+//! | streams | [`stream`] | [`Stream`], [`get_current_stream`], [`AsStream`], [`Completion`] (async) |
 //! | events | [`event`] | [`Event`], [`get_elapsed_time`] |
-//! | graphs | [`graph`] | [`Graph`], [`StreamCaptureExt`] |
+//! | graphs | [`graph`] | [`Graph`], [`StreamCaptureExt`], [`Recorder`] (record once, replay, update in place) |
 //! | kernels | [`compiler`], [`module`], [`launch`](mod@launch) | [`RawKernel`], [`RawModule`], [`launch!`], [`LaunchConfig`] |
 //! | libraries | [`libs`], [`cuda_sys`] | [`get_cublas_handle`], [`cuda_sys::result`] |
 //! | profiling | [`profiler`] | [`profiler::profile`], [`profiler::range`] |
@@ -116,10 +117,13 @@
 //! at once (`use cuda_rt::prelude::*;`).
 
 #![warn(missing_docs)]
+// The docs link the JSON items (`to_json`, `DebugPrintHook`...), which exist with the
+// `serde` feature, on by default: without it those links have nothing to point to.
+#![cfg_attr(not(feature = "serde"), allow(rustdoc::broken_intra_doc_links))]
 
 // cuda-rt is for Linux (see cuda-rt-sys, whose build stops first with the same
 // message): this crate uses Unix file descriptors and sockets (IPC), Linux's
-// `madvise` and `getrandom`, and the Linux sonames of the CUDA libraries.
+// `madvise`, and the Linux sonames of the CUDA libraries.
 #[cfg(not(target_os = "linux"))]
 compile_error!(
     "cuda-rt supports Linux (x86_64, aarch64) only: CUDA's libraries are found and \
@@ -167,7 +171,9 @@ pub use error::{
     StateKind, Unavailable, UnsupportedKind,
 };
 pub use event::{get_elapsed_time, Event, EventFlags, IpcEventHandle, StreamEventExt};
-pub use graph::{CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, StreamCaptureExt};
+pub use graph::{
+    CaptureMode, CaptureStatus, DotFlags, Graph, InstantiateFlags, Recorder, StreamCaptureExt,
+};
 pub use launch::{CooperativeGrid, Dim3, KernelArg, LaunchAttribute, LaunchConfig, PlainData};
 pub use libs::{get_cublas_handle, get_curand_generator, get_cusolver_handle, get_cusparse_handle};
 pub use memory::{
@@ -180,5 +186,6 @@ pub use pinned::{
     PinnedMemoryPointer, PinnedMemoryPool,
 };
 pub use stream::{
-    current_stream_of, get_current_stream, AsStream, ExternalStream, Stream, StreamRef, StreamScope,
+    current_stream_of, get_current_stream, AsStream, Completion, ExternalStream, Stream, StreamRef,
+    StreamScope,
 };

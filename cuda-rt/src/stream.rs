@@ -8,7 +8,7 @@
 //! A stream of a device other than the thread's current device cannot be made current.
 //!
 //! The operations of a stream are on the [`AsStream`] trait (`synchronize`, `query`,
-//! `launch_host_func`, `add_callback`, `enter`, ...), so owned, borrowed and foreign
+//! `completion`, `launch_host_func`, `add_callback`, `enter`, ...), so owned, borrowed and foreign
 //! streams all have them. Those that take a higher module's types are on traits that
 //! module defines for every `AsStream`: [`StreamEventExt`](crate::StreamEventExt)
 //! (`record`, `wait_event`) and [`StreamCaptureExt`](crate::StreamCaptureExt)
@@ -39,6 +39,9 @@ use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::{ArgumentKind, CaptureKind, DriverError, Error, Result, StateKind};
 use crate::thread_state::{self, MAX_DEVICES};
+
+pub mod completion;
+pub use completion::Completion;
 
 /// The legacy default stream's handle (CUDA's `0`).
 pub const LEGACY_DEFAULT_HANDLE: usize = 0;
@@ -134,6 +137,39 @@ pub trait AsStream: sealed::Sealed {
     /// CuPy's `Stream.done`: the same as [`query`](AsStream::query).
     fn done(&self) -> Result<bool> {
         self.query()
+    }
+
+    /// The work queued on the stream so far, as a [`Future`](std::future::Future) that
+    /// any executor can await: it resolves to `Ok(())` once that work is done, or to
+    /// the driver's error if it failed. The task is woken by a stream callback the
+    /// driver calls when the work is done (no polling; see [`completion`]).
+    ///
+    /// The callback is queued now, in stream order: work queued later on this stream
+    /// waits for it (it only wakes a task, but the driver's round trip to the host
+    /// thread is a pause of some microseconds). To await without that pause, record an
+    /// event and await [`Event::completion`](crate::Event::completion) instead. The
+    /// stream may be dropped before the work is done, and so may the future.
+    ///
+    /// An error (resolved at the first poll) when the stream is capturing a graph
+    /// (captured work runs when the graph is launched: await the stream it is launched
+    /// on), or inside a host function.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> cuda_rt::Result<()> {
+    /// use cuda_rt::prelude::*;
+    /// use cuda_rt::{DeviceBuffer, Stream};
+    /// let stream = Stream::non_blocking()?;
+    /// let mut buf = DeviceBuffer::<u8>::empty(1 << 30)?;
+    /// buf.memset_async(0, &stream)?;
+    /// let gpu = stream.completion(); // queued now, in stream order
+    /// // ... other `.await`s here (a file read, a socket) run while the GPU works ...
+    /// gpu.await?;
+    /// # Ok(()) }
+    /// ```
+    fn completion(&self) -> Completion {
+        // SAFETY: the stream is live while `self` is borrowed ("Who keeps a stream
+        // alive" above), and the call returns before the borrow ends.
+        unsafe { completion::after_stream(self.as_raw(), self.device_id()) }
     }
 
     /// Runs `f` on a driver thread once all work queued before it on this stream is
@@ -398,6 +434,11 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        // Inside a host function the driver may not be called: the handle is kept
+        // (leaked), as memory dropped there is (docs/soundness.md, "Host functions").
+        if result::stream::in_host_function() {
+            return;
+        }
         // The driver defers destruction until queued work finishes; an error here
         // (a context torn down at exit) leaves nothing to clean up.
         // SAFETY: the stream is owned (created here, or given with `from_raw`'s

@@ -357,3 +357,15 @@ macro_rules! gpu_test {
         }
     };
 }
+
+/// Sets how later staged host copies cut their bytes: the largest chunk (a multiple of
+/// 4 KiB, 256 KiB to 256 MiB), the staging buffers in flight (2 to 16) and the first
+/// chunk of the ramp (0 for none). For the bench that tunes the defaults
+/// (`host_copies`); not part of the stable API.
+pub fn set_staging_plan(chunk: usize, buffers: usize, ramp: usize) -> crate::Result<()> {
+    crate::pinned::staging::set_plan_shape(crate::pinned::staging::PlanShape {
+        chunk,
+        buffers,
+        ramp,
+    })
+}

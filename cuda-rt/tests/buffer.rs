@@ -287,18 +287,18 @@ gpu_test!(saxpy_on_typed_buffers, {
     let k = RawKernel::new(common_kernel::SAXPY, "saxpy", &[]).unwrap();
     let n = 100_000;
     let x = DeviceBuffer::from_slice(&vec![1.0f32; n]).unwrap();
-    let y = DeviceBuffer::from_slice(&vec![2.0f32; n]).unwrap();
+    let mut y = DeviceBuffer::from_slice(&vec![2.0f32; n]).unwrap();
     let (a, len) = (3.0f32, n as i32);
     let cfg = LaunchConfig::for_num_elems_with_block(n as u32, 256);
     // SAFETY: saxpy(float a, const float* x, float* y, int n): x and y hold n floats on
     // the current device; nothing else touches them before `to_vec` (same stream).
-    unsafe { cuda_rt::launch!(k, &cfg, (a, x, y, len)).unwrap() };
+    unsafe { cuda_rt::launch!(k, &cfg, (a, &x, &mut y, len)).unwrap() };
     assert!(y.to_vec().unwrap().iter().all(|&v| v == 5.0));
     // Views pass the address of their first element.
-    let tail = y.slice(n - 10..).unwrap();
+    let mut tail = y.slice_mut(n - 10..).unwrap();
     let (one, ten) = (1.0f32, 10i32);
     // SAFETY: as above, on the last 10 elements of y (x's first 10 are read).
-    unsafe { cuda_rt::launch!(k, &LaunchConfig::new(1, 32), (one, x, tail, ten)).unwrap() };
+    unsafe { cuda_rt::launch!(k, &LaunchConfig::new(1, 32), (one, &x, &mut tail, ten)).unwrap() };
     let v = y.to_vec().unwrap();
     assert!(v[..n - 10].iter().all(|&e| e == 5.0) && v[n - 10..].iter().all(|&e| e == 6.0));
 });
@@ -385,3 +385,79 @@ gpu_test!(half_crate_elements_round_trip, {
     let data: Vec<half::bf16> = (0..1000).map(|i| half::bf16::from_f32(i as f32)).collect();
     round_trip(&data);
 });
+
+gpu_test!(
+    on_stream_forms_follow_their_stream_and_leave_the_thread_state,
+    {
+        let stream = Stream::non_blocking().unwrap();
+        let before = cuda_rt::stream::get_current_stream().handle();
+        // Small (the driver's copy) and large (staged through pinned buffers) alike.
+        for n in [4096usize, (3 << 20) + 5] {
+            let src = pattern(n, 21);
+            let mut b = DeviceBuffer::from_slice_on(&src, &stream).unwrap();
+            assert!(
+                b.to_vec_on(&stream).unwrap() == src,
+                "round trip of {n} bytes"
+            );
+            // Work queued on `stream` behind a gate: the `_on` forms wait for it, whatever
+            // the current stream is (the legacy default stream, not ordered with a
+            // non-blocking one).
+            let mut gate = Gate::close(stream.as_raw());
+            b.as_mut_slice().fill_async(7, &stream).unwrap();
+            let opener = gate.opener();
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                let _ = opener.send(());
+            });
+            let got = b.to_vec_on(&stream).unwrap();
+            t.join().unwrap();
+            assert!(got.iter().all(|&x| x == 7), "to_vec_on ran before the fill");
+            gate.open();
+            drop(gate);
+            let mut host = vec![0u8; n];
+            b.copy_from_host_on(&src, &stream).unwrap();
+            b.copy_to_host_on(&mut host, &stream).unwrap();
+            assert!(host == src);
+            b.fill_on(9, &stream).unwrap();
+            assert!(b
+                .as_slice()
+                .to_vec_on(&stream)
+                .unwrap()
+                .iter()
+                .all(|&x| x == 9));
+            let z = DeviceBuffer::<u32>::zeros_on(n / 4, &stream).unwrap();
+            assert!(z.to_vec_on(&stream).unwrap().iter().all(|&x| x == 0));
+            assert_eq!(DeviceBuffer::<u8>::empty_on(n, &stream).unwrap().len(), n);
+        }
+        assert_eq!(
+            cuda_rt::stream::get_current_stream().handle(),
+            before,
+            "an _on form changed the current stream"
+        );
+    }
+);
+
+#[test]
+fn on_stream_forms_refuse_a_stream_of_another_device() {
+    if !cuda_rt::testing::gpus_or_skip("on_stream_forms_refuse_a_stream_of_another_device", 2) {
+        return;
+    }
+    cuda_rt::device::set_device_id(1).unwrap();
+    let other = Stream::non_blocking().unwrap();
+    cuda_rt::device::set_device_id(0).unwrap();
+    let b = DeviceBuffer::from_slice(&[1u8, 2, 3]).unwrap();
+    let e = b.to_vec_on(&other).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            cuda_rt::Error::InvalidArgument {
+                kind: cuda_rt::error::ArgumentKind::WrongDevice {
+                    expected: 0,
+                    found: 1
+                },
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

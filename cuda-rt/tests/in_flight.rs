@@ -317,6 +317,41 @@ gpu_test!(cuda_rt_calls_in_a_host_function_are_refused, {
     );
 });
 
+// Item 9: a stream or an event whose last owner is dropped in a host function is kept
+// (leaked), not destroyed there: the driver may not be called in a host function.
+gpu_test!(a_stream_and_an_event_dropped_in_a_host_function_are_kept, {
+    use cuda_rt::cuda_sys::driver as sys;
+    let s = Stream::non_blocking().unwrap();
+    let owned = Stream::non_blocking().unwrap();
+    // Interprocess: never kept in a cache, so its drop would destroy it.
+    let event = cuda_rt::Event::new(false, true, true).unwrap();
+    let (raw_stream, raw_event) = (owned.as_raw(), event.as_raw());
+    s.launch_host_func(move || {
+        drop(owned);
+        drop(event);
+    })
+    .unwrap();
+    s.synchronize().unwrap();
+    let api = sys::api().unwrap();
+    // SAFETY: both handles were kept alive (leaked) by the drops above, which is what
+    // this test checks: a destroyed handle would answer an error.
+    let rs = unsafe { api.cuStreamQuery().unwrap()(raw_stream) };
+    // SAFETY: as above.
+    let re = unsafe { api.cuEventQuery().unwrap()(raw_event) };
+    assert_eq!(
+        rs,
+        sys::CUresult::CUDA_SUCCESS,
+        "the stream was destroyed in the host function"
+    );
+    assert!(
+        matches!(
+            re,
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY
+        ),
+        "the event was destroyed in the host function: {re:?}"
+    );
+});
+
 // Item 9: an operation enqueued on a stream while another thread begins and ends a
 // capture of it is either captured and kept by the graph, or not captured: the
 // graph never runs on memory the pool handed out again.

@@ -13,8 +13,8 @@ use std::sync::{Arc, Barrier};
 
 use common::{nvrtc_or_skip, unique, TempDir, SAXPY};
 use cuda_rt::compiler::cache::{
-    cache_key, encode, CacheKey, CacheSecret, Fnv128, KernelCache, FORMAT_VERSION, SECRET_FILE,
-    SECRET_LEN, TAG_LEN,
+    cache_key, encode, CacheKey, CacheSecret, KernelCache, FORMAT_VERSION, SECRET_FILE, SECRET_LEN,
+    TAG_LEN,
 };
 use cuda_rt::compiler::nvrtc_facts::nvrtc_facts;
 use cuda_rt::compiler::Compiled;
@@ -575,10 +575,19 @@ fn format_1_entry(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
     let v2 = encode(&any, key, compiled);
     let mut out = v2[..v2.len() - TAG_LEN].to_vec();
     out[8..12].copy_from_slice(&1u32.to_le_bytes());
-    let mut h = Fnv128::new();
-    h.write(&out);
-    out.extend_from_slice(&h.finish());
+    out.extend_from_slice(&fnv1a_128(&out));
     out
+}
+
+/// FNV-1a, 128 bits, big-endian: format 1's checksum (the cache itself no longer has
+/// it).
+fn fnv1a_128(bytes: &[u8]) -> [u8; 16] {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    let h = bytes
+        .iter()
+        .fold(OFFSET, |h, &b| (h ^ u128::from(b)).wrapping_mul(PRIME));
+    h.to_be_bytes()
 }
 
 #[test]

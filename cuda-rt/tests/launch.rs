@@ -56,6 +56,49 @@ cuda_rt::gpu_test!(memory_pointers_are_kernel_arguments, {
     }
 });
 
+cuda_rt::gpu_test!(outputs_passed_as_mut_references_are_written, {
+    let k = saxpy();
+    let stream = Stream::new().unwrap();
+    let n = 2000usize;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let dx = cuda_rt::DeviceBuffer::from_slice(&x).unwrap();
+    let mut dy = cuda_rt::DeviceBuffer::from_slice(&vec![1.0f32; n]).unwrap();
+    let cfg = LaunchConfig::for_num_elems_with_block(n as u32, 256);
+    let len = n as i32;
+    // SAFETY: saxpy(a, x, y, n): dx and dy hold n f32 each on device 0; the copies back
+    // below run on the current stream after it (the first launch is on it), and the
+    // stream launch is synchronized before anything reads dy.
+    unsafe { cuda_rt::launch!(k, &cfg, (2.0f32, &dx, &mut dy, len)) }.unwrap();
+    let want: Vec<f32> = x.iter().map(|v| 2.0 * v + 1.0).collect();
+    assert_eq!(dy.to_vec().unwrap(), want);
+    // A mutable view, on an explicit stream; the function form takes `&mut` too.
+    let half = n / 2;
+    {
+        let mut tail = dy.slice_mut(half..).unwrap();
+        let m = (n - half) as i32;
+        // SAFETY: as above, on the last n - half elements of dy (x's first n - half
+        // are read); `to_vec` ran before, so nothing else uses dy until the synchronize.
+        unsafe { cuda_rt::launch!(k, &cfg, &stream, (1.0f32, &dx, &mut tail, m)) }.unwrap();
+        stream.synchronize().unwrap();
+        // SAFETY: the same, once more through `Function::launch_on`.
+        unsafe { k.launch_on(&stream, &cfg, &[&1.0f32, &dx, &mut tail, &m]) }.unwrap();
+        stream.synchronize().unwrap();
+    }
+    let got = dy.to_vec().unwrap();
+    assert_eq!(got[..half], want[..half]);
+    for i in half..n {
+        assert_eq!(got[i], want[i] + 2.0 * x[i - half], "element {i}");
+    }
+    // A memory pointer borrowed mutably.
+    let mut py = cuda_rt::alloc(4 * n).unwrap();
+    py.copy_from_host(&vec![0.0f32; n]).unwrap();
+    // SAFETY: as above, py holding n f32; the copy back runs after it on the same stream.
+    unsafe { cuda_rt::launch!(k, &cfg, (0.5f32, &dx, &mut py, len)) }.unwrap();
+    let mut back = vec![0.0f32; n];
+    py.copy_to_host(&mut back).unwrap();
+    assert!(back.iter().zip(&x).all(|(b, v)| *b == 0.5 * v), "{back:?}");
+});
+
 cuda_rt::gpu_test!(wrong_argument_count_is_an_error_before_launching, {
     let k = saxpy();
     if !driver_reports_param_sizes() {

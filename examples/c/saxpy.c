@@ -1,6 +1,8 @@
 /* saxpy from C through cuda-rt: compile with NVRTC (kernel cache), allocate from the
  * pool, copy, launch, check against the host. Build (see the README's "C" section):
- *   cc examples/c/saxpy.c -I. -L target/debug -lcuda_rt_c -o saxpy
+ *   cc -std=c99 examples/c/saxpy.c -I. -L target/debug -lcuda_rt_c \
+ *      -Wl,-rpath,target/debug -o saxpy
+ * (with target/debug/libcuda_rt_c.so.0 a link to libcuda_rt_c.so, the soname).
  * Prints "skipped: <reason>" and exits 0 without a GPU. */
 #include <stdint.h>
 #include <stdio.h>
@@ -37,12 +39,11 @@ int main(void) {
     TRY(curt_set_device(0));
     TRY(curt_module_compile(source, options, 1, &module));
     TRY(curt_module_get_function(module, "saxpy", &saxpy));
-    TRY(curt_malloc(sizeof x, NULL, &dx));
-    TRY(curt_malloc(sizeof y, NULL, &dy));
+    /* The handle (for copies and free) and the device address (for the kernel). */
+    TRY(curt_malloc_ptr(sizeof x, NULL, &dx, &px));
+    TRY(curt_malloc_ptr(sizeof y, NULL, &dy, &py));
     TRY(curt_memcpy_htod(dx, 0, x, sizeof x));
     TRY(curt_memcpy_htod(dy, 0, y, sizeof y));
-    TRY(curt_memory_ptr(dx, &px));
-    TRY(curt_memory_ptr(dy, &py));
     args[0] = &a; args[1] = &px; args[2] = &py; args[3] = &n;
     TRY(curt_launch(saxpy, grid, block, 0, NULL, args, 4));
     TRY(curt_memcpy_dtoh(y, dy, 0, sizeof y));

@@ -170,7 +170,11 @@ fn pool_alloc(size: usize, device: i32, stream: Option<*mut c_void>) -> Res<*mut
             // stream of `device`, alive until the memory is freed. Wrapped, not owned.
             let s = unsafe { ExternalStream::from_raw(raw.cast(), device) };
             match super::graph_pools::route(device, raw) {
-                Some(pool) => super::graph_pools::relaxed(|| pool.malloc_on_stream(&s, size))?,
+                Some(pool) => {
+                    let p = super::graph_pools::relaxed(|| pool.malloc_on_stream(&s, size))?;
+                    super::graph_pools::after_graph_alloc(device);
+                    p
+                }
                 None => get_default_memory_pool().malloc_on_stream(&s, size)?,
             }
         }
@@ -192,9 +196,11 @@ fn free_quietly(ptr: *mut c_void) {
 /// PyTorch's `CUDAPluggableAllocator` alloc: `size` bytes from cuda-rt's pool for
 /// `device`, on the arena of `stream` (a `cudaStream_t`/`CUstream`, 0 the default),
 /// or from a graph's private pool while PyTorch captures on `stream`. On failure,
-/// inside a process where PyTorch is loaded, PyTorch's own error is thrown (a Python
-/// `RuntimeError` with cuda-rt's message, see `torch_error`); elsewhere NULL with the
-/// message in `curt_last_error()`.
+/// inside a process where PyTorch is loaded, PyTorch's own error is thrown (out of
+/// memory as `c10::OutOfMemoryError`, Python's `torch.cuda.OutOfMemoryError`, with
+/// PyTorch's "CUDA out of memory. Tried to allocate ..." and cuda-rt's figures; any
+/// other failure a `RuntimeError` with cuda-rt's message; see `torch_error`);
+/// elsewhere NULL with the message in `curt_last_error()`.
 ///
 /// # Safety
 /// Each pointer argument is NULL (refused with an error where the function needs
@@ -211,9 +217,15 @@ pub unsafe extern "C-unwind" fn curt_torch_alloc(
         let size = usize::try_from(size).map_err(|_| bad_arg(format!("negative size {size}")))?;
         pool_alloc(size, device, Some(stream))
     });
-    if let Some((_, msg)) = failure {
-        // Outside the unwind guard: in PyTorch this throws (see `torch_error`).
-        super::torch_error::raise_in_torch(&msg);
+    if let Some((code, msg)) = failure {
+        // Outside the unwind guard: in PyTorch this throws (see `torch_error`), out of
+        // memory as torch's own OutOfMemoryError.
+        if code == CURT_ERROR_OUT_OF_MEMORY {
+            let text = super::torch_error::out_of_memory_message(size as usize, device, &msg);
+            super::torch_error::raise_oom_in_torch(&text);
+        } else {
+            super::torch_error::raise_in_torch(&msg);
+        }
     }
     p
 }

@@ -19,6 +19,20 @@
 //! it was first seen in (its capture id is bound to the window at its first
 //! allocation). Allocations on streams that are not capturing go to the default
 //! pool as usual. With no window open, the check is one relaxed atomic load.
+//!
+//! # Peaks with the graph pools
+//! PyTorch's `max_memory_reserved()` counts its graphs' private pools; so does
+//! `curt_torch_memory_peaks`. The reserved bytes of the graph pools of a device (`G`)
+//! change only here: when a graph pool grows during a capture, and when one is
+//! released. At each such change the book of the device is folded: the interval since
+//! the last fold had the graph pools at the `G` recorded then, so its combined peak is
+//! the default pool's peak since the last fold plus that `G`; then the new `G` is
+//! recorded and the default pool's peaks restart from its current values (what
+//! `curt_pool_stats` reports keeps the larger of the folded and the running peak). So
+//! the combined peak is exact for reserved bytes; for bytes in use, memory of the
+//! graph pools freed between two folds still counts until the next (an upper bound),
+//! as the default pool's own in-use peak across its arenas already is. A device whose
+//! graph pools never existed has no book: its peaks are the default pool's.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -27,8 +41,10 @@ use std::sync::{Mutex, PoisonError};
 
 use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::cuda_sys::result;
-use cuda_rt::MemoryPool;
+use cuda_rt::memory::PoolStats;
+use cuda_rt::{get_default_memory_pool, MemoryPool};
 
+use super::memory::existing_device;
 use super::status::{guard, out, unwind_guard};
 
 /// PyTorch's `MempoolId_t` (a pair of `unsigned long long`) on one device.
@@ -45,6 +61,107 @@ struct Pools {
     pools: HashMap<PoolKey, (MemoryPool, usize)>,
     /// Open windows, oldest first.
     windows: Vec<Window>,
+    /// The peaks of each device that has had graph pools (see the module docs).
+    peaks: HashMap<i32, Peaks>,
+}
+
+/// A device's peaks with its graph pools, as of the last fold.
+#[derive(Debug, Default, Clone, Copy)]
+struct Peaks {
+    /// The default pool's peaks before its counters last restarted.
+    default_used: u64,
+    default_total: u64,
+    /// The peaks of the default pool and the graph pools together.
+    all_used: u64,
+    all_total: u64,
+    /// What the graph pools held (in use, reserved) at the last fold.
+    graphs_used: u64,
+    graphs_total: u64,
+}
+
+/// In-use and reserved bytes of the graph pools of `device` now.
+fn graph_bytes(p: &Pools, device: i32) -> (u64, u64) {
+    p.pools
+        .iter()
+        .filter(|(k, _)| k.0 == device)
+        .map(|(_, (pool, _))| pool.device_stats(device))
+        .fold((0, 0), |(u, t), s| (u + s.used_bytes, t + s.total_bytes))
+}
+
+/// Folds the peaks of `device` (the graph pools changed: see the module docs) and
+/// restarts the default pool's peak counters there.
+fn fold(device: i32) {
+    let pool = get_default_memory_pool();
+    with_pools(|p| {
+        let (gu, gt) = graph_bytes(p, device);
+        // Read under the lock, so that two folds do not interleave between the read
+        // and the restart.
+        let s = pool.device_stats(device);
+        let e = p.peaks.entry(device).or_default();
+        e.default_used = e.default_used.max(s.peak_used_bytes);
+        e.default_total = e.default_total.max(s.peak_total_bytes);
+        e.all_used = e
+            .all_used
+            .max(s.peak_used_bytes + e.graphs_used)
+            .max(s.used_bytes + gu);
+        e.all_total = e
+            .all_total
+            .max(s.peak_total_bytes + e.graphs_total)
+            .max(s.total_bytes + gt);
+        e.graphs_used = gu;
+        e.graphs_total = gt;
+        pool.reset_device_peaks(device);
+    });
+}
+
+/// A graph's pool on `device` has just served an allocation (it may have grown).
+pub(super) fn after_graph_alloc(device: i32) {
+    fold(device);
+}
+
+/// The default pool's statistics on `device`, its peaks since the last
+/// `curt_pool_reset_peaks` (folds included).
+pub(super) fn default_pool_stats(device: i32) -> PoolStats {
+    let mut s = get_default_memory_pool().device_stats(device);
+    if let Some(e) = with_pools(|p| p.peaks.get(&device).copied()) {
+        s.peak_used_bytes = s.peak_used_bytes.max(e.default_used);
+        s.peak_total_bytes = s.peak_total_bytes.max(e.default_total);
+    }
+    s
+}
+
+/// Peak (in use, reserved) bytes of the default pool and the graph pools of `device`
+/// together, since the last reset.
+fn peaks_with_graphs(device: i32) -> (u64, u64) {
+    let s = get_default_memory_pool().device_stats(device);
+    match with_pools(|p| p.peaks.get(&device).copied()) {
+        Some(e) => (
+            e.all_used.max(s.peak_used_bytes + e.graphs_used),
+            e.all_total.max(s.peak_total_bytes + e.graphs_total),
+        ),
+        None => (s.peak_used_bytes, s.peak_total_bytes),
+    }
+}
+
+/// Restarts every peak of `device` (the default pool's, and with the graph pools)
+/// from the current values.
+pub(super) fn reset_peaks(device: i32) {
+    let pool = get_default_memory_pool();
+    with_pools(|p| {
+        let (gu, gt) = graph_bytes(p, device);
+        pool.reset_device_peaks(device);
+        if let Some(e) = p.peaks.get_mut(&device) {
+            let s = pool.device_stats(device);
+            *e = Peaks {
+                default_used: 0,
+                default_total: 0,
+                all_used: s.used_bytes + gu,
+                all_total: s.total_bytes + gt,
+                graphs_used: gu,
+                graphs_total: gt,
+            };
+        }
+    });
 }
 
 /// How many windows are open: the allocation path looks no further when 0.
@@ -56,6 +173,7 @@ fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
     f(g.get_or_insert_with(|| Pools {
         pools: HashMap::new(),
         windows: Vec::new(),
+        peaks: HashMap::new(),
     }))
 }
 
@@ -177,7 +295,10 @@ pub extern "C" fn curt_torch_release_pool(device: c_int, id0: u64, id1: u64) {
                 }
             });
             // Outside the lock: giving memory back calls the driver.
-            drop(dropped);
+            if let Some(pool) = dropped {
+                drop(pool);
+                fold(device);
+            }
         },
         (),
     )
@@ -192,13 +313,31 @@ pub extern "C" fn curt_torch_release_pool(device: c_int, id0: u64, id1: u64) {
 pub unsafe extern "C" fn curt_torch_graph_pools_reserved(device: c_int, bytes: *mut u64) -> c_int {
     guard(|| {
         let out = out(bytes, "bytes")?;
-        *out = with_pools(|p| {
-            p.pools
-                .iter()
-                .filter(|(k, _)| k.0 == device)
-                .map(|(_, (pool, _))| pool.device_stats(device).total_bytes)
-                .sum()
-        });
+        let device = existing_device(device)?;
+        *out = with_pools(|p| graph_bytes(p, device).1);
+        Ok(())
+    })
+}
+
+/// Writes the peak in-use and reserved bytes of `device` to `*peak_used` and
+/// `*peak_reserved`: the default pool and the private graph pools of PyTorch's
+/// captured graphs together (what torch's `max_memory_allocated` and
+/// `max_memory_reserved` count), since the last `curt_pool_reset_peaks`. An error for a
+/// device that does not exist.
+///
+/// # Safety
+/// Each pointer is NULL (refused with an error) or valid for a write of a `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn curt_torch_memory_peaks(
+    device: c_int,
+    peak_used: *mut u64,
+    peak_reserved: *mut u64,
+) -> c_int {
+    guard(|| {
+        let peak_used = out(peak_used, "peak_used")?;
+        let peak_reserved = out(peak_reserved, "peak_reserved")?;
+        let device = existing_device(device)?;
+        (*peak_used, *peak_reserved) = peaks_with_graphs(device);
         Ok(())
     })
 }
@@ -229,7 +368,41 @@ mod tests {
         curt_torch_release_pool(0, k.1, k.2); // unknown: ignored
         let mut bytes = u64::MAX;
         // SAFETY: a valid out-pointer.
-        assert_eq!(unsafe { curt_torch_graph_pools_reserved(0, &mut bytes) }, 0);
-        assert_eq!(bytes, 0);
+        let rc = unsafe { curt_torch_graph_pools_reserved(0, &mut bytes) };
+        if existing_device(0).is_ok() {
+            assert_eq!(rc, 0);
+            assert_eq!(bytes, 0);
+        } else {
+            // No device 0 on this machine: an error, not zeros.
+            assert_ne!(rc, 0);
+            assert_eq!(bytes, u64::MAX, "nothing written on error");
+        }
+    }
+
+    #[test]
+    fn folding_adds_the_graph_pools_to_the_peaks_of_their_interval() {
+        // A device id no test allocates on: the default pool has no pool there, so
+        // every default figure is 0 and the book holds only what is set here.
+        let d = 77;
+        with_pools(|p| {
+            p.peaks.insert(
+                d,
+                Peaks {
+                    all_total: 10,
+                    graphs_total: 6,
+                    graphs_used: 4,
+                    ..Peaks::default()
+                },
+            )
+        });
+        // The graph pools left (no pool of `d` exists now): the fold keeps the old
+        // interval's peak and records G = 0.
+        fold(d);
+        let e = with_pools(|p| p.peaks[&d]);
+        assert_eq!((e.all_total, e.graphs_total, e.graphs_used), (10, 0, 0));
+        assert_eq!(peaks_with_graphs(d), (4, 10));
+        reset_peaks(d);
+        assert_eq!(peaks_with_graphs(d), (0, 0), "a reset restarts from now");
+        with_pools(|p| p.peaks.remove(&d));
     }
 }

@@ -52,6 +52,7 @@ handle_types! {
     curt_module_s, curt_module_t, "module";
     curt_function_s, curt_function_t, "kernel function";
     curt_graph_s, curt_graph_t, "graph";
+    curt_recorder_s, curt_recorder_t, "graph recorder";
 }
 
 /// A slot's state word: `generation << 32 | LIVE | readers`. `LIVE` is set while the

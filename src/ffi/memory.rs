@@ -103,6 +103,38 @@ pub unsafe extern "C" fn curt_malloc(
     })
 }
 
+/// [`curt_malloc`] that also writes the device address to `*ptr`, so that the buffer
+/// needs no `curt_memory_ptr` call (size 0: a null address).
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
+#[no_mangle]
+pub unsafe extern "C" fn curt_malloc_ptr(
+    size: usize,
+    stream: curt_stream_t,
+    mem: *mut curt_memory_t,
+    ptr: *mut u64,
+) -> c_int {
+    guard(|| {
+        // Both out-pointers checked before anything is allocated: nothing to undo.
+        let ptr = out(ptr, "ptr")?;
+        let slot = out(mem, "mem")?;
+        let pool = get_default_memory_pool();
+        let p = if stream.is_null() {
+            pool.malloc_on(cuda_rt::device::get_device_id(), size)?
+        } else {
+            pool.malloc_on_stream(&stream_or_current(stream)?, size)?
+        };
+        let addr = p.ptr();
+        *slot = MEMORY.insert(p) as curt_memory_t;
+        *ptr = addr;
+        Ok(())
+    })
+}
+
 /// Allocates `size` bytes with the current allocator (`curt_set_allocator`; the
 /// default pool unless set) on the current device and stream.
 ///
@@ -177,10 +209,13 @@ pub unsafe extern "C" fn curt_malloc_async(
 }
 
 /// Frees `mem` (back to its pool or allocator once queued work using it is done); the
-/// handle is dead afterwards.
+/// handle is dead afterwards. NULL is a no-op that succeeds, as C's `free(NULL)`.
 #[no_mangle]
 pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
     guard(|| {
+        if mem.is_null() {
+            return Ok(());
+        }
         drop(MEMORY.remove(mem as u64)?);
         Ok(())
     })
@@ -218,7 +253,16 @@ pub unsafe extern "C" fn curt_memory_size(mem: curt_memory_t, size: *mut usize) 
     })
 }
 
-/// Writes the default pool's statistics for `device` to `*stats`.
+/// `device` when it is a device of this machine, else the error that says why not
+/// (no driver, or an id out of range): statistics of a device that does not exist
+/// are an error, not zeros.
+pub(crate) fn existing_device(device: c_int) -> Res<c_int> {
+    Ok(cuda_rt::Device::new(device)?.id())
+}
+
+/// Writes the default pool's statistics for `device` to `*stats` (an error for a
+/// device that does not exist). The peaks are the pool's since its last
+/// `curt_pool_reset_peaks`.
 ///
 /// # Safety
 /// Each pointer argument is NULL (refused with an error where the function needs
@@ -229,8 +273,23 @@ pub unsafe extern "C" fn curt_memory_size(mem: curt_memory_t, size: *mut usize) 
 pub unsafe extern "C" fn curt_pool_stats(device: c_int, stats: *mut curt_pool_stats_t) -> c_int {
     guard(|| {
         let stats = out(stats, "stats")?;
-        let s = get_default_memory_pool().device_stats(device);
+        let device = existing_device(device)?;
+        let s = super::graph_pools::default_pool_stats(device);
         *stats = s.into();
+        Ok(())
+    })
+}
+
+/// Restarts the peaks of `device` from the current values: the default pool's (what
+/// `curt_pool_stats` reports) and those with PyTorch's graph pools
+/// (`curt_torch_memory_peaks`). torch's `reset_peak_memory_stats()` is refused under a
+/// pluggable allocator; this is the call to make instead. An error for a device that
+/// does not exist.
+#[no_mangle]
+pub extern "C" fn curt_pool_reset_peaks(device: c_int) -> c_int {
+    guard(|| {
+        let device = existing_device(device)?;
+        super::graph_pools::reset_peaks(device);
         Ok(())
     })
 }
@@ -301,6 +360,8 @@ pub unsafe extern "C" fn curt_pool_snapshot_json(
     len: *mut usize,
 ) -> c_int {
     guard(|| {
+        out(len, "len")?;
+        let device = existing_device(device)?;
         let json = get_default_memory_pool().snapshot(device).to_json();
         write_text(&json, buf, cap, len)
     })

@@ -29,6 +29,7 @@ mod dlpack;
 mod event;
 mod graph;
 mod graph_pools;
+mod graph_recorder;
 mod handles;
 mod memory;
 mod module;
@@ -46,10 +47,11 @@ pub use dlpack::*;
 pub use event::*;
 pub use graph::*;
 pub use graph_pools::*;
+pub use graph_recorder::*;
 pub use handles::{
     curt_event_s, curt_event_t, curt_function_s, curt_function_t, curt_graph_s, curt_graph_t,
     curt_memory_s, curt_memory_t, curt_module_s, curt_module_t, curt_pinned_s, curt_pinned_t,
-    curt_stream_s, curt_stream_t,
+    curt_recorder_s, curt_recorder_t, curt_stream_s, curt_stream_t,
 };
 pub use memory::*;
 pub use module::*;

@@ -30,10 +30,14 @@ pub unsafe extern "C" fn curt_pinned_malloc(size: usize, mem: *mut curt_pinned_t
 }
 
 /// Frees `mem` (back to the pool once copies using it are done); the handle is dead
-/// afterwards, and so is its address.
+/// afterwards, and so is its address. NULL is a no-op that succeeds, as C's
+/// `free(NULL)`.
 #[no_mangle]
 pub extern "C" fn curt_pinned_free(mem: curt_pinned_t) -> c_int {
     guard(|| {
+        if mem.is_null() {
+            return Ok(());
+        }
         drop(PINNED.remove(mem as u64)?);
         Ok(())
     })

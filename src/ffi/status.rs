@@ -103,6 +103,9 @@ pub(crate) enum Fail {
     Rt(Error),
     /// A bad handle, with the message.
     Handle(String),
+    /// A code and message handed back as they came (a C callback's failure, whose
+    /// code the callback chose).
+    Code(c_int, String),
 }
 
 impl From<Error> for Fail {
@@ -117,6 +120,7 @@ impl Fail {
         match self {
             Fail::Rt(e) => (error_code(e), e.to_string()),
             Fail::Handle(m) => (CURT_ERROR_INVALID_HANDLE, m.clone()),
+            Fail::Code(c, m) => (*c, m.clone()),
         }
     }
 }
@@ -197,4 +201,89 @@ pub(crate) fn last_error_string() -> String {
             _ => String::new(),
         })
         .unwrap_or_default()
+}
+
+/// The name of a status code, as a static string: `"CURT_SUCCESS"`,
+/// `"CURT_ERROR_OUT_OF_MEMORY"`... for cuda-rt's codes, the driver's name
+/// (`"CUDA_ERROR_ILLEGAL_ADDRESS"`...) for a positive CUDA code, and
+/// `"CURT_ERROR_UNRECOGNIZED"` for a code neither knows (a positive code when no driver
+/// can be loaded to name it). Never NULL.
+#[no_mangle]
+pub extern "C" fn curt_status_name(code: c_int) -> *const c_char {
+    unwind_guard(|| status_name(code).as_ptr(), UNRECOGNIZED.as_ptr())
+}
+
+const UNRECOGNIZED: &CStr = c"CURT_ERROR_UNRECOGNIZED";
+
+fn status_name(code: c_int) -> &'static CStr {
+    match code {
+        CURT_SUCCESS => c"CURT_SUCCESS",
+        CURT_ERROR_INVALID_ARGUMENT => c"CURT_ERROR_INVALID_ARGUMENT",
+        CURT_ERROR_NOT_FOUND => c"CURT_ERROR_NOT_FOUND",
+        CURT_ERROR_OUT_OF_MEMORY => c"CURT_ERROR_OUT_OF_MEMORY",
+        CURT_ERROR_COMPILE => c"CURT_ERROR_COMPILE",
+        CURT_ERROR_NOT_SUPPORTED => c"CURT_ERROR_NOT_SUPPORTED",
+        CURT_ERROR_OTHER => c"CURT_ERROR_OTHER",
+        CURT_ERROR_INVALID_HANDLE => c"CURT_ERROR_INVALID_HANDLE",
+        CURT_ERROR_PANIC => c"CURT_ERROR_PANIC",
+        c if c > 0 => driver_name(c as u32).unwrap_or(UNRECOGNIZED),
+        _ => UNRECOGNIZED,
+    }
+}
+
+/// The driver's name of a `CUresult`, NUL-terminated and static: the driver's own
+/// strings are, and the loader never unloads the driver.
+fn driver_name(code: u32) -> Option<&'static CStr> {
+    use cuda_rt::cuda_sys::driver as sys;
+    let api = sys::api().ok()?;
+    let f = api.cuGetErrorName().ok()?;
+    let mut p: *const c_char = std::ptr::null();
+    // SAFETY: `p` is a valid out-pointer; the driver writes a pointer to a static string
+    // or fails (an unknown code), leaving it NULL.
+    let rc = unsafe { f(sys::CUresult(code), &mut p) };
+    if rc != sys::CUresult::CUDA_SUCCESS || p.is_null() {
+        return None;
+    }
+    // SAFETY: non-null, NUL-terminated, alive as long as the driver, which stays loaded.
+    Some(unsafe { CStr::from_ptr::<'static>(p) })
+}
+
+/// This library's version as `major * 10000 + minor * 100 + patch` (0.1.0 is 100), to
+/// compare with `CURT_VERSION` from the header it was compiled with.
+#[no_mangle]
+pub extern "C" fn curt_version() -> c_int {
+    unwind_guard(|| VERSION, VERSION)
+}
+
+/// This library's version as `major * 10000 + minor * 100 + patch`.
+const VERSION: c_int = {
+    let (major, minor, patch) = (
+        parse(env!("CARGO_PKG_VERSION_MAJOR")),
+        parse(env!("CARGO_PKG_VERSION_MINOR")),
+        parse(env!("CARGO_PKG_VERSION_PATCH")),
+    );
+    major * 10000 + minor * 100 + patch
+};
+
+/// A decimal number known at compile time (`str::parse` is not `const`).
+const fn parse(s: &str) -> c_int {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let mut n = 0;
+    while i < b.len() {
+        n = n * 10 + (b[i] - b'0') as c_int;
+        i += 1;
+    }
+    n
+}
+
+/// This library's version as text, e.g. `"0.1.0"` (static, never NULL).
+#[no_mangle]
+pub extern "C" fn curt_version_string() -> *const c_char {
+    const TEXT: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(s) => s,
+            Err(_) => panic!("the package version has a NUL"),
+        };
+    TEXT.as_ptr()
 }

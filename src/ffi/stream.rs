@@ -1,7 +1,8 @@
-//! Streams: create, destroy, synchronise, query, wait on an event, host callbacks.
+//! Streams: create, destroy, synchronise, query, wait on an event, host callbacks,
+//! and the way to and from raw `CUstream`s (`curt_stream_raw`, `curt_stream_wrap`), so
+//! that cuBLAS, NCCL and `<<<>>>` kernels share cuda-rt's streams.
 
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
 
 use cuda_rt::prelude::*;
 use cuda_rt::{Stream, StreamRef};
@@ -10,8 +11,10 @@ use super::event::EVENTS;
 use super::handles::{curt_event_t, curt_stream_t, Table};
 use super::status::{bad_arg, guard, out, Res};
 
-/// The streams C holds.
-pub(crate) static STREAMS: Table<Arc<Stream>> = Table::new(1, "stream");
+/// The streams C holds: references that keep a stream made by `curt_stream_create`
+/// alive (it is destroyed when the handle is, once nothing else holds it), or that
+/// borrow a raw stream given to `curt_stream_wrap` (never destroyed here).
+pub(crate) static STREAMS: Table<StreamRef> = Table::new(1, "stream");
 
 /// `CURT_STREAM_NON_BLOCKING`: the stream does not synchronise with the legacy
 /// default stream.
@@ -23,7 +26,7 @@ pub(crate) fn stream_or_current(h: curt_stream_t) -> Res<StreamRef> {
     if h.is_null() {
         return Ok(cuda_rt::get_current_stream());
     }
-    Ok(STREAMS.get(h as u64)?.as_stream_ref())
+    STREAMS.get(h as u64)
 }
 
 /// Creates a stream on the current device with `flags` (0 or
@@ -47,12 +50,65 @@ pub unsafe extern "C" fn curt_stream_create(
             return Err(bad_arg(format!("unknown stream flags {flags:#x}")));
         }
         let s = Stream::with_options(flags & CURT_STREAM_NON_BLOCKING != 0, priority)?;
-        *stream = STREAMS.insert(Arc::new(s)) as curt_stream_t;
+        // The reference keeps the stream alive; the `Stream` itself goes now.
+        *stream = STREAMS.insert(s.as_stream_ref()) as curt_stream_t;
+        Ok(())
+    })
+}
+
+/// Writes the raw `CUstream` (a `cudaStream_t` too) of `stream` (NULL: this thread's
+/// current stream of the current device; 0 is the legacy default stream) to `*raw`,
+/// for cuBLAS, NCCL or a `<<<>>>` launch. It stays valid while the handle does.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given.
+#[no_mangle]
+pub unsafe extern "C" fn curt_stream_raw(stream: curt_stream_t, raw: *mut *mut c_void) -> c_int {
+    guard(|| {
+        let raw = out(raw, "raw")?;
+        *raw = stream_or_current(stream)?.as_raw().cast();
+        Ok(())
+    })
+}
+
+/// Wraps `raw`, a `CUstream` / `cudaStream_t` of `device` made by someone else (0 and
+/// `CU_STREAM_PER_THREAD` are the default streams; `device` -1: the calling thread's
+/// current device), as a handle that borrows it: `curt_stream_destroy` of the handle
+/// does not destroy `raw`.
+///
+/// # Safety
+/// Each pointer argument is NULL (refused with an error where the function needs
+/// it) or valid for what `wrapper.h` says the function does with it, for the
+/// duration of the call (and, for memory a copy or callback uses later, as long as
+/// `wrapper.h` says); function pointers are callable with the arguments given. And
+/// `raw` is a live stream of `device` that its owner keeps alive as long as the handle,
+/// or memory allocated on it, is used (wrapper.h).
+#[no_mangle]
+pub unsafe extern "C" fn curt_stream_wrap(
+    raw: *mut c_void,
+    device: c_int,
+    stream: *mut curt_stream_t,
+) -> c_int {
+    guard(|| {
+        let stream = out(stream, "stream")?;
+        let device = match device {
+            -1 => cuda_rt::device::get_device_id(),
+            d => cuda_rt::Device::new(d)?.id(),
+        };
+        // SAFETY: wrapper.h's contract for curt_stream_wrap: `raw` is a live stream of
+        // `device`, kept alive by its owner while the handle or memory allocated on it
+        // is used. The reference keeps nothing, so nothing here destroys it.
+        let s = unsafe { StreamRef::from_raw(raw.cast(), device) };
+        *stream = STREAMS.insert(s) as curt_stream_t;
         Ok(())
     })
 }
 
 /// Destroys `stream` (work queued on it still runs); the handle is dead afterwards.
+/// A stream of `curt_stream_wrap` is not destroyed: only the handle goes.
 #[no_mangle]
 pub extern "C" fn curt_stream_destroy(stream: curt_stream_t) -> c_int {
     guard(|| {

@@ -18,8 +18,9 @@ reserved, and cuda-rt's expandable setting against torch's best of each (the goa
 >= 1.0x steps/s, <= 0.9x peak reserved).
 
 cupy: a drifting-shape pipeline (elementwise, reductions, matmul on shapes drawn per
-round) on CuPy's pool (``cupy``) and on cuda-rt's drop-in (``cupy_curt``): time per
-round and peak reserved.
+round) on CuPy's pool (``cupy``), on cuda-rt's drop-in (``cupy_curt``) and on the
+drop-in with expandable segments (``cupy_curt_exp``, ``CUDA_RT_EXPANDABLE_SEGMENTS=1``:
+what CuPy's own pool cannot do): time per round and peak reserved.
 
 Needs ``cuda_rt_alloc`` on PYTHONPATH and ``CUDA_RT_C_LIB`` for the cuda-rt settings.
 """
@@ -34,7 +35,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH_SETTINGS = ("torch", "torch_exp", "curt", "curt_exp")
-CUPY_SETTINGS = ("cupy", "cupy_curt")
+CUPY_SETTINGS = ("cupy", "cupy_curt", "cupy_curt_exp")
 
 
 def arg(name, default):
@@ -47,7 +48,7 @@ def env_for(setting):
     env.pop("CUDA_RT_EXPANDABLE_SEGMENTS", None)
     if setting == "torch_exp":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if setting == "curt_exp":
+    if setting in ("curt_exp", "cupy_curt_exp"):
         env["CUDA_RT_EXPANDABLE_SEGMENTS"] = "1"
     return env
 
@@ -110,7 +111,7 @@ def torch_run(setting, steps):
 
 
 def cupy_run(setting, rounds):
-    if setting == "cupy_curt":
+    if setting.startswith("cupy_curt"):
         import cuda_rt_alloc  # noqa: PLC0415
 
         cuda_rt_alloc.install_cupy()
@@ -143,7 +144,7 @@ def cupy_run(setting, rounds):
         cp.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)
     out = {"setting": setting, "cupy": cp.__version__, "median_round_s": statistics.median(times)}
-    if setting == "cupy_curt":
+    if setting.startswith("cupy_curt"):
         import cuda_rt_alloc  # noqa: PLC0415
 
         out["peak_reserved"] = cuda_rt_alloc.stats(0)["peak_total_bytes"]
@@ -209,6 +210,13 @@ def cupy_summary(results):
         f"{t['cupy_curt'] * 1e3:.2f} ms on cuda-rt's (speed {t['cupy'] / t['cupy_curt']:.3f}x); "
         f"peak reserved {mib(peak['cupy']):.0f} MiB vs {mib(peak['cupy_curt']):.0f} MiB "
         f"({peak['cupy_curt'] / peak['cupy']:.3f}x)"
+    )
+    print(
+        f"figure: drifting cupy pipeline with expandable segments (cuda-rt only): round "
+        f"{t['cupy_curt_exp'] * 1e3:.2f} ms (speed vs CuPy's pool "
+        f"{t['cupy'] / t['cupy_curt_exp']:.3f}x); peak reserved "
+        f"{mib(peak['cupy_curt_exp']):.0f} MiB ({peak['cupy_curt_exp'] / peak['cupy']:.3f}x "
+        f"CuPy's)"
     )
 
 

@@ -197,13 +197,17 @@ def graph_capture(torch):
 
 
 def out_of_memory(torch):
-    """An allocation past the device's memory raises (never a NULL tensor), and the
-    process goes on working."""
+    """An allocation past the device's memory raises torch.cuda.OutOfMemoryError on
+    either allocator (never a NULL tensor, never a plain RuntimeError, which code that
+    backs off on out of memory does not catch), and the process goes on working."""
     try:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
-    except RuntimeError as e:
-        raised = "out of memory" in str(e).lower()
+    except torch.cuda.OutOfMemoryError as e:
+        raised = str(e).startswith("CUDA out of memory")
         message = str(e).splitlines()[0][:200]
+    except RuntimeError as e:
+        raised = False
+        message = f"{type(e).__name__}, not torch.cuda.OutOfMemoryError: {str(e)[:200]}"
     else:
         raised, message = False, "no error"
     after = float(torch.ones(1000, device="cuda").sum())

@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 use std::ops::RangeBounds;
 
 use super::{
-    byte_len, range_of, AsDeviceSlice, DeviceSlice, DeviceSliceMut, PinnedBuffer, Transfer,
-    MAX_ALIGN,
+    byte_len, on_stream, range_of, AsDeviceSlice, DeviceSlice, DeviceSliceMut, PinnedBuffer,
+    Transfer, MAX_ALIGN,
 };
 use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::{MemoryPointer, Pod};
@@ -83,6 +83,38 @@ impl<T: Pod> DeviceBuffer<T> {
         let mut b = Self::empty(src.len())?;
         b.copy_from_host(src)?;
         Ok(b)
+    }
+
+    /// [`empty`](Self::empty) on `stream`'s device, from its arena: the memory is
+    /// ready for work queued on `stream` (and, like any pool memory, on others once
+    /// they are ordered after it).
+    #[track_caller]
+    pub fn empty_on(len: usize, stream: &(impl AsStream + ?Sized)) -> Result<Self> {
+        on_stream("DeviceBuffer::empty_on", None, stream, || Self::empty(len))
+    }
+
+    /// [`zeros`](Self::zeros) on `stream` (see [`empty_on`](Self::empty_on)); the
+    /// bytes are zero when this returns.
+    #[track_caller]
+    pub fn zeros_on(len: usize, stream: &(impl AsStream + ?Sized)) -> Result<Self> {
+        on_stream("DeviceBuffer::zeros_on", None, stream, || Self::zeros(len))
+    }
+
+    /// [`from_slice`](Self::from_slice) on `stream` (see [`empty_on`](Self::empty_on));
+    /// complete when this returns.
+    ///
+    /// ```no_run
+    /// use cuda_rt::{buffer::DeviceBuffer, Stream};
+    /// let stream = Stream::new()?;
+    /// let b = DeviceBuffer::from_slice_on(&[1u32, 2, 3], &stream)?;
+    /// assert_eq!(b.to_vec_on(&stream)?, [1, 2, 3]);
+    /// # Ok::<(), cuda_rt::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn from_slice_on(src: &[T], stream: &(impl AsStream + ?Sized)) -> Result<Self> {
+        on_stream("DeviceBuffer::from_slice_on", None, stream, || {
+            Self::from_slice(src)
+        })
     }
 
     /// `len` elements at the start of `mem`, taken over (CuPy code's untyped memory,
@@ -218,6 +250,33 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Copies `src` (as many elements) into the buffer, complete on return.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         self.as_mut_slice().copy_from_host(src)
+    }
+
+    /// [`to_vec`](Self::to_vec) ordered on `stream` (of the buffer's device) instead of
+    /// the current stream; complete when this returns.
+    pub fn to_vec_on(&self, stream: &(impl AsStream + ?Sized)) -> Result<Vec<T>> {
+        self.as_slice().to_vec_on(stream)
+    }
+
+    /// [`copy_to_host`](Self::copy_to_host) ordered on `stream`; complete when this
+    /// returns.
+    pub fn copy_to_host_on(&self, dst: &mut [T], stream: &(impl AsStream + ?Sized)) -> Result<()> {
+        self.as_slice().copy_to_host_on(dst, stream)
+    }
+
+    /// [`copy_from_host`](Self::copy_from_host) ordered on `stream`; complete when
+    /// this returns.
+    pub fn copy_from_host_on(
+        &mut self,
+        src: &[T],
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        self.as_mut_slice().copy_from_host_on(src, stream)
+    }
+
+    /// [`fill`](Self::fill) ordered on `stream`; complete when this returns.
+    pub fn fill_on(&mut self, value: T, stream: &(impl AsStream + ?Sized)) -> Result<()> {
+        self.as_mut_slice().fill_on(value, stream)
     }
 
     /// Copies `src` (as many elements, on any device) into the buffer, complete on

@@ -32,12 +32,12 @@
 //!     &[],
 //! )?;
 //! let x = DeviceBuffer::from_slice(&[1.0f32; 1000])?;
-//! let y = DeviceBuffer::from_slice(&[2.0f32; 1000])?;
+//! let mut y = DeviceBuffer::from_slice(&[2.0f32; 1000])?;
 //! let (a, n) = (2.0f32, y.len() as i32);
 //! let cfg = LaunchConfig::for_num_elems_with_block(n as u32, 256);
 //! // SAFETY: saxpy reads `n` floats of `x` and writes `n` of `y`, both that long, and
 //! // nothing else uses them until `to_vec` (on the same stream) has read `y`.
-//! unsafe { cuda_rt::launch!(saxpy, &cfg, (a, x, y, n))? };
+//! unsafe { cuda_rt::launch!(saxpy, &cfg, (a, &x, &mut y, n))? }; // y is written
 //! assert_eq!(y.to_vec()?, vec![4.0f32; 1000]);
 //! # Ok(()) }
 //! ```
@@ -69,6 +69,22 @@
 //! it: their effect is complete, for every stream, when they return. The `_async`
 //! forms take a stream and only queue the work, ordered with the stream's other work.
 //!
+//! Each synchronous method has an explicit-stream form ending in `_on`
+//! ([`DeviceBuffer::from_slice_on`], [`DeviceSlice::to_vec_on`],
+//! [`DeviceSliceMut::copy_from_host_on`], ...): the same work, ordered after what is
+//! queued on the stream given instead of the thread's current stream, and complete
+//! when it returns. Library code can take a stream from its caller and never touch the
+//! thread's current device or stream (they are the same after the call).
+//!
+//! ```no_run
+//! use cuda_rt::buffer::DeviceBuffer;
+//! use cuda_rt::Stream;
+//! let stream = Stream::non_blocking()?;
+//! let x = DeviceBuffer::from_slice_on(&[1.0f32, 2.0, 3.0], &stream)?;
+//! assert_eq!(x.to_vec_on(&stream)?, [1.0, 2.0, 3.0]);
+//! # Ok::<(), cuda_rt::Error>(())
+//! ```
+//!
 //! Copies from and to ordinary (pageable) host slices
 //! ([`DeviceSliceMut::copy_from_host`], [`DeviceSlice::copy_to_host`],
 //! [`DeviceSlice::to_vec`]) are complete when they return: large ones are staged
@@ -85,8 +101,38 @@ pub use pinned::PinnedBuffer;
 pub use slice::{AsDeviceSlice, DeviceSlice, DeviceSliceMut};
 pub use transfer::Transfer;
 
+use crate::device::{get_device_id, Device};
 use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::Pod;
+use crate::stream::AsStream;
+
+/// Runs `f`, an implicit-stream operation, with `stream` (and its device) current,
+/// restoring both afterwards: the `_on` forms. `device`, when given, is the device
+/// of the memory the operation uses, which the stream must belong to.
+pub(crate) fn on_stream<R>(
+    what: &str,
+    device: Option<i32>,
+    stream: &(impl AsStream + ?Sized),
+    f: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let sd = stream.device_id();
+    if let Some(d) = device.filter(|&d| d != sd) {
+        return Err(Error::invalid_argument(
+            ArgumentKind::WrongDevice {
+                expected: d,
+                found: sd,
+            },
+            format!("{what}: the memory is on device {d}, the stream on device {sd}"),
+        ));
+    }
+    let _device = if sd != get_device_id() {
+        Some(Device::new(sd)?.enter()?)
+    } else {
+        None
+    };
+    let _stream = stream.enter()?;
+    f()
+}
 
 /// The largest element alignment a buffer takes: device and pinned allocations start
 /// at least this aligned, so every element of a buffer is aligned for its type.

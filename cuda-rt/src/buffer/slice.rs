@@ -5,7 +5,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
 
-use super::{byte_len, range_of, same_len, zeroed_vec, PinnedBuffer, Transfer};
+use super::{byte_len, on_stream, range_of, same_len, zeroed_vec, PinnedBuffer, Transfer};
 use crate::error::Result;
 use crate::memory::pod::as_bytes;
 use crate::memory::{MemoryPointer, Pod};
@@ -124,6 +124,22 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
         self.as_pointer()?.copy_to_host(dst)
     }
 
+    /// [`to_vec`](Self::to_vec) ordered on `stream` (of this memory's device) instead
+    /// of the current stream; complete when this returns.
+    pub fn to_vec_on(&self, stream: &(impl AsStream + ?Sized)) -> Result<Vec<T>> {
+        let d = self.device_id();
+        on_stream("DeviceSlice::to_vec_on", Some(d), stream, || self.to_vec())
+    }
+
+    /// [`copy_to_host`](Self::copy_to_host) ordered on `stream` (of this memory's
+    /// device); complete when this returns.
+    pub fn copy_to_host_on(&self, dst: &mut [T], stream: &(impl AsStream + ?Sized)) -> Result<()> {
+        let d = self.device_id();
+        on_stream("DeviceSlice::copy_to_host_on", Some(d), stream, || {
+            self.copy_to_host(dst)
+        })
+    }
+
     /// Queues a copy of the elements into `dst` (as many elements) on `stream` and
     /// returns at once; see [`Transfer`] for what stays borrowed and alive.
     ///
@@ -201,6 +217,33 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         }
         self.pointer()?.copy_from_host(src)?;
         get_current_stream().synchronize()
+    }
+
+    /// [`to_vec`](Self::to_vec) ordered on `stream`; complete when this returns.
+    pub fn to_vec_on(&self, stream: &(impl AsStream + ?Sized)) -> Result<Vec<T>> {
+        self.as_slice().to_vec_on(stream)
+    }
+
+    /// [`copy_from_host`](Self::copy_from_host) ordered on `stream` (of this memory's
+    /// device) instead of the current stream; complete when this returns.
+    pub fn copy_from_host_on(
+        &mut self,
+        src: &[T],
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        let d = self.device_id();
+        on_stream("DeviceSliceMut::copy_from_host_on", Some(d), stream, || {
+            self.copy_from_host(src)
+        })
+    }
+
+    /// [`fill`](Self::fill) ordered on `stream` (of this memory's device); complete
+    /// when this returns.
+    pub fn fill_on(&mut self, value: T, stream: &(impl AsStream + ?Sized)) -> Result<()> {
+        let d = self.device_id();
+        on_stream("DeviceSliceMut::fill_on", Some(d), stream, || {
+            self.fill(value)
+        })
     }
 
     /// Copies the elements of `src` (as many; on this device or another, through

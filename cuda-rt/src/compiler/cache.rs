@@ -11,7 +11,7 @@
 //!   `~/.cache/cuda-rt/kernels`; `CUDA_RT_KERNEL_CACHE_IN_MEMORY=1` (or
 //!   [`KernelCache::set_disk_dir`]`(None)`) keeps the cache in memory only.
 //!
-//! The key ([`cache_key`]) is a 128-bit FNV-1a hash of the source, source name,
+//! The key ([`cache_key`]) is a 128-bit hash (BLAKE3, cut to 16 bytes) of the source, source name,
 //! options, name expressions, architecture, output kind and NVRTC version, each
 //! length-prefixed, and of the toolkit include folders the compile gets with a stamp
 //! of their headers' state ([`super::toolkit`]), so installing, upgrading or moving
@@ -72,7 +72,6 @@ use std::sync::{Mutex, OnceLock};
 pub use super::cache_dir::{
     check_dir, write_file_atomically, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_LEN,
 };
-pub use super::hash::Fnv128;
 use super::hash::WordHasher;
 pub use entry::{
     cache_key, cache_key_with_includes, decode, encode, CacheKey, DecodeError, FORMAT_VERSION,

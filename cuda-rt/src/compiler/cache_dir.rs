@@ -7,16 +7,21 @@
 //! - files are opened with `O_NOFOLLOW` (and `O_NONBLOCK`, so a FIFO cannot block),
 //!   and used only if they are regular files owned by the user and writable by nobody
 //!   else;
-//! - new files are written to a temporary with an unpredictable name, created with
-//!   `O_CREAT | O_EXCL | O_NOFOLLOW` mode 0600, then renamed into place (a rename
-//!   replaces a link at the name, it never writes through it);
-//! - the secret, [`SECRET_FILE`], holds 32 random bytes, mode 0600, created once and
-//!   published with `link(2)` so that concurrent processes agree on one.
+//! - new files are written to a temporary with a random name made by the `tempfile`
+//!   crate, created exclusively (`O_CREAT | O_EXCL`, which never follows a link at the
+//!   name) mode 0600, then renamed into place (a rename replaces a link at the name,
+//!   it never writes through it);
+//! - the secret, [`SECRET_FILE`], holds 32 random bytes from the system's random
+//!   source (the `getrandom` crate), mode 0600, created once and published without
+//!   replacing anything (`renameat2(RENAME_NOREPLACE)`, or `link(2)` where that is
+//!   missing) so that concurrent processes agree on one.
 
-use std::fs::{File, Metadata, OpenOptions};
+use std::fs::{File, Metadata, OpenOptions, Permissions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use tempfile::NamedTempFile;
 
 /// The file in the cache folder holding the per-user secret.
 pub const SECRET_FILE: &str = "kcache.secret";
@@ -62,22 +67,20 @@ impl CacheSecret {
                 return Ok(secret);
             }
             let mut bytes = [0u8; SECRET_LEN];
-            random_bytes(&mut bytes)
+            getrandom::fill(&mut bytes)
                 .map_err(|e| format!("no random bytes for the kernel cache secret: {e}"))?;
-            let tmp = write_temporary(dir, SECRET_FILE, &bytes).map_err(|e| {
+            let tmp = write_temporary(dir, SECRET_FILE, RANDOM_NAME, &bytes).map_err(|e| {
                 format!(
                     "cannot write the kernel cache secret in {}: {e}",
                     dir.display()
                 )
             })?;
-            // link(2) fails if the name exists, whatever it is: the secret appears
-            // whole, once.
-            let linked = std::fs::hard_link(&tmp, &path);
-            let _ = std::fs::remove_file(&tmp);
-            match linked {
-                Ok(()) => return Ok(CacheSecret(bytes)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
+            // Published only if the name is free, whatever is there (a file, a link):
+            // the secret appears whole, once. On failure the temporary is removed.
+            match tmp.persist_noclobber(&path) {
+                Ok(_) => return Ok(CacheSecret(bytes)),
+                Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(tempfile::PersistError { error: e, .. }) => {
                     return Err(format!(
                         "cannot create the kernel cache secret {}: {e}",
                         path.display()
@@ -237,86 +240,46 @@ fn read_secret(path: &Path) -> Result<Option<CacheSecret>, String> {
     Ok(Some(CacheSecret(bytes)))
 }
 
-/// Fills `buf` from the kernel's random source (`getrandom`, else `/dev/urandom`).
-fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let rest = &mut buf[filled..];
-        // SAFETY: the pointer and length describe `rest`, writable and in bounds.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        match usize::try_from(n) {
-            Ok(n) => filled += n,
-            Err(_) => {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR) => continue,
-                    Some(libc::ENOSYS) => {
-                        return File::open("/dev/urandom")?.read_exact(rest);
-                    }
-                    _ => return Err(e),
-                }
-            }
-        }
-    }
-    Ok(())
-}
+/// Random characters in a temporary's name (`tempfile`'s alphabet of 62: 72 bits).
+const RANDOM_NAME: usize = 12;
 
-/// An unpredictable name for a temporary beside `name`: `.<name>.<pid>.<random>.tmp`.
-fn temporary_name(name: &str) -> io::Result<String> {
-    let mut r = [0u8; 12];
-    random_bytes(&mut r)?;
-    let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
-    Ok(format!(".{name}.{}.{hex}.tmp", std::process::id()))
-}
-
-/// Creates `path` for writing, mode 0600: only if nothing is there (no file, no link:
-/// `O_CREAT | O_EXCL`, and `O_NOFOLLOW` besides).
-fn create_new_private(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-}
-
-/// Writes `bytes` to the new file `tmp` and flushes it to disk; removes it on failure.
-fn write_new(tmp: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut f = create_new_private(tmp)?;
-    let written = f.write_all(bytes).and_then(|()| f.sync_data());
-    if written.is_err() {
-        let _ = std::fs::remove_file(tmp);
-    }
-    written
-}
-
-/// Writes `bytes` to a new temporary beside `name` in `dir`; returns its path.
-fn write_temporary(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<PathBuf> {
-    let tmp = dir.join(temporary_name(name)?);
-    write_new(&tmp, bytes)?;
+/// Writes `bytes` to a new temporary beside `name` in `dir`, `.<name>.<random>.tmp`
+/// with `random_chars` random characters (0 only in tests, to plant something at the
+/// name), created exclusively and mode 0600, and flushed to disk. The file is removed
+/// when the returned handle drops, unless it is persisted.
+fn write_temporary(
+    dir: &Path,
+    name: &str,
+    random_chars: usize,
+    bytes: &[u8],
+) -> io::Result<NamedTempFile> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .rand_bytes(random_chars)
+        .permissions(Permissions::from_mode(0o600))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_data()?;
     Ok(tmp)
 }
 
-/// Writes `bytes` to `dir/name` through the temporary `dir/tmp_name` and a rename.
-fn write_via(dir: &Path, tmp_name: &str, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(tmp_name);
-    write_new(&tmp, bytes)?;
-    let renamed = std::fs::rename(&tmp, dir.join(name));
-    if renamed.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    renamed
+/// Writes `bytes` to `dir/name` through a temporary ([`write_temporary`]) and a rename.
+fn write_via(dir: &Path, random_chars: usize, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = write_temporary(dir, name, random_chars, bytes)?;
+    // On failure the error holds the temporary, removed as it drops.
+    tmp.persist(dir.join(name)).map(drop).map_err(|e| e.error)
 }
 
-/// Writes `bytes` to `dir/name` atomically (a temporary with an unpredictable name,
+/// Writes `bytes` to `dir/name` atomically (a temporary with a random name,
 /// then a rename), after checking that `dir` can be trusted ([`check_dir`]; it is
 /// created if missing). Never writes through a link.
 pub fn write_atomically_in(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     check_dir(dir).map_err(io::Error::other)?;
-    write_via(dir, &temporary_name(name)?, name, bytes)
+    write_via(dir, RANDOM_NAME, name, bytes)
 }
 
-/// Writes `bytes` to `dir/name` through a temporary file with an unpredictable name in
+/// Writes `bytes` to `dir/name` through a temporary file with a random name in
 /// the same folder (created exclusively, mode 0600, not following links) and a rename,
 /// so the file appears whole or not at all and no link planted in the folder is written
 /// through. `dir` is created (mode 0700) if missing, and refused, with an error saying
@@ -328,26 +291,18 @@ pub fn write_file_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
 
-    struct Dir(PathBuf);
+    /// A private folder removed when dropped, also when the test panics.
+    struct Dir(PathBuf, #[allow(dead_code)] tempfile::TempDir);
     impl Dir {
         fn new(tag: &str) -> Dir {
-            let mut r = [0u8; 8];
-            random_bytes(&mut r).unwrap();
-            let p = std::env::temp_dir().join(format!(
-                "cuda-rt-disk-{tag}-{}-{}",
-                std::process::id(),
-                u64::from_le_bytes(r)
-            ));
-            std::fs::create_dir_all(&p).unwrap();
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
-            Dir(p)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
+            let d = tempfile::Builder::new()
+                .prefix(&format!("cuda-rt-disk-{tag}-"))
+                .permissions(Permissions::from_mode(0o700))
+                .tempdir()
+                .unwrap();
+            Dir(d.path().to_path_buf(), d)
         }
     }
 
@@ -356,8 +311,9 @@ mod tests {
         let dir = Dir::new("tmp-link");
         let victim = dir.0.join("victim");
         std::fs::write(&victim, b"precious").unwrap();
-        std::os::unix::fs::symlink(&victim, dir.0.join(".entry.tmp")).unwrap();
-        let err = write_via(&dir.0, ".entry.tmp", "entry", b"attacker's bytes").unwrap_err();
+        std::os::unix::fs::symlink(&victim, dir.0.join(".entry..tmp")).unwrap();
+        // No random characters: the temporary's name is the link's.
+        let err = write_via(&dir.0, 0, "entry", b"attacker's bytes").unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         assert!(!dir.0.join("entry").exists());
@@ -367,22 +323,29 @@ mod tests {
     fn a_dangling_link_at_the_temporary_name_creates_no_file() {
         let dir = Dir::new("tmp-dangling");
         let target = dir.0.join("would-be-created");
-        std::os::unix::fs::symlink(&target, dir.0.join(".entry.tmp")).unwrap();
-        assert!(write_via(&dir.0, ".entry.tmp", "entry", b"x").is_err());
+        std::os::unix::fs::symlink(&target, dir.0.join(".entry..tmp")).unwrap();
+        assert!(write_via(&dir.0, 0, "entry", b"x").is_err());
         assert!(!target.exists());
     }
 
     #[test]
-    fn temporary_names_are_unpredictable() {
-        let a = temporary_name("k").unwrap();
-        let b = temporary_name("k").unwrap();
-        assert_ne!(a, b);
-        assert!(a.starts_with(&format!(".k.{}.", std::process::id())));
-        assert!(a.ends_with(".tmp"));
-        // 12 random bytes in hex.
+    fn temporaries_have_random_private_names_and_go_away() {
+        let dir = Dir::new("tmp-names");
+        let a = write_temporary(&dir.0, "k", RANDOM_NAME, b"a").unwrap();
+        let b = write_temporary(&dir.0, "k", RANDOM_NAME, b"b").unwrap();
+        assert_ne!(a.path(), b.path());
+        for t in [&a, &b] {
+            let name = t.path().file_name().unwrap().to_str().unwrap().to_owned();
+            assert!(name.starts_with(".k.") && name.ends_with(".tmp"), "{name}");
+            assert_eq!(name.len(), ".k..tmp".len() + RANDOM_NAME, "{name}");
+            let m = std::fs::metadata(t.path()).unwrap();
+            assert_eq!(m.mode() & 0o777, 0o600);
+        }
+        drop((a, b));
         assert_eq!(
-            a.len(),
-            format!(".k.{}..tmp", std::process::id()).len() + 24
+            std::fs::read_dir(&dir.0).unwrap().count(),
+            0,
+            "removed on drop"
         );
     }
 

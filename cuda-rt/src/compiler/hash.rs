@@ -1,27 +1,25 @@
-//! Hashes: a stable one for names and keys that are written to disk ([`Fnv128`]), and
-//! a fast one for the kernel cache's in-memory map ([`WordHasher`]).
+//! Hashes: a stable one for names and keys that are written to disk ([`StableHash`]),
+//! and a fast one for the kernel cache's in-memory map ([`WordHasher`]).
 
-/// FNV-1a, 128 bits: a stable hash (the same in every build and process).
-#[derive(Debug, Clone, Copy)]
-pub struct Fnv128(u128);
+/// The stable hash of names and keys written to disk: BLAKE3 (the hash that also tags
+/// the cache's entries, so the crate has one), its output cut to 128 bits. The same
+/// in every build, process and machine; collision-resistant, so two programs never
+/// share a cache key by accident.
+#[derive(Debug, Clone)]
+pub struct StableHash(blake3::Hasher);
 
-impl Fnv128 {
-    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
-    const PRIME: u128 = 0x0000000001000000000000000000013B;
+impl StableHash {
+    /// Length of the hash, in bytes.
+    pub const LEN: usize = 16;
 
     /// A fresh hash.
-    pub const fn new() -> Fnv128 {
-        Fnv128(Self::OFFSET)
+    pub fn new() -> StableHash {
+        StableHash(blake3::Hasher::new())
     }
 
     /// Hashes `bytes` in.
     pub fn write(&mut self, bytes: &[u8]) {
-        let mut h = self.0;
-        for &b in bytes {
-            h ^= u128::from(b);
-            h = h.wrapping_mul(Self::PRIME);
-        }
-        self.0 = h;
+        self.0.update(bytes);
     }
 
     /// Hashes in `bytes` preceded by their length, so fields cannot run together.
@@ -30,13 +28,15 @@ impl Fnv128 {
         self.write(bytes);
     }
 
-    /// The hash, big-endian.
-    pub const fn finish(&self) -> [u8; 16] {
-        self.0.to_be_bytes()
+    /// The hash: the first [`StableHash::LEN`] bytes of BLAKE3's output.
+    pub fn finish(&self) -> [u8; StableHash::LEN] {
+        let mut out = [0u8; StableHash::LEN];
+        out.copy_from_slice(&self.0.finalize().as_bytes()[..StableHash::LEN]);
+        out
     }
 }
 
-impl Default for Fnv128 {
+impl Default for StableHash {
     fn default() -> Self {
         Self::new()
     }
@@ -108,17 +108,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fnv128_matches_reference_vectors() {
+    fn stable_hash_is_blake3_cut_to_128_bits() {
+        // BLAKE3's reference vectors (the empty input; "abc"), first 16 bytes.
+        let hex = |b: [u8; 16]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         assert_eq!(
-            Fnv128::new().finish(),
-            0x6c62272e07bb014262b821756295c58du128.to_be_bytes()
+            hex(StableHash::new().finish()),
+            "af1349b9f5f9a1a6a0404dea36dcc949"
         );
-        let mut h = Fnv128::new();
+        let mut h = StableHash::new();
         h.write(b"a");
-        assert_eq!(
-            h.finish(),
-            0xd228cb696f1a8caf78912b704e4a8964u128.to_be_bytes()
-        );
+        h.write(b"bc");
+        assert_eq!(hex(h.finish()), "6437b3ac38465133ffb63b75273a8db5");
+        // Fields are length-prefixed: ["ab"] is not ["a", "b"].
+        let (mut one, mut two) = (StableHash::new(), StableHash::new());
+        one.field(b"ab");
+        two.field(b"a");
+        two.field(b"b");
+        assert_ne!(one.finish(), two.finish());
     }
 
     #[test]

@@ -145,6 +145,11 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
+        // Inside a host function the driver may not be called: the handle is kept
+        // (leaked), as memory dropped there is (docs/soundness.md, "Host functions").
+        if result::stream::in_host_function() {
+            return;
+        }
         // SAFETY: the link was created in `new` and is destroyed once, here; the log
         // buffer it writes to is dropped after (fields drop after `drop` returns).
         let _ = unsafe { result::link::destroy(self.state) };

@@ -20,7 +20,7 @@ use cuda_sys::loader::search::{candidates, SearchEnv, Source};
 use cuda_sys::loader::specs::NVRTC;
 
 use super::cache_dir::write_file_atomically;
-use super::hash::Fnv128;
+use super::hash::StableHash;
 use super::nvrtc;
 use crate::error::Result;
 
@@ -97,7 +97,7 @@ pub fn nvrtc_identity(env: &SearchEnv, ld_library_path: Option<&str>) -> Option<
 fn identify(path: &Path, by_bare_name: bool) -> Option<NvrtcIdentity> {
     let path = std::fs::canonicalize(path).ok()?;
     let m = std::fs::metadata(&path).ok()?;
-    let mut h = Fnv128::new();
+    let mut h = StableHash::new();
     h.field(b"cuda-rt nvrtc identity v1");
     h.field(path.as_os_str().as_encoded_bytes());
     for v in [m.len(), m.dev(), m.ino()] {
@@ -112,8 +112,9 @@ fn identify(path: &Path, by_bare_name: bool) -> Option<NvrtcIdentity> {
     })
 }
 
-/// First bytes of a facts file.
-const MAGIC: [u8; 8] = *b"CURTNF1\n";
+/// First bytes of a facts file. 2: the checksum is BLAKE3's (1's was FNV-1a: such a
+/// file is read as missing, and rewritten).
+const MAGIC: [u8; 8] = *b"CURTNF2\n";
 
 /// The facts file's name for `id`.
 pub fn facts_file_name(id: &[u8; 16]) -> String {
@@ -132,7 +133,7 @@ pub fn encode_facts(id: &[u8; 16], facts: &NvrtcFacts) -> Vec<u8> {
     for a in &facts.archs {
         out.extend_from_slice(&a.to_le_bytes());
     }
-    let mut h = Fnv128::new();
+    let mut h = StableHash::new();
     h.write(&out);
     out.extend_from_slice(&h.finish());
     out
@@ -142,7 +143,7 @@ pub fn encode_facts(id: &[u8; 16], facts: &NvrtcFacts) -> Vec<u8> {
 pub fn decode_facts(bytes: &[u8], id: &[u8; 16]) -> Option<NvrtcFacts> {
     let body_len = bytes.len().checked_sub(16)?;
     let (body, sum) = bytes.split_at(body_len);
-    let mut h = Fnv128::new();
+    let mut h = StableHash::new();
     h.write(body);
     if h.finish()[..] != *sum || body.len() < 36 || body[..8] != MAGIC || body[8..24] != id[..] {
         return None;

@@ -37,11 +37,11 @@ struct RawInner {
 /// // One kernel per name expression, compiled once for the current device.
 /// let module = RawModule::from_source(src, &["-std=c++17"], &["scale<float>", "scale<double>"])?;
 /// let scale = module.get_function("scale<double>")?;
-/// let x = DeviceBuffer::from_slice(&[1.5f64; 1000])?;
+/// let mut x = DeviceBuffer::from_slice(&[1.5f64; 1000])?;
 /// let cfg = LaunchConfig::for_num_elems_with_block(1000, 128);
 /// // SAFETY: scale<double>(double* x, double a, int n): x holds 1000 doubles on this
 /// // device; `to_vec` reads it on the same stream, after the kernel.
-/// unsafe { cuda_rt::launch!(scale, &cfg, (x, 4.0f64, 1000i32))? };
+/// unsafe { cuda_rt::launch!(scale, &cfg, (&mut x, 4.0f64, 1000i32))? };
 /// assert_eq!(x.to_vec()?, vec![6.0; 1000]);
 /// # Ok(()) }
 /// ```

@@ -33,7 +33,7 @@ use std::sync::OnceLock;
 use cuda_sys::loader::search::{candidates, site_packages, SearchEnv, Source};
 use cuda_sys::loader::specs::NVRTC;
 
-use super::hash::Fnv128;
+use super::hash::StableHash;
 
 /// Variable that replaces the include-folder search (folders separated by `:`; set
 /// but empty: no include folder is added).
@@ -162,7 +162,7 @@ impl IncludeSet {
 
     /// What the kernel-cache key takes of the set: the folders and the stamp.
     pub fn key_bytes(&self) -> Vec<u8> {
-        let mut h = Fnv128::new();
+        let mut h = StableHash::new();
         h.write(&(self.dirs.len() as u64).to_le_bytes());
         for d in &self.dirs {
             h.field(d.as_os_str().as_encoded_bytes());
@@ -174,7 +174,7 @@ impl IncludeSet {
 
 /// A hash of the modification times of `dirs` and of their entries (one level).
 fn stamp_of(dirs: &[PathBuf]) -> u128 {
-    let mut h = Fnv128::new();
+    let mut h = StableHash::new();
     let mut time = |p: &Path| {
         let t = std::fs::metadata(p)
             .and_then(|m| m.modified())

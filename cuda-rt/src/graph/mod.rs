@@ -1,5 +1,6 @@
 //! CUDA graphs: capture work on a stream and replay it ([`Graph`]), or build a graph
-//! node by node.
+//! node by node. [`Recorder`] does the capturing for you: a closure recorded once per
+//! key, replayed as one graph launch, updated in place when only its arguments change.
 //!
 //! ```no_run
 //! # fn main() -> cuda_rt::Result<()> {
@@ -48,13 +49,26 @@
 //! otherwise outlive the graph: hand it to [`Graph::keep_alive`]. A graph waits for its
 //! launches to finish before releasing what it keeps alive.
 //!
+//! # Recording without the effort
+//! A step of many small kernels spends most of its time on the host, a few
+//! microseconds per launch; one graph launch costs about as much as one kernel launch.
+//! [`Recorder::run`] takes a key and a closure that queues the step on a stream: the
+//! first call for a key captures it, instantiates and launches; later calls launch the
+//! same executable without running the closure. [`Recorder::update`] captures the
+//! closure again and updates the executable in place (`cuGraphExecUpdate`) when only
+//! kernel arguments changed, falling back to a new instantiation when the driver
+//! refuses. A bounded cache keeps the least recently used keys' executables, with
+//! [`RecorderStats`]. See the [`Recorder`] docs and the `12_graphs_made_easy` example.
+//!
 //! # Nodes and threads
 //! A [`Node`] borrows its graph and cannot outlive it; nodes are added through `&self`,
 //! so several can be held while more are added. A [`Graph`] is `Send` but not `Sync`
 //! (CUDA asks that calls on one graph be serialized). Kernel nodes are `unsafe`
 //! ([`Graph::add_kernel_node`]) and keep their kernel's module loaded.
 
+mod memory_usage;
 mod node;
+mod recorder;
 mod stream_capture;
 
 use std::any::Any;
@@ -66,10 +80,12 @@ use std::sync::Arc;
 
 pub use crate::capture::{any_capture_active, CaptureMode, CaptureStatus};
 pub use crate::memory::graph_memory::capture_aware_alloc;
+pub use memory_usage::{graph_memory_usage, trim_graph_memory, GraphMemoryUsage};
 pub use node::{AsFunction, KernelArgs, LaunchConfig, Node};
+pub use recorder::{Outcome, Recorder, RecorderStats};
 pub use stream_capture::StreamCaptureExt;
 
-use crate::capture::{info as capture_info, keep_in_capture, AllocState, LaunchRecord};
+use crate::capture::{info as capture_info, keep_in_capture, AllocState, Ended, LaunchRecord};
 
 use cuda_sys::driver as sys;
 use cuda_sys::result;
@@ -188,6 +204,36 @@ pub struct Graph {
     launches: Arc<LaunchRecord>,
     /// Whether it was ever launched (so there is work to wait for on drop).
     launched: Cell<bool>,
+    /// Whether its capture noted a use of kept memory on a forked stream (see
+    /// `capture::Ended::forked_uses`).
+    forked_uses: bool,
+}
+
+/// How [`Graph::update_from`] went.
+pub(crate) enum Updated {
+    /// The executable has the new parameters.
+    Made {
+        /// What the graph kept for the old ones.
+        old: Kept,
+        /// The old graph (no executable, nothing kept), to drop.
+        old_graph: Graph,
+    },
+    /// Nothing changed.
+    Refused {
+        /// The graph that was to give its parameters.
+        fresh: Graph,
+        /// Why, in words.
+        reason: &'static str,
+    },
+}
+
+/// What a graph kept alive, taken out of it (see [`Graph::take_kept`]).
+pub(crate) struct Kept {
+    /// The objects.
+    pub(crate) items: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Whether work queued outside the capture, on a stream forked into it, may use
+    /// some of them: then only an idle context lets them go.
+    pub(crate) forked_uses: bool,
 }
 
 impl std::fmt::Debug for Graph {
@@ -222,31 +268,39 @@ impl Graph {
             allocs: Vec::new(),
             launches: Arc::default(),
             launched: Cell::new(false),
+            forked_uses: false,
         }
     }
 
     /// The graph of a finished capture, instantiated with `flags` (plus
     /// [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`] when it owns allocations).
     pub(crate) fn from_capture(
-        raw: sys::CUgraph,
+        ended: Ended,
         device: i32,
-        keep: Vec<Arc<dyn Any + Send + Sync>>,
-        allocs: Vec<Arc<AllocState>>,
         flags: InstantiateFlags,
     ) -> Result<Graph> {
-        let mut g = Self::from_parts(raw, device, flags);
-        g.keep = RefCell::new(keep);
+        let mut g = Self::from_ended(ended, device, flags);
+        // A failed instantiation drops `g`, which abandons its allocations.
+        g.instantiate(g.flags)?;
+        Ok(g)
+    }
+
+    /// The graph of a finished capture, not instantiated yet: it owns the
+    /// allocations the capture did not free, and keeps what the capture kept.
+    pub(crate) fn from_ended(ended: Ended, device: i32, flags: InstantiateFlags) -> Graph {
+        let mut g = Self::from_parts(ended.raw, device, flags);
+        g.keep = RefCell::new(ended.keep);
+        g.forked_uses = ended.forked_uses;
         let rec = Arc::clone(&g.launches);
-        g.allocs = allocs
+        g.allocs = ended
+            .allocs
             .into_iter()
             .filter(|a| a.hand_to_graph(&rec))
             .collect();
         if !g.allocs.is_empty() {
             g.flags |= InstantiateFlags::AUTO_FREE_ON_LAUNCH;
         }
-        // A failed instantiation drops `g`, which abandons its allocations.
-        g.instantiate(g.flags)?;
-        Ok(g)
+        g
     }
 
     /// The raw `CUgraph` (owned by this value).
@@ -402,6 +456,60 @@ impl Graph {
         }
     }
 
+    /// Gives this graph's executable the node parameters of `fresh` (a new capture of
+    /// the same work) and takes `fresh`'s place: from then on this graph is `fresh`'s
+    /// graph, keeping what `fresh` kept. Returns what this graph kept before, which
+    /// launches queued before the update may still use (the caller lets it go once
+    /// they are done), and `fresh` holding this graph's old graph (no executable,
+    /// nothing kept), for the caller to drop when destroying it costs least (after the
+    /// next launch is queued). When the update cannot be made (either graph owns
+    /// allocations of its capture, whose addresses belong to each executable, or the
+    /// driver refuses), nothing changes and `fresh` comes back with the reason.
+    pub(crate) fn update_from(&mut self, mut fresh: Graph) -> Result<Updated> {
+        if !self.allocs.is_empty() || !fresh.allocs.is_empty() {
+            return Ok(Updated::Refused {
+                fresh,
+                reason: "a recording that allocates memory during its capture and keeps it \
+                         past the capture owns that memory in each executable: it cannot be \
+                         updated",
+            });
+        }
+        let e = self.exec()?;
+        make_current(self.device)?;
+        // SAFETY: this graph's executable and `fresh`'s graph are owned by them and
+        // live while borrowed; once updated, the executable refers to what `fresh`
+        // keeps alive, which this graph takes over below, and launches queued before
+        // go on with the old parameters, whose keep-alive list goes to the caller.
+        match unsafe { result::graph::exec_update(e, fresh.as_raw()) }? {
+            Ok(()) => {
+                // The executable is independent of the graph it came from: this graph
+                // takes `fresh`'s graph, and `fresh` the old one, which it destroys as
+                // it drops.
+                std::mem::swap(&mut self.raw, &mut fresh.raw);
+                let old = self.take_kept();
+                *self.keep.get_mut() = std::mem::take(fresh.keep.get_mut());
+                self.forked_uses = fresh.forked_uses;
+                Ok(Updated::Made {
+                    old,
+                    old_graph: fresh,
+                })
+            }
+            Err(reason) => Ok(Updated::Refused {
+                fresh,
+                reason: update_reason(reason),
+            }),
+        }
+    }
+
+    /// Takes out what the graph keeps alive, for a caller that lets it go once the
+    /// graph's launches are done (the graph's drop then has nothing to wait for).
+    pub(crate) fn take_kept(&mut self) -> Kept {
+        Kept {
+            items: std::mem::take(self.keep.get_mut()),
+            forked_uses: self.forked_uses,
+        }
+    }
+
     /// A copy of the graph (`cuGraphClone`), not yet instantiated, with the same
     /// instantiate flags; it keeps alive what this graph keeps alive. An error for a
     /// graph that owns allocations of its capture (their addresses belong to this
@@ -533,6 +641,11 @@ fn update_reason(r: sys::CUgraphExecUpdateResult) -> &'static str {
 
 impl Drop for Graph {
     fn drop(&mut self) {
+        // Inside a host function the driver may not be called: the graph (and what it keeps) stays
+        // (leaked), as memory dropped there is (docs/soundness.md, "Host functions").
+        if result::stream::in_host_function() {
+            return;
+        }
         let _ = make_current(self.device);
         // What the graph keeps alive may be in use by queued launches, or by work
         // queued outside the capture on a stream that joined it (noted as the

@@ -1,12 +1,15 @@
 //! Capturing a stream's work into a [`Graph`]: the stream methods of capture.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use super::{launch_repeatable_host_func, CaptureMode, CaptureStatus, Graph, InstantiateFlags};
 use crate::capture::{self, begin as begin_capture, info as capture_info};
 use crate::device::context::make_current;
-use crate::error::{explain_capture, Result};
+use crate::error::{explain_capture, CaptureKind, Error, Result};
 use crate::stream::{context_for, AsStream, LEGACY_DEFAULT_HANDLE};
 
 /// A stream's capture operations: begin and end capturing its work into a [`Graph`],
@@ -53,6 +56,45 @@ pub trait StreamCaptureExt: AsStream {
         end_capture(self, flags)
     }
 
+    /// Ties `obj` to the graph this stream is capturing into (a capture begun through
+    /// cuda-rt, also from a stream forked into it): it is dropped after that graph and
+    /// every executable made of it, once their launches are done. What a captured
+    /// kernel reaches through a pointer argument is the launch's promise; this is how
+    /// to keep it (a buffer, a kernel's [`Function`](crate::Function)) for as long as
+    /// the graph can run. An [`Error::Capture`](crate::Error::Capture) when the stream
+    /// is not capturing, or captures into a capture begun outside cuda-rt.
+    ///
+    /// ```no_run
+    /// # fn main() -> cuda_rt::Result<()> {
+    /// use std::sync::Arc;
+    /// use cuda_rt::prelude::*;
+    /// use cuda_rt::{CaptureMode, Stream};
+    /// let stream = Stream::non_blocking()?;
+    /// let table = Arc::new(cuda_rt::alloc(4096)?);
+    /// stream.begin_capture(CaptureMode::ThreadLocal)?;
+    /// // ... kernels that read `table` ...
+    /// stream.keep_alive_in_capture(table.clone())?;
+    /// let graph = stream.end_capture()?;
+    /// drop(table); // the graph holds it now
+    /// graph.launch(&stream)?;
+    /// # Ok(()) }
+    /// ```
+    fn keep_alive_in_capture(&self, obj: Arc<dyn Any + Send + Sync>) -> Result<()> {
+        context_for(self)?;
+        if capture::keep_in_capture(self, obj)? {
+            return Ok(());
+        }
+        Err(Error::capture(
+            CaptureKind::NotCapturing,
+            format!(
+                "keep_alive_in_capture on stream {:#x} of device {}: the stream is not \
+                 capturing into a capture begun through cuda-rt",
+                self.as_raw() as usize,
+                self.device_id()
+            ),
+        ))
+    }
+
     /// Whether the stream is capturing a graph (an invalidated capture counts: the
     /// stream is still in capture mode until the capture is ended).
     fn is_capturing(&self) -> Result<bool> {
@@ -97,5 +139,5 @@ fn legacy_capture_status(device: i32) -> Result<CaptureStatus> {
 /// Ends the capture begun on `s` and instantiates its graph with `flags`.
 fn end_capture<S: AsStream + ?Sized>(s: &S, flags: InstantiateFlags) -> Result<Graph> {
     let ended = capture::end(s)?;
-    Graph::from_capture(ended.raw, s.device_id(), ended.keep, ended.allocs, flags)
+    Graph::from_capture(ended, s.device_id(), flags)
 }

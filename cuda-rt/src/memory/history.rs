@@ -3,6 +3,13 @@
 //! ([`render_html`]): a self-contained HTML page with an SVG timeline of reserved and
 //! in-use memory and the largest blocks live at the peak, labelled with their sites.
 //!
+//! With the `serde` feature (on by default) a history is JSON both ways: written as
+//! the `device_traces` entries of PyTorch's snapshot ([`HistoryHook::to_json`]) and
+//! read back ([`events_from_json`]), which also reads pool snapshots, cuda-rt's
+//! ([`PoolSnapshot::to_json`](crate::memory::arena::PoolSnapshot::to_json)) and
+//! PyTorch's (`torch.cuda.memory._snapshot()` written with `json.dump`): the page
+//! pictures any of them.
+//!
 //! Recording is off until a [`HistoryHook`] is registered, and then costs what any
 //! hook costs; with no hook the pool's hot path tests one thread-local flag, as it
 //! always does. Hooks are per thread (CuPy's rule); to record a workload of several
@@ -21,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::panic::Location;
@@ -40,35 +48,77 @@ pub enum HistoryAction {
     Malloc,
     /// A block went back to the pool.
     Free,
+    /// The pool gave a segment back to the driver. The hooks do not see releases, so
+    /// a [`HistoryHook`] records none; a trace read from PyTorch's snapshot has them
+    /// (`segment_free`, `segment_unmap`).
+    SegmentFree,
 }
 
 impl HistoryAction {
-    /// Its name in [`HistoryHook::to_json`] (PyTorch's trace names): `segment_alloc`,
-    /// `alloc`, `free_completed`.
+    /// The action's name in PyTorch's trace entries (`"segment_alloc"`, `"alloc"`,
+    /// `"free_completed"`, `"segment_free"`).
     pub fn name(self) -> &'static str {
         match self {
             HistoryAction::SegmentAlloc => "segment_alloc",
             HistoryAction::Malloc => "alloc",
             HistoryAction::Free => "free_completed",
+            HistoryAction::SegmentFree => "segment_free",
         }
     }
 
-    /// The action named `name` in a trace ([`name`](Self::name)'s inverse); PyTorch's
-    /// `segment_map` (an expandable segment growing) counts as `segment_alloc`. `None`
-    /// for the trace actions that change nothing pictured here (`free_requested`,
-    /// `segment_free`, `snapshot`, `oom`...).
+    /// The action a PyTorch trace entry's name stands for in a history: its own names,
+    /// and `"segment_map"` / `"segment_unmap"` (an expandable segment growing and
+    /// shrinking) as a segment taken and given back. `None` for the entries that
+    /// change no memory picture (`"free_requested"`: the block is in use until
+    /// `"free_completed"`; `"oom"`, `"snapshot"`, `"annotate"`) and unknown names.
     pub fn from_name(name: &str) -> Option<HistoryAction> {
-        match name {
-            "segment_alloc" | "segment_map" => Some(HistoryAction::SegmentAlloc),
-            "alloc" => Some(HistoryAction::Malloc),
-            "free_completed" => Some(HistoryAction::Free),
-            _ => None,
+        Some(match name {
+            "segment_alloc" | "segment_map" => HistoryAction::SegmentAlloc,
+            "alloc" => HistoryAction::Malloc,
+            "free_completed" => HistoryAction::Free,
+            "segment_free" | "segment_unmap" => HistoryAction::SegmentFree,
+            _ => return None,
+        })
+    }
+}
+
+/// Where a block was allocated: a line of Rust (`#[track_caller]`'s location, as
+/// recorded), or a frame of a trace read from JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Site {
+    /// The source file.
+    pub file: Cow<'static, str>,
+    /// Its line.
+    pub line: u32,
+    /// The function, when the trace names it (PyTorch's frames do; a recorded
+    /// location does not).
+    pub function: Option<Cow<'static, str>>,
+}
+
+impl From<&'static Location<'static>> for Site {
+    /// The site of a recorded location: borrowed, nothing is copied.
+    fn from(l: &'static Location<'static>) -> Site {
+        Site {
+            file: Cow::Borrowed(l.file()),
+            line: l.line(),
+            function: None,
         }
     }
 }
 
+impl std::fmt::Display for Site {
+    /// `file:line`, then ` in function` when known.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)?;
+        if let Some(func) = &self.function {
+            write!(f, " in {func}")?;
+        }
+        Ok(())
+    }
+}
+
 /// One event of the history.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryEvent {
     /// Nanoseconds since the hook was made.
     pub time_ns: u64,
@@ -81,7 +131,7 @@ pub struct HistoryEvent {
     /// Its size in bytes (rounded, as the pool holds it).
     pub size: u64,
     /// The line that allocated (mallocs only, when known).
-    pub site: Option<&'static Location<'static>>,
+    pub site: Option<Site>,
     /// The thread that made the event: a small number, 1 for the first thread that
     /// recorded into any history, and so on.
     pub thread: u64,
@@ -133,7 +183,7 @@ impl HistoryHook {
 
     /// The events kept, oldest first.
     pub fn events(&self) -> Vec<HistoryEvent> {
-        self.ring().iter().copied().collect()
+        self.ring().iter().cloned().collect()
     }
 
     /// How many events fell out of the ring.
@@ -148,8 +198,9 @@ impl HistoryHook {
             device,
             address,
             size: size as u64,
+            // A recorded location is borrowed: nothing allocated here.
             site: if action == HistoryAction::Malloc {
-                call_site()
+                call_site().map(Site::from)
             } else {
                 None
             },
@@ -163,37 +214,16 @@ impl HistoryHook {
         r.push_back(e);
     }
 
-    /// The events as JSON, close to the `device_traces` of PyTorch's snapshot:
-    /// `[{"action", "addr", "size", "time_us", "device", "frames": [{"filename", "line"}]}]`.
+    /// The events as JSON, oldest first: a list of PyTorch's snapshot's trace entries
+    /// (one device's `device_traces` list), `[{"action", "addr", "size", "time_us",
+    /// "time_ns", "device", "thread", "frames": [{"filename", "line"}]}]`, spaced as
+    /// Python's `json.dumps` (`time_ns`, `device` and `thread` are cuda-rt's: exact
+    /// time, the device and the recording thread). Read back with
+    /// [`events_from_json`]. The same as `serde_json::to_string(&hook.events())`
+    /// but for the spacing.
+    #[cfg(feature = "serde")]
     pub fn to_json(&self) -> String {
-        let mut out = String::from("[");
-        for (i, e) in self.ring().iter().enumerate() {
-            if i > 0 {
-                out.push_str(", ");
-            }
-            let _ = write!(
-                out,
-                "{{\"action\": \"{}\", \"addr\": {}, \"size\": {}, \"time_us\": {}, \
-                 \"device\": {}, \"thread\": {}, \"frames\": [",
-                e.action.name(),
-                e.address,
-                e.size,
-                e.time_ns / 1000,
-                e.device,
-                e.thread
-            );
-            if let Some(s) = e.site {
-                let _ = write!(
-                    out,
-                    "{{\"filename\": \"{}\", \"line\": {}}}",
-                    json_escape(s.file()),
-                    s.line()
-                );
-            }
-            out.push_str("]}");
-        }
-        out.push(']');
-        out
+        crate::memory::snapshot_json::to_string(&*self.ring())
     }
 }
 
@@ -211,8 +241,201 @@ impl MemoryHook for HistoryHook {
     }
 }
 
-fn json_escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+#[cfg(feature = "serde")]
+pub use json::events_from_json;
+
+// JSON: PyTorch's trace entries, through serde (the `serde` feature, on by default).
+#[cfg(feature = "serde")]
+mod json {
+    use std::borrow::Cow;
+
+    use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{HistoryAction, HistoryEvent, Site};
+    use crate::memory::snapshot_json::{
+        self as wire, read_error, ACTIVE_ALLOCATED, ACTIVE_AWAITING_FREE, ACTIVE_PENDING_FREE,
+        NO_DEVICE,
+    };
+
+    fn to_wire(e: &HistoryEvent) -> wire::TraceEntry {
+        wire::TraceEntry {
+            action: e.action.name().to_owned(),
+            addr: e.address,
+            size: e.size,
+            time_us: Some(e.time_ns / 1000),
+            time_ns: Some(e.time_ns),
+            device: Some(e.device),
+            thread: Some(e.thread),
+            frames: e
+                .site
+                .iter()
+                .map(|s| wire::Frame {
+                    filename: s.file.clone().into_owned(),
+                    line: i64::from(s.line),
+                    name: s.function.as_ref().map(|f| f.clone().into_owned()),
+                })
+                .collect(),
+        }
+    }
+
+    /// The site of a trace entry's frames (innermost first): the innermost Python
+    /// frame when there is one (PyTorch's stacks start in its C++ internals when they
+    /// hold C++ frames), else the innermost.
+    fn site_of(frames: Vec<wire::Frame>) -> Option<Site> {
+        let i = frames
+            .iter()
+            .position(|f| f.filename.ends_with(".py"))
+            .unwrap_or(0);
+        frames.into_iter().nth(i).map(|f| Site {
+            file: Cow::Owned(f.filename),
+            line: u32::try_from(f.line).unwrap_or(0),
+            function: f.name.map(Cow::Owned),
+        })
+    }
+
+    /// The event of a trace entry (`None` for an action that is none of
+    /// [`HistoryAction`]'s), on `device` unless the entry names its own; `order`
+    /// times an entry without a time.
+    fn from_wire(t: wire::TraceEntry, device: i32, order: u64) -> Option<HistoryEvent> {
+        let action = HistoryAction::from_name(&t.action)?;
+        Some(HistoryEvent {
+            time_ns: t
+                .time_ns
+                .or_else(|| t.time_us.map(|us| us.saturating_mul(1000)))
+                .unwrap_or(order),
+            action,
+            device: t.device.unwrap_or(device),
+            address: t.addr,
+            size: t.size,
+            // Only a malloc carries its site (as a recording does).
+            site: if action == HistoryAction::Malloc {
+                site_of(t.frames)
+            } else {
+                None
+            },
+            thread: t.thread.unwrap_or(0),
+        })
+    }
+
+    /// A trace entry (see [`HistoryHook::to_json`](super::HistoryHook::to_json)).
+    impl Serialize for HistoryEvent {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            to_wire(self).serialize(s)
+        }
+    }
+
+    /// From a trace entry, cuda-rt's or PyTorch's; an error for an action that is
+    /// none of [`HistoryAction`]'s (`free_requested`, `oom`...: [`events_from_json`]
+    /// skips those).
+    impl<'de> Deserialize<'de> for HistoryEvent {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HistoryEvent, D::Error> {
+            let t = wire::TraceEntry::deserialize(d)?;
+            let name = t.action.clone();
+            from_wire(t, 0, 0).ok_or_else(|| {
+                de::Error::custom(format!(
+                    "trace action {name:?} is no history event (segment_alloc, alloc, \
+                     free_completed, segment_free)"
+                ))
+            })
+        }
+    }
+
+    /// The history in JSON text, for [`render_html`](super::render_html) and for code
+    /// of your own: any of
+    /// - a history, [`HistoryHook::to_json`](super::HistoryHook::to_json)'s list of
+    ///   trace entries;
+    /// - a snapshot, cuda-rt's ([`PoolSnapshot::to_json`](crate::memory::arena::PoolSnapshot::to_json))
+    ///   or PyTorch's (`torch.cuda.memory._snapshot()` written with `json.dump`; a
+    ///   pickle from `_dump_snapshot` converts with
+    ///   `python -c "import json, pickle, sys; json.dump(pickle.load(open(sys.argv[1], 'rb')), sys.stdout)" snapshot.pickle`):
+    ///   its `device_traces` (the entries of `device_traces[i]` on device `i`), or,
+    ///   when they are empty (recording was off), the state it shows, as events at
+    ///   time 0: each segment taken, then each block in use (with its frames' site).
+    ///
+    /// PyTorch's entries map to [`HistoryAction::from_name`]; the others
+    /// (`free_requested`, `oom`, `snapshot`, `annotate`) are skipped. A malloc's
+    /// site is its innermost Python frame (else its innermost). Times are
+    /// `time_ns`, else `time_us`, else the entry's position; the events are sorted
+    /// by time (stable), devices together. An error, saying where, for text that is
+    /// none of these.
+    pub fn events_from_json(json: &str) -> crate::Result<Vec<HistoryEvent>> {
+        let mut events = match json.trim_start().as_bytes().first() {
+            Some(b'[') => {
+                let trace: Vec<wire::TraceEntry> = serde_json::from_str(json)
+                    .map_err(|e| read_error("a history (a list of trace entries)", e))?;
+                from_trace(trace, 0)
+            }
+            Some(b'{') => {
+                let snap: wire::Snapshot =
+                    serde_json::from_str(json).map_err(|e| read_error("a memory snapshot", e))?;
+                from_snapshot(snap)
+            }
+            _ => {
+                return Err(read_error(
+                    "a history or a memory snapshot",
+                    "the text is neither a JSON list nor a JSON object",
+                ))
+            }
+        };
+        events.sort_by_key(|e| e.time_ns);
+        Ok(events)
+    }
+
+    fn from_trace(trace: Vec<wire::TraceEntry>, device: i32) -> Vec<HistoryEvent> {
+        trace
+            .into_iter()
+            .zip(0u64..)
+            .filter_map(|(t, i)| from_wire(t, device, i))
+            .collect()
+    }
+
+    fn from_snapshot(snap: wire::Snapshot) -> Vec<HistoryEvent> {
+        if snap.device_traces.iter().any(|t| !t.is_empty()) {
+            let mut events = Vec::new();
+            for (device, trace) in snap.device_traces.into_iter().enumerate() {
+                events.extend(from_trace(trace, i32::try_from(device).unwrap_or(i32::MAX)));
+            }
+            return events;
+        }
+        // No trace: the state, as if it had just been allocated.
+        let mut events = Vec::new();
+        let ev = |action, device: i32, address, size, site| HistoryEvent {
+            time_ns: 0,
+            action,
+            device: if device == NO_DEVICE { 0 } else { device },
+            address,
+            size,
+            site,
+            thread: 0,
+        };
+        for seg in snap.segments {
+            events.push(ev(
+                HistoryAction::SegmentAlloc,
+                seg.device,
+                seg.address,
+                seg.total_size,
+                None,
+            ));
+            let mut next = seg.address;
+            for b in seg.blocks {
+                let address = b.address.unwrap_or(next);
+                next = address.saturating_add(b.size);
+                match b.state.as_str() {
+                    ACTIVE_ALLOCATED | ACTIVE_AWAITING_FREE | ACTIVE_PENDING_FREE => {
+                        events.push(ev(
+                            HistoryAction::Malloc,
+                            seg.device,
+                            address,
+                            b.size,
+                            site_of(b.frames),
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        events
+    }
 }
 
 fn html_escape(s: &str) -> String {
@@ -254,8 +477,8 @@ struct Life {
 /// blocks live at the peak labelled with their size. Blocks whose segment the history
 /// never saw (a ring that lost its start) get a band of their own span.
 fn segments_svg(
-    events: &[HistoryEvent],
-    peak_live: &[HistoryEvent],
+    events: &[&HistoryEvent],
+    peak_live: &[&HistoryEvent],
     t0: u64,
     t_end: u64,
 ) -> String {
@@ -266,7 +489,7 @@ fn segments_svg(
         .collect();
     let mut open: BTreeMap<u64, Life> = BTreeMap::new();
     let mut lives = Vec::new();
-    for e in events {
+    for e in events.iter().copied() {
         match e.action {
             HistoryAction::Malloc => {
                 open.insert(
@@ -285,11 +508,13 @@ fn segments_svg(
                     lives.push(l);
                 }
             }
-            HistoryAction::SegmentAlloc => {}
+            HistoryAction::SegmentAlloc | HistoryAction::SegmentFree => {}
         }
     }
     lives.extend(open.into_values());
+    // A segment given back and taken again at the same place is one band.
     segments.sort_unstable();
+    segments.dedup();
     // Blocks in no recorded segment (a ring that lost its start) share one band
     // spanning their addresses.
     let inside = |a: u64| segments.iter().any(|&(b, n)| a >= b && a < b + n);
@@ -300,9 +525,11 @@ fn segments_svg(
         segments.push((lo, hi - lo));
     }
     let total: u64 = segments.iter().map(|s| s.1).sum::<u64>().max(1);
-    let x = |t: u64| MARGIN + (t - t0) as f64 / (t_end - t0) as f64 * (WIDTH - 2.0 * MARGIN);
+    let x = |t: u64| {
+        MARGIN + t.saturating_sub(t0) as f64 / (t_end - t0) as f64 * (WIDTH - 2.0 * MARGIN)
+    };
     let labelled: Vec<u64> = {
-        let mut v: Vec<&HistoryEvent> = peak_live.iter().collect();
+        let mut v: Vec<&HistoryEvent> = peak_live.to_vec();
         v.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
         v.iter().take(BAND_LABELS).map(|e| e.address).collect()
     };
@@ -367,47 +594,30 @@ fn segments_svg(
 /// shows what was taken) and memory in use over time as two step curves, the peak of use marked, and a table of the largest blocks live at that
 /// peak with the lines that allocated them; then the same history by segment (each
 /// segment a band, each block a rectangle over its lifetime, the largest labelled).
-/// Open it in a browser.
+/// Open it in a browser. Events out of time order are pictured in time order; a
+/// history read from JSON ([`events_from_json`], with the `serde` feature) is pictured
+/// alike, PyTorch's included.
 pub fn render_html(events: &[HistoryEvent], title: &str) -> String {
-    render(events, &|_| None, title)
-}
-
-/// [`render_html`] for events read back from a file (what `cuda-rt snapshot view`
-/// does with [`HistoryHook::to_json`]'s output or a PyTorch snapshot): their call sites
-/// are text, not `Location`s of this process, so they come beside the events:
-/// `sites[i]` is event `i`'s (`file:line`). An event's own `site` wins.
-pub fn render_html_with_sites(
-    events: &[HistoryEvent],
-    sites: &[Option<String>],
-    title: &str,
-) -> String {
-    render(events, &|i| sites.get(i).cloned().flatten(), title)
-}
-
-/// The page of [`render_html`], with `site_text(i)` naming event `i`'s call site when
-/// the event carries none.
-fn render(
-    events: &[HistoryEvent],
-    site_text: &dyn Fn(usize) -> Option<String>,
-    title: &str,
-) -> String {
+    let mut events: Vec<&HistoryEvent> = events.iter().collect();
+    events.sort_by_key(|e| e.time_ns);
+    let events = &events[..];
     let mut points = Vec::with_capacity(events.len() + 1);
     let (mut reserved, mut in_use) = (0u64, 0u64);
-    // Live blocks by address: the event that allocated each, and its index.
-    let mut live: BTreeMap<u64, (usize, HistoryEvent)> = BTreeMap::new();
-    let (mut peak, mut peak_live) = (0u64, Vec::<(usize, HistoryEvent)>::new());
+    let mut live: BTreeMap<u64, &HistoryEvent> = BTreeMap::new();
+    let (mut peak, mut peak_live) = (0u64, Vec::new());
     let t0 = events.first().map_or(0, |e| e.time_ns);
     points.push(Point {
         time_ns: t0,
         reserved: 0,
         in_use: 0,
     });
-    for (i, e) in events.iter().enumerate() {
+    for &e in events {
         match e.action {
-            HistoryAction::SegmentAlloc => reserved += e.size,
+            HistoryAction::SegmentAlloc => reserved = reserved.saturating_add(e.size),
+            HistoryAction::SegmentFree => reserved = reserved.saturating_sub(e.size),
             HistoryAction::Malloc => {
-                in_use += e.size;
-                live.insert(e.address, (i, *e));
+                in_use = in_use.saturating_add(e.size);
+                live.insert(e.address, e);
             }
             HistoryAction::Free => {
                 in_use = in_use.saturating_sub(e.size);
@@ -427,9 +637,14 @@ fn render(
             in_use,
         });
     }
-    let t_end = points.last().map_or(t0, |p| p.time_ns).max(t0 + 1);
+    let t_end = points
+        .last()
+        .map_or(t0, |p| p.time_ns)
+        .max(t0.saturating_add(1));
     let y_max = points.iter().map(|p| p.reserved).max().unwrap_or(0).max(1);
-    let x = |t: u64| MARGIN + (t - t0) as f64 / (t_end - t0) as f64 * (WIDTH - 2.0 * MARGIN);
+    let x = |t: u64| {
+        MARGIN + t.saturating_sub(t0) as f64 / (t_end - t0) as f64 * (WIDTH - 2.0 * MARGIN)
+    };
     let y = |b: u64| HEIGHT - MARGIN + -(b as f64 / y_max as f64) * (HEIGHT - 2.0 * MARGIN);
     let steps = |f: &dyn Fn(&Point) -> u64| {
         let mut d = String::new();
@@ -491,13 +706,13 @@ fn render(
         lx = WIDTH - 200.0,
         lx2 = WIDTH - 120.0,
     );
-    peak_live.sort_by(|(_, a), (_, b)| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
+    peak_live.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
     let mut rows = String::new();
-    for (i, e) in peak_live.iter().take(LABELLED) {
-        let site = match e.site {
-            Some(s) => format!("{}:{}", s.file(), s.line()),
-            None => site_text(*i).unwrap_or_else(|| "unknown".to_owned()),
-        };
+    for e in peak_live.iter().take(LABELLED) {
+        let site = e
+            .site
+            .as_ref()
+            .map_or_else(|| "unknown".to_owned(), Site::to_string);
         let _ = write!(
             rows,
             "<tr><td>{}</td><td>{:#x}</td><td>{}</td><td>{}</td></tr>",
@@ -517,12 +732,7 @@ fn render(
          {segments}<h2>Largest blocks live at the peak</h2><table><tr><th>size</th><th>address</th>\
          <th>device</th><th>allocated at</th></tr>{rows}</table></body></html>",
         t = html_escape(title),
-        segments = segments_svg(
-            events,
-            &peak_live.iter().map(|(_, e)| *e).collect::<Vec<_>>(),
-            t0,
-            t_end
-        ),
+        segments = segments_svg(events, &peak_live, t0, t_end),
         n = events.len(),
         peak_h = human_bytes(peak),
         top = human_bytes(y_max),
@@ -546,7 +756,7 @@ mod tests {
                 device: 0,
                 address,
                 size,
-                site: (action == HistoryAction::Malloc).then_some(site),
+                site: (action == HistoryAction::Malloc).then(|| Site::from(site)),
                 thread: 1,
             });
         };
@@ -581,11 +791,15 @@ mod tests {
         assert_eq!(e[0].address, 0x2000);
         assert_eq!(h.dropped(), 2);
         h.free_post(0, 512, 0x4000, 0);
-        let j = h.to_json();
-        assert!(
-            j.starts_with("[{\"action\": \"alloc\"") && j.contains("free_completed"),
-            "{j}"
-        );
+        assert_eq!(h.events().last().unwrap().action, HistoryAction::Free);
+        #[cfg(feature = "serde")]
+        {
+            let j = h.to_json();
+            assert!(
+                j.starts_with("[{\"action\": \"alloc\"") && j.contains("free_completed"),
+                "{j}"
+            );
+        }
     }
 
     #[test]
@@ -609,6 +823,7 @@ mod tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), 3, "three threads: {e:?}");
+        #[cfg(feature = "serde")]
         assert!(h.to_json().contains("\"thread\": "));
     }
 
@@ -632,41 +847,97 @@ mod tests {
     }
 
     #[test]
-    fn sites_read_back_from_a_file_label_the_largest_blocks() {
+    fn events_out_of_time_order_and_segment_frees_are_pictured() {
         let mut events = sample();
-        for e in &mut events {
-            e.site = None;
-        }
-        let sites: Vec<Option<String>> = (0..events.len())
-            .map(|i| Some(format!("train.py:{i}")))
-            .collect();
-        let html = render_html_with_sites(&events, &sites, "from a file");
-        // The 30 MiB block is event 14, the largest live at the peak.
-        assert!(
-            html.contains("<td>30.00 MiB</td><td>0x20000000</td><td>0</td><td>train.py:14</td>"),
-            "{html}"
-        );
-        // Without sites the blocks are unknown, as with render_html.
-        let plain = render_html_with_sites(&events, &[], "from a file");
-        assert!(
-            plain.contains("<td>unknown</td>") && !plain.contains("train.py"),
-            "{plain}"
-        );
+        events.reverse();
+        let html = render_html(&events, "reversed");
+        assert!(html.contains("peak in use 56.00 MiB"), "{html}");
+        let t = events[0].time_ns + 1000;
+        let free = |address, size| HistoryEvent {
+            time_ns: t,
+            action: HistoryAction::SegmentFree,
+            device: 0,
+            address,
+            size,
+            site: None,
+            thread: 1,
+        };
+        events.push(free(0x2000_0000, 32 << 20));
+        assert!(render_html(&events, "freed").contains("reserved at most 96.00 MiB"));
     }
 
+    #[cfg(feature = "serde")]
     #[test]
-    fn action_names_read_back() {
-        for a in [
-            HistoryAction::SegmentAlloc,
-            HistoryAction::Malloc,
-            HistoryAction::Free,
-        ] {
-            assert_eq!(HistoryAction::from_name(a.name()), Some(a));
-        }
-        assert_eq!(
-            HistoryAction::from_name("segment_map"),
-            Some(HistoryAction::SegmentAlloc)
+    fn names_with_control_characters_and_quotes_round_trip_through_json() {
+        let weird = "dir \"quoted\"\\back\\slash\n\u{1}\t\u{7f}é€😀.rs";
+        let mut events = sample();
+        // The 8 MiB block, live at the peak: the page's table names its site.
+        events[8].site = Some(Site {
+            file: Cow::Borrowed(weird),
+            line: 4242,
+            function: Some(Cow::Borrowed("f<\"T\">\r\n")),
+        });
+        events[2].device = 3;
+        events[2].time_ns = 123_456_789;
+        let h = HistoryHook::new(100);
+        h.inner
+            .events
+            .lock()
+            .unwrap()
+            .extend(events.iter().cloned());
+        let j = h.to_json();
+        // Valid JSON, with the control characters escaped.
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v[8]["frames"][0]["filename"], weird);
+        assert!(
+            j.contains("\\u0001") && j.contains("\\n") && !j.contains('\u{1}'),
+            "{j}"
         );
-        assert_eq!(HistoryAction::from_name("free_requested"), None);
+        // And back, exactly (the nanoseconds too).
+        let mut sorted = events.clone();
+        sorted.sort_by_key(|e| e.time_ns);
+        assert_eq!(events_from_json(&j).unwrap(), sorted);
+        // serde's own entry points agree.
+        let compact = serde_json::to_string(&events).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Vec<HistoryEvent>>(&compact).unwrap(),
+            events
+        );
+        assert!(render_html(&events_from_json(&j).unwrap(), "weird").contains("4242"));
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_pool_snapshot_without_a_trace_is_read_as_its_state() {
+        let j = r#"{"segments": [{"device": 0, "address": 1048576, "total_size": 4096,
+            "stream": 0, "blocks": [
+              {"address": 1048576, "size": 1024, "state": "active_allocated"},
+              {"address": 1049600, "size": 1024, "state": "inactive"},
+              {"address": 1050624, "size": 2048, "state": "active_awaiting_free"}]}],
+            "device_traces": [[]]}"#;
+        let e = events_from_json(j).unwrap();
+        let got: Vec<_> = e.iter().map(|e| (e.action, e.address, e.size)).collect();
+        assert_eq!(
+            got,
+            [
+                (HistoryAction::SegmentAlloc, 1048576, 4096),
+                (HistoryAction::Malloc, 1048576, 1024),
+                (HistoryAction::Malloc, 1050624, 2048),
+            ]
+        );
+        assert!(render_html(&e, "state").contains("peak in use 3.00 KiB"));
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn unreadable_json_says_what_was_expected_and_where() {
+        let e = events_from_json("  42").unwrap_err().to_string();
+        assert!(e.contains("neither a JSON list nor a JSON object"), "{e}");
+        let e = events_from_json("[{\"action\": 1}]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a history") && e.contains("line 1"), "{e}");
+        let e = serde_json::from_str::<HistoryEvent>(r#"{"action": "oom"}"#).unwrap_err();
+        assert!(e.to_string().contains("\"oom\""), "{e}");
     }
 }

@@ -21,7 +21,8 @@
 //! A thread with no hook pays one thread-local `bool` test per malloc and per free.
 //!
 //! # Built-in hooks
-//! [`DebugPrintHook`] writes one JSON line per event (CuPy's format);
+//! [`DebugPrintHook`] writes one JSON line per event (CuPy's format; with the `serde`
+//! feature, on by default);
 //! [`LineProfileHook`] sums allocated, newly acquired and still-in-use bytes per call site (from
 //! `#[track_caller]`: the line that called [`alloc`](super::alloc) or
 //! [`MemoryPool::malloc`](super::MemoryPool::malloc)) and prints them as a tree.
@@ -201,23 +202,54 @@ impl Drop for CallSiteGuard {
 /// {"hook":"free","device_id":0,"mem_size":1024,"mem_ptr":140241544249344,"pmem_id":"0x5581c2a3f9e0"}
 /// ```
 ///
-/// Write errors are ignored (a debugging aid must not fail the allocation).
+/// Write errors are ignored (a debugging aid must not fail the allocation). Each line
+/// is one JSON object, written by serde_json straight to the writer.
+#[cfg(feature = "serde")]
 pub struct DebugPrintHook {
     out: RefCell<Box<dyn Write>>,
 }
 
+#[cfg(feature = "serde")]
 impl std::fmt::Debug for DebugPrintHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DebugPrintHook").finish_non_exhaustive()
     }
 }
 
+#[cfg(feature = "serde")]
 impl Default for DebugPrintHook {
     fn default() -> Self {
         Self::new()
     }
 }
 
+/// One line of [`DebugPrintHook`], in CuPy's key order.
+#[cfg(feature = "serde")]
+#[derive(serde::Serialize)]
+struct DebugLine {
+    hook: &'static str,
+    device_id: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    size: Option<usize>,
+    mem_size: usize,
+    mem_ptr: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pmem_id: Option<Hex>,
+}
+
+/// A number written as a JSON string in hex (`"0x5581c2a3f9e0"`), formatted straight
+/// into the output.
+#[cfg(feature = "serde")]
+struct Hex(usize);
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Hex {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{:#x}", self.0))
+    }
+}
+
+#[cfg(feature = "serde")]
 impl DebugPrintHook {
     /// A hook that prints to stderr.
     pub fn new() -> Self {
@@ -231,34 +263,50 @@ impl DebugPrintHook {
         }
     }
 
-    fn line(&self, args: std::fmt::Arguments<'_>) {
+    fn line(&self, line: &DebugLine) {
         // A hook calling back into itself (it cannot: it allocates nothing) would find
         // the writer borrowed; skip the line rather than panic.
         if let Ok(mut out) = self.out.try_borrow_mut() {
-            let _ = out.write_fmt(args);
+            let _ = serde_json::to_writer(&mut *out, line);
             let _ = out.write_all(b"\n");
             let _ = out.flush();
         }
     }
 }
 
+#[cfg(feature = "serde")]
 impl MemoryHook for DebugPrintHook {
     fn alloc_post(&self, device: i32, mem_size: usize, mem_ptr: u64) {
-        self.line(format_args!(
-            r#"{{"hook":"alloc","device_id":{device},"mem_size":{mem_size},"mem_ptr":{mem_ptr}}}"#
-        ));
+        self.line(&DebugLine {
+            hook: "alloc",
+            device_id: device,
+            size: None,
+            mem_size,
+            mem_ptr,
+            pmem_id: None,
+        });
     }
 
     fn malloc_post(&self, device: i32, size: usize, mem_size: usize, mem_ptr: u64, pmem_id: usize) {
-        self.line(format_args!(
-            r#"{{"hook":"malloc","device_id":{device},"size":{size},"mem_size":{mem_size},"mem_ptr":{mem_ptr},"pmem_id":"{pmem_id:#x}"}}"#
-        ));
+        self.line(&DebugLine {
+            hook: "malloc",
+            device_id: device,
+            size: Some(size),
+            mem_size,
+            mem_ptr,
+            pmem_id: Some(Hex(pmem_id)),
+        });
     }
 
     fn free_post(&self, device: i32, mem_size: usize, mem_ptr: u64, pmem_id: usize) {
-        self.line(format_args!(
-            r#"{{"hook":"free","device_id":{device},"mem_size":{mem_size},"mem_ptr":{mem_ptr},"pmem_id":"{pmem_id:#x}"}}"#
-        ));
+        self.line(&DebugLine {
+            hook: "free",
+            device_id: device,
+            size: None,
+            mem_size,
+            mem_ptr,
+            pmem_id: Some(Hex(pmem_id)),
+        });
     }
 }
 
@@ -496,6 +544,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "serde")]
     #[test]
     fn debug_print_hook_writes_one_json_line_per_event() {
         let buf = Buf::default();

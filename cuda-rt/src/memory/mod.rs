@@ -40,6 +40,8 @@ pub(crate) mod pod;
 pub(crate) mod pointer;
 pub mod pool;
 pub(crate) mod recycler;
+#[cfg(feature = "serde")]
+pub(crate) mod snapshot_json;
 mod unowned;
 pub(crate) mod uses;
 
@@ -52,6 +54,8 @@ pub use device_memory::{
     BaseMemory, CAllocator, CFreeFn, CMallocFn, ClosureAllocator, FreeFn, MallocFn, Memory,
 };
 pub use managed::{malloc_managed, Advice, Location, ManagedMemory};
+#[cfg(feature = "bytemuck")]
+pub use pod::BytemuckPod;
 pub use pod::{Bf16, Pod, F16};
 pub use pointer::MemoryPointer;
 pub use pool::{

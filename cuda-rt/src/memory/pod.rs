@@ -6,6 +6,11 @@
 //! of their bits, with exact conversions to `f32` and rounding conversions from it.
 //! With the `half` feature, `half::f16` and `half::bf16` are `Pod` and kernel
 //! arguments too, and convert to and from [`F16`] / [`Bf16`] bit for bit.
+//!
+//! With the `bytemuck` feature, a type that derives (or implements) `bytemuck::Pod`
+//! becomes `Pod` and a kernel argument with one safe line, `impl BytemuckPod for
+//! Particle {}` (see `BytemuckPod`), and [`F16`] / [`Bf16`] are `bytemuck::Pod`, so
+//! structs holding them can derive it.
 
 /// Plain old data: any bit pattern is a valid value, no padding bytes, no pointers.
 ///
@@ -26,6 +31,59 @@ impl_pod!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f
 // SAFETY: an array of `Pod` has no padding between elements and every element is any
 // bit pattern.
 unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
+
+/// With the `bytemuck` feature: a `bytemuck::Pod` type that is [`Pod`] (a buffer
+/// element) and [`PlainData`](crate::launch::PlainData) (a kernel argument by value)
+/// through `bytemuck`'s promise, without an `unsafe impl`:
+///
+/// ```
+/// # #[cfg(feature = "bytemuck")] {
+/// #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+/// #[repr(C)]
+/// struct Particle {
+///     position: [f32; 3],
+///     mass: f32,
+/// }
+/// impl cuda_rt::memory::BytemuckPod for Particle {}
+///
+/// fn element<T: cuda_rt::memory::Pod>() {}
+/// fn by_value<T: cuda_rt::launch::PlainData>() {}
+/// element::<Particle>(); // DeviceBuffer<Particle>, PinnedBuffer<Particle>, ...
+/// by_value::<Particle>(); // a kernel's `Particle p` parameter
+/// # }
+/// ```
+///
+/// Why a marker and not every `bytemuck::Pod` type at once: a blanket impl over
+/// `bytemuck::Pod` overlaps this crate's impls for the primitives (which are
+/// `bytemuck::Pod` too) and, for kernel arguments, its impls for `bool` and raw pointers
+/// (which the compiler must assume `bytemuck` may make `Pod` one day). Replacing those
+/// impls when the feature is on would make the feature take things away (an array of a
+/// type with a hand-written `Pod` impl would stop being `Pod`; a type with both impls
+/// would stop compiling) in crates that never asked for it, since Cargo turns a
+/// feature on for the whole build. A marker only this crate's users implement, for
+/// their own types, overlaps nothing: turning the feature on changes no other type.
+/// A type implements either this marker or [`Pod`] by hand, not both.
+#[cfg(feature = "bytemuck")]
+pub trait BytemuckPod: bytemuck::Pod + Send + Sync {}
+
+// SAFETY: `bytemuck::Pod` promises what `Pod` asks: every bit pattern is a valid value
+// and there is no padding (nor pointer); `Send + Sync + 'static + Copy` are required by
+// the marker and by `bytemuck::Pod`.
+#[cfg(feature = "bytemuck")]
+unsafe impl<T: BytemuckPod> Pod for T {}
+
+// `F16` and `Bf16` for `bytemuck`, so that structs holding them can derive its traits.
+#[cfg(feature = "bytemuck")]
+mod bytemuck_impls {
+    // SAFETY: `#[repr(transparent)]` over `u16`: all zeros is +0.0.
+    unsafe impl bytemuck::Zeroable for super::F16 {}
+    // SAFETY: `#[repr(transparent)]` over `u16`: no padding, every bit pattern a value.
+    unsafe impl bytemuck::Pod for super::F16 {}
+    // SAFETY: as above.
+    unsafe impl bytemuck::Zeroable for super::Bf16 {}
+    // SAFETY: as above.
+    unsafe impl bytemuck::Pod for super::Bf16 {}
+}
 
 /// The bytes of a slice of plain data.
 #[inline]
@@ -218,6 +276,31 @@ mod tests {
         assert_pod::<Bf16>();
         assert_eq!(std::mem::size_of::<F16>(), 2);
         assert_eq!(std::mem::size_of::<Bf16>(), 2);
+    }
+
+    #[cfg(feature = "bytemuck")]
+    #[test]
+    fn a_bytemuck_pod_struct_is_pod_through_the_marker() {
+        #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+        #[repr(C)]
+        struct Sample {
+            value: F16,
+            scale: Bf16,
+            count: u32,
+        }
+        impl BytemuckPod for Sample {}
+        assert_pod::<Sample>();
+        assert_pod::<[Sample; 4]>();
+        let s = [Sample {
+            value: F16::from_f32(1.5),
+            scale: Bf16::from_f32(-2.0),
+            count: 7,
+        }];
+        // Our byte view and bytemuck's agree, and the bytes read back whole.
+        assert_eq!(as_bytes(&s), bytemuck::cast_slice::<Sample, u8>(&s));
+        let mut back = [<Sample as bytemuck::Zeroable>::zeroed()];
+        as_bytes_mut(&mut back).copy_from_slice(as_bytes(&s));
+        assert_eq!(back, s);
     }
 
     #[test]

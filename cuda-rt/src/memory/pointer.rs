@@ -277,7 +277,7 @@ impl MemoryPointer {
 
     /// The memory object (a null one only while the pointer is being dropped).
     #[inline]
-    pub(super) fn m(&self) -> &Arc<dyn BaseMemory> {
+    pub(crate) fn m(&self) -> &Arc<dyn BaseMemory> {
         match &self.mem {
             Some(m) => m,
             None => gone(),
@@ -400,10 +400,10 @@ impl MemoryPointer {
     // -------------------------------------------------------------------------
     // Host -> device
 
-    /// Copies all of `src` to this pointer on `stream` (`None`: the current stream).
-    /// Pageable host memory is staged before this returns; page-locked memory is waited
-    /// for, so `src` is free again when this returns either way.
-    pub fn copy_from_host_async<T: Pod>(
+    /// [`MemoryPointer::copy_from_host_async`] through the driver's own copy: what
+    /// small or page-locked sources, and a thread that holds a capture, get (the staged
+    /// path waits for each chunk).
+    pub(crate) fn copy_from_host_async_direct<T: Pod>(
         &self,
         src: &[T],
         stream: Option<&dyn AsStream>,
@@ -447,10 +447,9 @@ impl MemoryPointer {
     // -------------------------------------------------------------------------
     // Device -> host
 
-    /// Fills all of `dst` from this pointer on `stream` (`None`: the current stream).
-    /// `dst` is filled when this returns: the driver completes copies into pageable
-    /// memory before returning, and page-locked destinations are waited for.
-    pub fn copy_to_host_async<T: Pod>(
+    /// [`MemoryPointer::copy_to_host_async`] through the driver's own copy (see
+    /// [`MemoryPointer::copy_from_host_async_direct`]).
+    pub(crate) fn copy_to_host_async_direct<T: Pod>(
         &self,
         dst: &mut [T],
         stream: Option<&dyn AsStream>,
@@ -631,7 +630,7 @@ pub(crate) fn sync_via(what: &str) -> Result<SyncVia> {
 /// Refuses, before anything is queued, an operation that must wait for its work while
 /// this thread holds a capture that refuses waits (global or thread-local mode): the
 /// work would run on after the refused wait, on memory the caller takes back.
-fn refuse_own_capture(what: &str) -> Result<()> {
+pub(crate) fn refuse_own_capture(what: &str) -> Result<()> {
     if crate::capture::this_thread_captures() {
         return Err(Error::capture(
             CaptureKind::Refused,
@@ -647,7 +646,7 @@ fn refuse_own_capture(what: &str) -> Result<()> {
 
 /// The stream for an asynchronous host-slice copy, refusing a capturing stream (the
 /// graph would read or write the borrowed slice when replayed, after the borrow).
-fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<StreamRef> {
+pub(crate) fn host_async_stream(what: &str, stream: Option<&dyn AsStream>) -> Result<StreamRef> {
     let s = stream_or_current(stream);
     make_current(s.device_id())?;
     if s.handle() != LEGACY_DEFAULT_HANDLE && is_capturing(&s)? {

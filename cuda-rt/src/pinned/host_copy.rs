@@ -15,7 +15,10 @@ use super::staging::{copy_device_to_host, copy_host_to_device, PAGEABLE_THRESHOL
 use crate::device::context::make_current;
 use crate::error::Result;
 use crate::memory::pod::{as_bytes, as_bytes_mut};
-use crate::memory::pointer::{capture_error, is_page_locked, sync_via, synchronize, SyncVia};
+use crate::memory::pointer::{
+    capture_error, host_async_stream, is_page_locked, sync_via, synchronize, SyncVia,
+};
+use crate::memory::uses;
 use crate::memory::{MemoryPointer, Pod};
 use crate::stream::AsStream;
 
@@ -29,6 +32,63 @@ fn staged<T: Pod>(buf: &[T]) -> bool {
 }
 
 impl MemoryPointer {
+    /// Copies all of `src` to this pointer on `stream` (`None`: the current stream),
+    /// after the work queued there. `src` is free again when this returns: pageable
+    /// memory of at least [`PAGEABLE_THRESHOLD`] bytes goes through pinned staging
+    /// buffers at the DMA engine's rate and has landed when this returns; smaller
+    /// pageable memory is staged by the driver before it returns; page-locked memory
+    /// is waited for. A stream that is capturing a graph is refused (a graph cannot
+    /// hold on to a borrowed slice).
+    ///
+    /// ```no_run
+    /// use cuda_rt::{memory::alloc, Stream};
+    /// let stream = Stream::new()?;
+    /// let d = alloc(4 << 20)?;
+    /// d.copy_from_host_async(&vec![1u8; 4 << 20], Some(&stream))?;
+    /// # Ok::<(), cuda_rt::Error>(())
+    /// ```
+    pub fn copy_from_host_async<T: Pod>(
+        &self,
+        src: &[T],
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        // A thread holding a capture cannot wait for the staged chunks.
+        if !staged(src) || crate::capture::this_thread_captures() {
+            return self.copy_from_host_async_direct(src, stream);
+        }
+        let what = "copy_from_host_async";
+        self.check_room(what, std::mem::size_of_val(src))?;
+        let s = host_async_stream(what, stream)?;
+        uses::check(Some(&s), &[self.m()])?;
+        // Under the capture transition lock, so that no capture can begin on `s`
+        // between the chunks (the copy is over when the closure returns).
+        uses::enqueue(&s, &[self.m()], || {
+            copy_host_to_device(self, as_bytes(src), &s)
+        })
+    }
+
+    /// Fills all of `dst` from this pointer on `stream` (`None`: the current stream),
+    /// after the work queued there; `dst` is filled when this returns (pageable memory
+    /// of at least [`PAGEABLE_THRESHOLD`] bytes through pinned staging buffers at the
+    /// DMA engine's rate, smaller pageable memory by the driver, page-locked memory
+    /// waited for). A stream that is capturing a graph is refused.
+    pub fn copy_to_host_async<T: Pod>(
+        &self,
+        dst: &mut [T],
+        stream: Option<&dyn AsStream>,
+    ) -> Result<()> {
+        if !staged(dst) || crate::capture::this_thread_captures() {
+            return self.copy_to_host_async_direct(dst, stream);
+        }
+        let what = "copy_to_host_async";
+        self.check_room(what, std::mem::size_of_val(dst))?;
+        let s = host_async_stream(what, stream)?;
+        uses::check(Some(&s), &[self.m()])?;
+        uses::enqueue(&s, &[self.m()], || {
+            copy_device_to_host(as_bytes_mut(dst), self, &s)
+        })
+    }
+
     /// Copies all of `src` to this pointer, synchronously. More bytes than the room left
     /// behind the pointer is an error; fewer fill a prefix.
     pub fn copy_from_host<T: Pod>(&self, src: &[T]) -> Result<()> {

@@ -108,6 +108,11 @@ impl PinnedMemory {
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
+        // Inside a host function the driver may not be called: the memory is kept
+        // (leaked), as memory dropped there is (docs/soundness.md, "Host functions").
+        if result::stream::in_host_function() {
+            return;
+        }
         if let Some(f) = &self.functions {
             // From the user's pair (`with_functions`), freed once, here, after the copy
             // in flight (as below).

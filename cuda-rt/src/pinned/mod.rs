@@ -68,7 +68,7 @@ pub use register::{register, register_with_flags, RegisterFlags, RegisteredMemor
 pub use staging::{
     copy_device_to_host, copy_device_to_host_raw, copy_host_to_device, copy_host_to_device_raw,
     parallel_memcpy, set_staging_threads, staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD,
-    STAGING_BUFFERS,
+    RAMP_START, STAGING_BUFFERS,
 };
 
 use crate::error::{ArgumentKind, Error, Result, StateKind};

@@ -4,7 +4,8 @@
 //! buffers from the default [`PinnedMemoryPool`](super::PinnedMemoryPool), in chunks
 //! of up to [`CHUNK_SIZE`] bytes, [`STAGING_BUFFERS`] chunks in flight: while the DMA
 //! engine moves one chunk, the host copies others between the pageable memory and
-//! their staging buffers. The host-side copies are split over a small pool of
+//! their staging buffers. A plan may ramp its chunks up at the start and down at the
+//! end (see [`RAMP_START`]; the default does not). The host-side copies are split over a small pool of
 //! persistent worker threads (created once, on first use; never one per copy), by
 //! default `min(8, available_parallelism)`, see [`set_staging_threads`]. Smaller
 //! copies use the driver directly (`cuMemcpyHtoDAsync`/`DtoHAsync` on the stream,
@@ -39,10 +40,19 @@ use crate::stream::AsStream;
 
 /// Copies of fewer bytes than this use the driver's own copy; larger ones are staged.
 pub const PAGEABLE_THRESHOLD: usize = 1 << 20;
-/// Largest chunk staged at once.
+/// Largest chunk staged at once (the default plan's).
 pub const CHUNK_SIZE: usize = 8 << 20;
-/// Chunks in flight (staging buffers per copy).
+/// Chunks in flight (staging buffers per copy, the default plan's).
 pub const STAGING_BUFFERS: usize = 4;
+/// The first chunk of a large copy (the default plan's), 0 for none: with a ramp the
+/// chunks grow from this to [`CHUNK_SIZE`] at the start and shrink back at the end,
+/// so that the DMA engine starts (host to device) and the host finishes (device to
+/// host) after a small chunk's host copy rather than a whole one's. Measured on the
+/// H200 host (`benches/host_copies.rs`, 256 MiB), a 1 MiB ramp was slower both ways
+/// (H2D 49.0 against 50.7 GB/s, D2H 52.3 against 53.1), so the default has none.
+pub const RAMP_START: usize = 0;
+/// Most staging buffers a plan may use (the size of a copy's slot arrays).
+const MAX_BUFFERS: usize = 16;
 /// Smallest chunk of a staged copy.
 const MIN_CHUNK: usize = 256 << 10;
 /// Smallest piece of host copy given to one worker.
@@ -55,12 +65,98 @@ pub const MAX_STAGING_THREADS: usize = 64;
 // ---------------------------------------------------------------------------------
 // Planning (pure arithmetic, tested on the CPU)
 
-/// The chunk size for a staged copy of `len` bytes: [`CHUNK_SIZE`] for large copies;
-/// for smaller ones about `len / STAGING_BUFFERS` (page-rounded, at least 256 KiB) so
+/// How staged copies cut their bytes: the largest chunk, the buffers (chunks in
+/// flight) and the first chunk of the ramp (0: no ramp). The defaults are
+/// [`CHUNK_SIZE`], [`STAGING_BUFFERS`] and [`RAMP_START`]; the GPU bench
+/// `host_copies` sweeps others through `cuda_rt::testing::set_staging_plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PlanShape {
+    pub(crate) chunk: usize,
+    pub(crate) buffers: usize,
+    pub(crate) ramp: usize,
+}
+
+static SHAPE_CHUNK: AtomicUsize = AtomicUsize::new(CHUNK_SIZE);
+static SHAPE_BUFFERS: AtomicUsize = AtomicUsize::new(STAGING_BUFFERS);
+static SHAPE_RAMP: AtomicUsize = AtomicUsize::new(RAMP_START);
+
+impl PlanShape {
+    fn current() -> PlanShape {
+        PlanShape {
+            chunk: SHAPE_CHUNK.load(Ordering::Relaxed),
+            buffers: SHAPE_BUFFERS.load(Ordering::Relaxed),
+            ramp: SHAPE_RAMP.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Sets the plan of later staged copies (for the benches that tune it): the chunk a
+/// multiple of 4 KiB between 256 KiB and 256 MiB, 2 to 16 buffers, a ramp start of 0
+/// or a multiple of 4 KiB below the chunk.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+pub(crate) fn set_plan_shape(shape: PlanShape) -> Result<()> {
+    let PlanShape {
+        chunk,
+        buffers,
+        ramp,
+    } = shape;
+    let chunk_ok = (MIN_CHUNK..=256 << 20).contains(&chunk) && chunk % PIECE_ALIGN == 0;
+    let ramp_ok = ramp == 0 || (ramp % PIECE_ALIGN == 0 && ramp < chunk);
+    if !chunk_ok || !(2..=MAX_BUFFERS).contains(&buffers) || !ramp_ok {
+        return Err(Error::invalid_argument(
+            ArgumentKind::InvalidValue,
+            format!("no such staging plan: {shape:?}"),
+        ));
+    }
+    SHAPE_CHUNK.store(chunk, Ordering::Relaxed);
+    SHAPE_BUFFERS.store(buffers, Ordering::Relaxed);
+    SHAPE_RAMP.store(ramp, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The chunk size for a staged copy of `len` bytes: `shape.chunk` for large copies;
+/// for smaller ones about `len / shape.buffers` (page-rounded, at least 256 KiB) so
 /// that several chunks still overlap.
-pub(crate) fn chunk_size_for(len: usize) -> usize {
-    let per = len.div_ceil(STAGING_BUFFERS).next_multiple_of(PIECE_ALIGN);
-    per.clamp(MIN_CHUNK, CHUNK_SIZE)
+pub(crate) fn chunk_size_for(len: usize, shape: PlanShape) -> usize {
+    let per = len
+        .div_ceil(shape.buffers.max(1))
+        .next_multiple_of(PIECE_ALIGN);
+    per.clamp(MIN_CHUNK, shape.chunk.max(MIN_CHUNK))
+}
+
+/// The chunks of a staged copy of `len` bytes, each at most `chunk_size_for(len,
+/// shape)`: with a ramp, doubling from `shape.ramp` at the start and halving back to
+/// it at the end, as long as the middle keeps at least half the bytes.
+pub(crate) fn plan_chunks(len: usize, shape: PlanShape) -> Vec<(usize, usize)> {
+    let max = chunk_size_for(len, shape);
+    let mut ramp = Vec::new();
+    let (mut left, mut s) = (len, shape.ramp);
+    while s != 0 && s < max && left >= 4 * s {
+        ramp.push(s);
+        left -= 2 * s;
+        s *= 2;
+    }
+    let mut out = Vec::with_capacity(2 * ramp.len() + left.div_ceil(max));
+    let mut pos = 0;
+    for &l in ramp.iter().chain(std::iter::once(&0)) {
+        if l == 0 {
+            // The middle in equal chunks (no short one among the large).
+            let piece = left
+                .div_ceil(left.div_ceil(max).max(1))
+                .next_multiple_of(PIECE_ALIGN)
+                .min(max);
+            out.extend(chunks(left, piece).map(|(st, l)| (pos + st, l)));
+            pos += left;
+        } else {
+            out.push((pos, l));
+            pos += l;
+        }
+    }
+    for &l in ramp.iter().rev() {
+        out.push((pos, l));
+        pos += l;
+    }
+    out
 }
 
 /// Splits `len` bytes into at most `threads` pieces of at least 64 KiB, starting on
@@ -95,19 +191,19 @@ struct Job {
 
 /// Counts the pieces still to copy, per staging slot.
 struct Latch {
-    remaining: Mutex<[usize; STAGING_BUFFERS]>,
+    remaining: Mutex<[usize; MAX_BUFFERS]>,
     cv: Condvar,
 }
 
 impl Latch {
     fn new() -> Self {
         Latch {
-            remaining: Mutex::new([0; STAGING_BUFFERS]),
+            remaining: Mutex::new([0; MAX_BUFFERS]),
             cv: Condvar::new(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, [usize; STAGING_BUFFERS]> {
+    fn lock(&self) -> MutexGuard<'_, [usize; MAX_BUFFERS]> {
         self.remaining
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -368,7 +464,7 @@ pub fn parallel_memcpy(dst: &mut [u8], src: &[u8]) -> Result<()> {
 /// Events, one per staging slot, given back to the cache at the end.
 struct SlotEvents {
     device: i32,
-    events: [usize; STAGING_BUFFERS],
+    events: [usize; MAX_BUFFERS],
     n: usize,
 }
 
@@ -376,7 +472,7 @@ impl SlotEvents {
     fn new(device: i32, n: usize) -> Result<Self> {
         let mut s = SlotEvents {
             device,
-            events: [0; STAGING_BUFFERS],
+            events: [0; MAX_BUFFERS],
             n: 0,
         };
         while s.n < n {
@@ -414,9 +510,10 @@ struct Plan {
 
 impl Plan {
     fn new(len: usize, device: i32) -> Result<Plan> {
-        let chunks: Vec<(usize, usize)> = chunks(len, chunk_size_for(len)).collect();
-        let k = chunks.len().min(STAGING_BUFFERS);
-        let bufs = staging_buffers(k, chunk_size_for(len))?;
+        let shape = PlanShape::current();
+        let chunks = plan_chunks(len, shape);
+        let k = chunks.len().min(shape.buffers).min(MAX_BUFFERS);
+        let bufs = staging_buffers(k, chunk_size_for(len, shape))?;
         let events = SlotEvents::new(device, k)?;
         let workers = workers();
         workers.ensure_started();
@@ -659,14 +756,87 @@ mod tests {
 
     #[test]
     fn chunk_size_is_capped_and_keeps_several_chunks_in_flight() {
-        assert_eq!(chunk_size_for(256 << 20), CHUNK_SIZE);
-        assert_eq!(chunk_size_for(PAGEABLE_THRESHOLD), MIN_CHUNK);
-        let c = chunk_size_for(4 << 20);
+        let shape = PlanShape::current();
+        assert_eq!(chunk_size_for(256 << 20, shape), CHUNK_SIZE);
+        assert_eq!(chunk_size_for(PAGEABLE_THRESHOLD, shape), MIN_CHUNK);
+        let c = chunk_size_for(4 << 20, shape);
         assert_eq!(c, 1 << 20);
         assert_eq!((4usize << 20).div_ceil(c), STAGING_BUFFERS);
-        let c = chunk_size_for((10 << 20) + 3);
+        let c = chunk_size_for((10 << 20) + 3, shape);
         assert_eq!(c % PIECE_ALIGN, 0);
         assert!((c..=CHUNK_SIZE).contains(&c));
+    }
+
+    #[test]
+    fn planned_chunks_cover_the_range_exactly_once_and_ramp_both_ends() {
+        let shapes = [
+            PlanShape {
+                chunk: CHUNK_SIZE,
+                buffers: 4,
+                ramp: 1 << 20,
+            },
+            PlanShape {
+                chunk: CHUNK_SIZE,
+                buffers: 4,
+                ramp: 0,
+            },
+            PlanShape {
+                chunk: 16 << 20,
+                buffers: 8,
+                ramp: 256 << 10,
+            },
+            PlanShape {
+                chunk: MIN_CHUNK,
+                buffers: 2,
+                ramp: 4096,
+            },
+        ];
+        for shape in shapes {
+            for len in [PAGEABLE_THRESHOLD, (3 << 20) + 1, 64 << 20, (256 << 20) + 3] {
+                let v = plan_chunks(len, shape);
+                let max = chunk_size_for(len, shape);
+                let mut next = 0;
+                for &(s, l) in &v {
+                    assert_eq!(s, next, "{shape:?} {len}");
+                    assert!(l >= 1 && l <= max, "{shape:?} {len}: {l} > {max}");
+                    next = s + l;
+                }
+                assert_eq!(next, len, "{shape:?} {len}");
+            }
+        }
+        let v = plan_chunks(256 << 20, shapes[0]);
+        let sizes: Vec<usize> = v.iter().map(|&(_, l)| l >> 20).collect();
+        assert_eq!(&sizes[..4], &[1, 2, 4, 7]);
+        assert_eq!(&sizes[sizes.len() - 4..], &[7, 4, 2, 1]);
+        assert!(plan_chunks(256 << 20, shapes[1])
+            .iter()
+            .all(|&(_, l)| l == CHUNK_SIZE));
+    }
+
+    #[test]
+    fn plan_shapes_out_of_range_are_refused() {
+        let ok = PlanShape::current();
+        for bad in [
+            PlanShape { chunk: 1000, ..ok },
+            PlanShape { buffers: 1, ..ok },
+            PlanShape {
+                buffers: MAX_BUFFERS + 1,
+                ..ok
+            },
+            PlanShape {
+                ramp: ok.chunk,
+                ..ok
+            },
+            PlanShape { ramp: 4097, ..ok },
+            PlanShape {
+                ramp: 0,
+                chunk: 1000,
+                ..ok
+            },
+        ] {
+            assert!(set_plan_shape(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(PlanShape::current(), ok);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::ffi::{c_char, CStr};
 
 use super::{api, check, Result};
-use crate::driver::{CUdevice, CUdevice_attribute, CUmemoryPool};
+use crate::driver::{CUdevice, CUdevice_attribute, CUgraphMem_attribute, CUmemoryPool};
 
 /// Number of CUDA devices (`cuDeviceGetCount`).
 pub fn get_count() -> Result<i32> {
@@ -102,6 +102,21 @@ pub fn graph_mem_trim(dev: CUdevice) -> Result<()> {
     let f = api()?.cuDeviceGraphMemTrim()?;
     // SAFETY: the driver checks `dev`.
     check(unsafe { f(dev) }, "cuDeviceGraphMemTrim")
+}
+
+/// A figure of the device's graph memory, in bytes (`cuDeviceGetGraphMemAttribute`):
+/// `attr` is one of the `CU_GRAPH_MEM_ATTR_*` values (memory graphs use or the graph
+/// allocator reserves, now or at its high-water mark).
+pub fn get_graph_mem_attribute(dev: CUdevice, attr: CUgraphMem_attribute) -> Result<u64> {
+    let f = api()?.cuDeviceGetGraphMemAttribute()?;
+    let mut v: u64 = 0;
+    // SAFETY: every `CU_GRAPH_MEM_ATTR_*` query writes one 64-bit value, and `v` is a
+    // valid out pointer to one; the driver checks `dev` and `attr`.
+    check(
+        unsafe { f(dev, attr, (&mut v as *mut u64).cast()) },
+        "cuDeviceGetGraphMemAttribute",
+    )?;
+    Ok(v)
 }
 
 /// The text of a NUL-terminated C buffer (lossy UTF-8), up to its first NUL.

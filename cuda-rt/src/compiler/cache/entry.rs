@@ -1,4 +1,4 @@
-//! One kernel-cache entry: its key ([`cache_key`], a 128-bit FNV-1a hash of everything
+//! One kernel-cache entry: its key ([`cache_key`], a 128-bit BLAKE3 hash of everything
 //! that changes the compile) and its file format ([`encode`] / [`decode`]): a header
 //! (magic, format version, key, architecture, output kind, payload length), the
 //! payload (image, log, lowered names) and a tag, BLAKE3 in keyed mode over everything
@@ -7,11 +7,12 @@
 use std::fmt;
 
 use super::super::cache_dir::{CacheSecret, TAG_LEN};
-use super::super::hash::Fnv128;
+use super::super::hash::StableHash;
 use super::super::toolkit::IncludeSet;
 use super::super::{Compiled, Output, Program, Target};
 
-/// The disk cache key of a program.
+/// The disk cache key of a program: 16 bytes, the first 128 bits of a BLAKE3 hash
+/// (see [`cache_key_with_includes`]); its file name is 32 lowercase hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CacheKey(pub [u8; 16]);
 
@@ -35,18 +36,21 @@ pub fn cache_key(program: &Program<'_>, target: Target, nvrtc_version: (i32, i32
 }
 
 /// The key of `program` compiled for `target` by NVRTC `nvrtc_version` with the toolkit
-/// include folders `includes`: a program compiled with no include set has the key it
-/// had before include folders were added; with one, the folders and their stamp
-/// ([`IncludeSet::key_bytes`]) are hashed in too, so the key changes when the folders,
-/// or the headers in them, change. Pure.
+/// include folders `includes`: the first 16 bytes of BLAKE3 over a domain string
+/// (`cuda-rt kernel cache key v2`), the source, source name, options, name
+/// expressions, architecture, output kind and NVRTC version, each length-prefixed
+/// (little-endian `u64`) where its length varies. With an include set, the folders and
+/// their stamp ([`IncludeSet::key_bytes`]) are hashed in too, so the key changes when
+/// the folders, or the headers in them, change. Pure.
 pub fn cache_key_with_includes(
     program: &Program<'_>,
     target: Target,
     nvrtc_version: (i32, i32),
     includes: Option<&IncludeSet>,
 ) -> CacheKey {
-    let mut h = Fnv128::new();
-    h.field(b"cuda-rt kernel cache key v1");
+    let mut h = StableHash::new();
+    // v2: BLAKE3 (v1, FNV-1a, keys no longer match: those entries are never looked up).
+    h.field(b"cuda-rt kernel cache key v2");
     h.field(program.source.as_bytes());
     h.field(program.source_name.as_bytes());
     h.write(&(program.options.len() as u64).to_le_bytes());
@@ -240,9 +244,10 @@ mod tests {
     fn cache_key_is_stable_across_builds() {
         let p = Program::new("extern \"C\" __global__ void k() {}").options(&["-O3"]);
         let k = cache_key_with_includes(&p, Target::cubin(90), (13, 0), None);
-        // A fixed value, computed independently (Python) from the documented layout:
-        // changing it invalidates every user's disk cache.
-        assert_eq!(k.to_hex(), "9beb27f2cc1d8f7a4a72e0170780c523");
+        // A fixed value, computed independently (Python's `blake3` package) from the
+        // layout documented on `cache_key_with_includes`: changing it invalidates every
+        // user's disk cache.
+        assert_eq!(k.to_hex(), "ae8d11b7249119da2befedb16e7342b7");
         assert_eq!(k.to_hex().len(), 32);
         assert_eq!(k.file_name(), format!("{}.kcache", k.to_hex()));
     }

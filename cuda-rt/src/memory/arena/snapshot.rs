@@ -1,8 +1,7 @@
 //! A picture of a pool at one moment: every segment (backend allocation) and every
 //! block in it, as a value and as JSON close to PyTorch's
-//! `torch.cuda.memory._snapshot()`.
-
-use std::fmt::Write as _;
+//! `torch.cuda.memory._snapshot()` (with the `serde` feature, on by default), which
+//! reads back too.
 
 use super::backend::Backend;
 use super::pool::Pool;
@@ -74,58 +73,172 @@ impl PoolSnapshot {
             .map(SegmentSnapshot::allocated_size)
             .sum()
     }
+}
 
-    /// The snapshot as JSON in the shape of PyTorch's `torch.cuda.memory._snapshot()`
-    /// where the two meet: `{"segments": [{"device", "address", "total_size",
-    /// "allocated_size", "active_size", "requested_size", "stream", "segment_type",
-    /// "segment_pool_id", "is_expandable", "frames", "blocks": [{"address", "size",
-    /// "requested_size", "state", "frames"}]}], "device_traces": [[]]}`. A block's
-    /// `state` is `"active_allocated"`, `"active_pending_free"` (freed, waiting for
-    /// other streams) or `"inactive"`; requested sizes are the block sizes (not kept);
-    /// no frames (call stacks) are recorded.
-    pub fn to_json(&self) -> String {
-        let device = self.device.unwrap_or(-1);
-        let mut out = String::from("{\"segments\": [");
-        for (i, s) in self.segments.iter().enumerate() {
-            if i > 0 {
-                out.push_str(", ");
-            }
-            let allocated = s.allocated_size();
-            let kind = if s.total_size <= 1 << 20 {
-                "small"
-            } else {
-                "large"
-            };
-            let _ = write!(
-                out,
-                "{{\"device\": {device}, \"address\": {}, \"total_size\": {}, \
-                 \"allocated_size\": {allocated}, \"active_size\": {allocated}, \
-                 \"requested_size\": {allocated}, \"stream\": {}, \"segment_type\": \"{kind}\", \
-                 \"segment_pool_id\": [0, 0], \"is_expandable\": {}, \"frames\": [], \
-                 \"blocks\": [",
-                s.address, s.total_size, s.stream, s.expandable
-            );
-            for (j, b) in s.blocks.iter().enumerate() {
-                if j > 0 {
-                    out.push_str(", ");
-                }
-                let state = match (b.in_use, b.pending_free) {
-                    (true, false) => "active_allocated",
-                    (true, true) => "active_pending_free",
-                    (false, _) => "inactive",
-                };
-                let requested = if b.in_use { b.size } else { 0 };
-                let _ = write!(
-                    out,
-                    "{{\"address\": {}, \"size\": {}, \"requested_size\": {requested}, \
-                     \"state\": \"{state}\", \"frames\": []}}",
-                    b.address, b.size
-                );
-            }
-            out.push_str("]}");
+// JSON: PyTorch's snapshot shape, through serde (the `serde` feature, on by default).
+#[cfg(feature = "serde")]
+mod json {
+    use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
+    use crate::memory::snapshot_json::{
+        self as wire, ACTIVE_ALLOCATED, ACTIVE_AWAITING_FREE, ACTIVE_PENDING_FREE, INACTIVE,
+        NO_DEVICE,
+    };
+
+    /// Segments of at most this many bytes are PyTorch's small pool's.
+    const SMALL_SEGMENT: u64 = 1 << 20;
+
+    impl PoolSnapshot {
+        /// The snapshot as JSON in the shape of PyTorch's `torch.cuda.memory._snapshot()`
+        /// where the two meet (what its `_memory_viz` tools and cuda-rt's
+        /// [`history`](crate::memory::history) viewer read): `{"segments": [{"device",
+        /// "address", "total_size", "allocated_size", "active_size", "requested_size",
+        /// "stream", "segment_type", "segment_pool_id", "is_expandable", "frames",
+        /// "blocks": [{"address", "size", "requested_size", "state", "frames"}]}],
+        /// "device_traces": [[]]}`, spaced as Python's `json.dumps`. A block's `state`
+        /// is `"active_allocated"`, `"active_awaiting_free"` (freed, waiting for other
+        /// streams) or `"inactive"`; requested sizes are the block sizes (not kept); no
+        /// frames (call stacks) are recorded; `device` is -1 for a pool of no device.
+        /// The same as `serde_json::to_string(&snapshot)` but for the spacing; read it
+        /// back with [`PoolSnapshot::from_json`].
+        pub fn to_json(&self) -> String {
+            wire::to_string(self)
         }
-        out.push_str("], \"device_traces\": [[]]}");
-        out
+
+        /// A snapshot read back from JSON: this crate's ([`PoolSnapshot::to_json`]) or
+        /// PyTorch's (`torch.cuda.memory._snapshot()` written with `json.dump`; its
+        /// traces are not part of a pool snapshot and are skipped). The device is the
+        /// segments' (`None` when there are none, or for -1); the segments are sorted
+        /// by stream, then address. An error, saying where, for text that is not such
+        /// a snapshot, for an unknown block state, or for segments of several devices
+        /// (a pool snapshot is one device's: keep one device's segments).
+        pub fn from_json(json: &str) -> crate::Result<PoolSnapshot> {
+            serde_json::from_str(json).map_err(|e| wire::read_error("a memory snapshot", e))
+        }
+
+        fn to_wire(&self) -> wire::Snapshot {
+            let device = self.device.unwrap_or(NO_DEVICE);
+            let segments = self
+                .segments
+                .iter()
+                .map(|s| {
+                    let allocated = s.allocated_size();
+                    let active = s.blocks.iter().filter(|b| b.in_use).map(|b| b.size).sum();
+                    wire::Segment {
+                        device,
+                        address: s.address,
+                        total_size: s.total_size,
+                        allocated_size: allocated,
+                        active_size: active,
+                        requested_size: allocated,
+                        stream: s.stream,
+                        segment_type: if s.total_size <= SMALL_SEGMENT {
+                            "small"
+                        } else {
+                            "large"
+                        }
+                        .to_owned(),
+                        segment_pool_id: (0, 0),
+                        is_expandable: s.expandable,
+                        frames: Vec::new(),
+                        blocks: s.blocks.iter().map(block_to_wire).collect(),
+                    }
+                })
+                .collect();
+            wire::Snapshot {
+                segments,
+                device_traces: vec![Vec::new()],
+            }
+        }
+
+        fn from_wire(w: wire::Snapshot) -> Result<PoolSnapshot, String> {
+            let mut devices: Vec<i32> = w.segments.iter().map(|s| s.device).collect();
+            devices.sort_unstable();
+            devices.dedup();
+            if devices.len() > 1 {
+                return Err(format!(
+                    "segments of devices {devices:?}: a pool snapshot is one device's"
+                ));
+            }
+            let mut segments = w
+                .segments
+                .into_iter()
+                .map(segment_from_wire)
+                .collect::<Result<Vec<_>, String>>()?;
+            segments.sort_by_key(|s| (s.stream, s.address));
+            Ok(PoolSnapshot {
+                device: devices.first().copied().filter(|&d| d != NO_DEVICE),
+                segments,
+            })
+        }
+    }
+
+    fn block_to_wire(b: &BlockSnapshot) -> wire::Block {
+        let state = match (b.in_use, b.pending_free) {
+            (true, false) => ACTIVE_ALLOCATED,
+            (true, true) => ACTIVE_AWAITING_FREE,
+            (false, _) => INACTIVE,
+        };
+        wire::Block {
+            address: Some(b.address),
+            size: b.size,
+            requested_size: if b.in_use { b.size } else { 0 },
+            state: state.to_owned(),
+            frames: Vec::new(),
+        }
+    }
+
+    fn segment_from_wire(s: wire::Segment) -> Result<SegmentSnapshot, String> {
+        // Blocks without an address follow each other from the segment's start.
+        let mut next = s.address;
+        let blocks = s
+            .blocks
+            .into_iter()
+            .map(|b| {
+                let (in_use, pending_free) = match b.state.as_str() {
+                    ACTIVE_ALLOCATED => (true, false),
+                    ACTIVE_AWAITING_FREE | ACTIVE_PENDING_FREE => (true, true),
+                    INACTIVE => (false, false),
+                    other => {
+                        return Err(format!(
+                            "block state {other:?} is none of {ACTIVE_ALLOCATED:?}, \
+                             {ACTIVE_AWAITING_FREE:?}, {INACTIVE:?}"
+                        ))
+                    }
+                };
+                let address = b.address.unwrap_or(next);
+                next = address.saturating_add(b.size);
+                Ok(BlockSnapshot {
+                    address,
+                    size: b.size,
+                    in_use,
+                    pending_free,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(SegmentSnapshot {
+            stream: s.stream,
+            address: s.address,
+            total_size: s.total_size,
+            expandable: s.is_expandable,
+            blocks,
+        })
+    }
+
+    /// PyTorch's snapshot shape (see [`PoolSnapshot::to_json`]).
+    impl Serialize for PoolSnapshot {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            self.to_wire().serialize(s)
+        }
+    }
+
+    /// From PyTorch's snapshot shape, this crate's or PyTorch's own (see
+    /// [`PoolSnapshot::from_json`]).
+    impl<'de> Deserialize<'de> for PoolSnapshot {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PoolSnapshot, D::Error> {
+            PoolSnapshot::from_wire(wire::Snapshot::deserialize(d)?).map_err(de::Error::custom)
+        }
     }
 }
 
@@ -204,6 +317,7 @@ mod tests {
         assert_eq!(pool.snapshot().allocated_bytes(), 0);
     }
 
+    #[cfg(feature = "serde")]
     #[test]
     fn the_json_has_pytorchs_shape() {
         let pool = Pool::new(FakeBackend::checked());
@@ -218,15 +332,106 @@ mod tests {
         assert!(j.contains("\"state\": \"active_allocated\""), "{j}");
         assert!(j.contains("\"stream\": 3"), "{j}");
         assert!(j.ends_with("], \"device_traces\": [[]]}"), "{j}");
-        let opens = j.matches(['{', '[']).count();
-        let closes = j.matches(['}', ']']).count();
-        assert_eq!(opens, closes, "{j}");
+        let parsed: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(parsed["segments"][0]["blocks"][0]["size"], 4096);
         assert!(j.contains("\"is_expandable\": false"), "{j}");
         pool.free(a).unwrap();
         assert_eq!(
             Pool::new(FakeBackend::checked()).snapshot().to_json(),
             "{\"segments\": [], \"device_traces\": [[]]}"
         );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_snapshot_reads_back_from_its_json_exactly() {
+        let pool = Pool::new(FakeBackend::checked());
+        let a = pool.malloc(1000, 0).unwrap();
+        let b = pool.malloc(3 << 20, 0).unwrap();
+        let c = pool.malloc(5000, 7).unwrap();
+        pool.free(a).unwrap();
+        let mut snap = pool.snapshot();
+        snap.device = Some(2);
+        // A block awaiting other streams, as `record_stream` leaves one.
+        snap.segments[0].blocks[0].in_use = true;
+        snap.segments[0].blocks[0].pending_free = true;
+        let j = snap.to_json();
+        assert!(j.contains("\"state\": \"active_awaiting_free\""), "{j}");
+        assert_eq!(PoolSnapshot::from_json(&j).unwrap(), snap);
+        // serde's own entry points give the same value and shape.
+        let compact = serde_json::to_string(&snap).unwrap();
+        assert_eq!(
+            serde_json::from_str::<PoolSnapshot>(&compact).unwrap(),
+            snap
+        );
+        let spaced: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&compact).unwrap(),
+            spaced
+        );
+        pool.free(b).unwrap();
+        pool.free(c).unwrap();
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_pytorch_snapshot_reads_as_a_pool_snapshot() {
+        // PyTorch's shape with what cuda-rt does not write: blocks without address (an
+        // older PyTorch), frames with names, pool ids, an `oom` trace entry.
+        let j = r#"{"segments": [{"device": 1, "address": 4096, "total_size": 2097152,
+            "allocated_size": 1024, "active_size": 1024, "requested_size": 1000,
+            "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0],
+            "frames": [], "blocks": [
+              {"size": 1024, "requested_size": 1000, "state": "active_allocated",
+               "frames": [{"filename": "model.py", "line": 12, "name": "forward"}]},
+              {"size": 2096128, "requested_size": 0, "state": "inactive", "frames": []}]}],
+          "device_traces": [[], [{"action": "oom", "size": 1, "device_free": 0,
+            "frames": [], "stream": 0}]]}"#;
+        let snap = PoolSnapshot::from_json(j).unwrap();
+        assert_eq!(snap.device, Some(1));
+        let seg = &snap.segments[0];
+        assert_eq!(
+            (seg.address, seg.total_size, seg.expandable),
+            (4096, 2 << 20, false)
+        );
+        assert_eq!(
+            seg.blocks,
+            [
+                BlockSnapshot {
+                    address: 4096,
+                    size: 1024,
+                    in_use: true,
+                    pending_free: false
+                },
+                BlockSnapshot {
+                    address: 5120,
+                    size: 2096128,
+                    in_use: false,
+                    pending_free: false
+                },
+            ]
+        );
+        assert_eq!(snap.allocated_bytes(), 1024);
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn unreadable_snapshots_say_why() {
+        let err = |j: &str| PoolSnapshot::from_json(j).unwrap_err().to_string();
+        let e = err(
+            r#"{"segments": [{"address": 0, "total_size": 512, "blocks": [
+            {"address": 0, "size": 512, "state": "lost"}]}]}"#,
+        );
+        assert!(
+            e.contains("not a memory snapshot") && e.contains("\"lost\""),
+            "{e}"
+        );
+        let e = err(r#"{"segments": [
+            {"device": 0, "address": 0, "total_size": 0, "blocks": []},
+            {"device": 1, "address": 0, "total_size": 0, "blocks": []}]}"#);
+        assert!(e.contains("devices [0, 1]"), "{e}");
+        let e = err("{\"segments\": [}");
+        assert!(e.contains("line 1"), "{e}");
     }
 
     #[test]
@@ -249,9 +454,13 @@ mod tests {
         };
         assert_eq!(kind(plain.addr()), Some(false), "{snap:?}");
         assert_eq!(kind(grown.addr()), Some(true), "{snap:?}");
-        let j = snap.to_json();
-        assert!(j.contains("\"is_expandable\": true"), "{j}");
-        assert!(j.contains("\"is_expandable\": false"), "{j}");
+        #[cfg(feature = "serde")]
+        {
+            let j = snap.to_json();
+            assert!(j.contains("\"is_expandable\": true"), "{j}");
+            assert!(j.contains("\"is_expandable\": false"), "{j}");
+            assert_eq!(PoolSnapshot::from_json(&j).unwrap().segments, snap.segments);
+        }
         pool.free(plain).unwrap();
         pool.free(grown).unwrap();
     }

@@ -416,6 +416,15 @@ impl MemoryPool {
         }
     }
 
+    /// Resets the peaks of device `device`'s pool to the current values (nothing if it
+    /// has no pool yet); [`reset_peaks`](Self::reset_peaks) for any device, with no
+    /// driver call.
+    pub fn reset_device_peaks(&self, device: i32) {
+        if let Some(c) = self.pools().existing(device) {
+            c.pool.reset_peaks();
+        }
+    }
+
     /// Limits the bytes the current device's pool holds from the driver (0: no limit).
     /// Lowering it releases nothing by itself; the next malloc that misses does.
     pub fn set_limit(&self, bytes: u64) -> Result<()> {

@@ -1,0 +1,659 @@
+//! The graph recorder ([`Recorder`]): a closure recorded into a graph once per key,
+//! replayed, updated in place, in a bounded cache ([`lru`]) whose retired entries let
+//! go of what they kept once their launches are done ([`retired`]).
+
+mod lru;
+mod retired;
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use super::{CaptureMode, Graph, InstantiateFlags, Updated};
+use crate::capture::{self, any_capture_active, CaptureStatus};
+use crate::device::{get_device_id, Device, DeviceScope};
+use crate::error::{CaptureKind, Error, Result};
+use crate::stream::{AsStream, Stream, StreamRef};
+use lru::Lru;
+use retired::Retired;
+
+/// What one call of [`Recorder::run`] or [`Recorder::update`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The key's executable was launched again; the closure did not run.
+    Replayed,
+    /// There was no executable for the key (its first call, or it was evicted or
+    /// removed, or made for another device): the closure was captured, the graph
+    /// instantiated and launched.
+    Recorded,
+    /// The closure was captured again and the key's executable updated in place with
+    /// the new parameters, then launched.
+    Updated,
+    /// The closure was captured again, but the key's executable could not take the new
+    /// parameters, for `reason`: the new graph was instantiated in its place and
+    /// launched.
+    Reinstantiated {
+        /// Why the update was refused, in words.
+        reason: &'static str,
+    },
+}
+
+/// What a [`Recorder`] did so far ([`Recorder::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct RecorderStats {
+    /// Calls of [`Recorder::run`] that replayed the key's executable.
+    pub hits: u64,
+    /// Calls that found no executable for their key and recorded one.
+    pub misses: u64,
+    /// Closures captured into a graph (every miss and every update).
+    pub captures: u64,
+    /// Executables made (`cuGraphInstantiate`): misses and refused updates.
+    pub instantiations: u64,
+    /// Executables updated in place (`cuGraphExecUpdate`).
+    pub updates: u64,
+    /// Updates that could not be made, replaced by a new instantiation.
+    pub update_fallbacks: u64,
+    /// Executables evicted to keep within the capacity (not counting
+    /// [`Recorder::remove`] and [`Recorder::clear`]).
+    pub evictions: u64,
+    /// Calls that failed in the closure, the capture or the instantiation: nothing was
+    /// cached or launched.
+    pub failures: u64,
+}
+
+impl RecorderStats {
+    /// Counts a call that ended with `outcome`.
+    fn count(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Replayed => self.hits += 1,
+            Outcome::Recorded => {
+                self.misses += 1;
+                self.captures += 1;
+                self.instantiations += 1;
+            }
+            Outcome::Updated => {
+                self.captures += 1;
+                self.updates += 1;
+            }
+            Outcome::Reinstantiated { .. } => {
+                self.captures += 1;
+                self.update_fallbacks += 1;
+                self.instantiations += 1;
+            }
+        }
+    }
+}
+
+/// What an update replaced.
+enum Replaced {
+    /// The executable's old parameters: what they kept, and the old graph.
+    Parameters(super::Kept, Graph),
+    /// The whole recording (the update was refused).
+    Recording(Recording),
+}
+
+/// One key's executable, and the stream of its last launch.
+#[derive(Debug)]
+struct Recording {
+    /// Instantiated.
+    graph: Graph,
+    /// Where a fence after its launches goes (launches of one executable run in
+    /// order, whatever their streams).
+    last: Option<StreamRef>,
+}
+
+impl Recording {
+    /// Launches the executable on `stream`.
+    #[inline]
+    fn launch<S: AsStream + ?Sized>(&mut self, stream: &S) -> Result<()> {
+        if any_capture_active() {
+            refuse_capturing(stream)?;
+        }
+        self.graph.launch(stream)?;
+        if self.last.as_ref().map(StreamRef::handle) != Some(stream.as_raw() as usize) {
+            self.last = Some(stream.as_stream_ref());
+        }
+        Ok(())
+    }
+}
+
+/// A recording's executable is not launched into another capture: the recorder could
+/// not tell when that graph stops using what the recording keeps alive.
+#[cold]
+fn refuse_capturing<S: AsStream + ?Sized>(stream: &S) -> Result<()> {
+    match capture::info(stream)?.0 {
+        CaptureStatus::None => Ok(()),
+        _ => Err(Error::capture(
+            CaptureKind::Refused,
+            format!(
+                "Recorder: stream {:#x} of device {} is capturing a graph, and a recording is \
+                 not launched into another capture (its executable would be copied into that \
+                 graph, out of the recorder's reach); run the recorder on a stream that is \
+                 not capturing",
+                stream.as_raw() as usize,
+                stream.device_id()
+            ),
+        )),
+    }
+}
+
+/// Graphs without the effort: recorded once per key, replayed, updated in place when
+/// only their arguments change, in a bounded cache. Give it a key and a closure that
+/// queues work on a stream; the first call for a key captures the closure into a
+/// graph, instantiates it and launches it, and later calls launch the same executable
+/// again without running the closure. [`Recorder::update`] runs the closure again and
+/// updates the key's executable in place with the new kernel arguments.
+///
+/// # Why
+/// A launch costs the host a few microseconds; a graph launch costs about as much as
+/// one launch for the whole graph. A step of many small kernels (an optimiser, a
+/// decoder step, a simulation tick) is bound by those microseconds, and a graph makes
+/// it several times faster. Capturing by hand means beginning and ending the capture,
+/// keeping the executable, and knowing when it no longer fits the work; the recorder
+/// does that, per key, with a bounded cache.
+///
+/// # What the key is for
+/// A recording replays exactly what the closure queued when it was captured: the same
+/// kernels, launch shapes and arguments (the same buffers and scalars). The key names
+/// one such recording; make it out of whatever changes the graph (sizes, shapes, which
+/// buffers, flags). A different key records a new graph; the [least recently
+/// used](Recorder::with_capacity) ones are evicted beyond the capacity.
+///
+/// # Updating in place
+/// When only the arguments change (other buffers of the same sizes, other scalars),
+/// call [`Recorder::update`] with the same key: it captures the closure again (which
+/// runs nothing on the device) and gives the key's executable the new parameters
+/// (`cuGraphExecUpdate`), which costs a fraction of a new instantiation. Launches
+/// queued before keep the old parameters. When the executable cannot take them (the
+/// topology, a kernel or a node's kind changed, or the recording allocates memory that
+/// outlives its capture), the new capture is instantiated in its place: the result is
+/// right either way, and [`Outcome::Reinstantiated`] and
+/// [`RecorderStats::update_fallbacks`] say it happened.
+///
+/// # Where the closure runs
+/// The closure runs on the calling thread, once per capture, with the recorder's own
+/// capture stream of the launch stream's device, which is also the thread's current
+/// stream while it runs (so [`alloc`](crate::alloc) and launches that take the current
+/// stream are captured as well). Queue the work on that stream, or on streams forked
+/// from it and joined back (see [`StreamCaptureExt`](super::StreamCaptureExt)). The
+/// executable is launched on the stream given to the call, after the work queued
+/// there before it; the stream given is never put in capture mode.
+///
+/// Everything a capture refuses is refused here too, before anything is recorded:
+/// synchronous copies, synchronizations, run-once host closures. The call then returns
+/// that error (its message names the call), the capture is ended and thrown away, and
+/// nothing is cached, launched or left capturing. Memory the closure allocates is a
+/// memory node of the graph (see [`capture_aware_alloc`](super::capture_aware_alloc)),
+/// and memory that cuda-rt's asynchronous copies and memsets use is kept alive by the
+/// recording, as in any capture ([`crate::graph`]).
+///
+/// # What a replay relies on
+/// Kernel launches are `unsafe`: a launch during a capture promises that every address
+/// the kernel reaches stays valid until the graph's last launch completes, and the
+/// recorder launches its graphs until the key is evicted, removed or the recorder
+/// dropped. Keep the buffers (and the kernels' modules) alive longer than the
+/// recorder, or tie them to the recording with
+/// [`keep_alive_in_capture`](super::StreamCaptureExt::keep_alive_in_capture) inside
+/// the closure. What a recording keeps alive is let go once the launches that may use
+/// it are done, also after an update or an eviction.
+///
+/// # Example
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// use cuda_rt::graph::{Outcome, Recorder};
+/// use cuda_rt::{DeviceBuffer, LaunchConfig, RawKernel, Stream};
+/// let axpy = RawKernel::new(
+///     r#"extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
+///            int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] += a * x[i]; }"#,
+///     "axpy",
+///     &[],
+/// )?;
+/// let stream = Stream::non_blocking()?;
+/// // Declared before the recorder: they outlive every replay.
+/// let x = DeviceBuffer::from_slice(&vec![1.0f32; 4096])?;
+/// let y = DeviceBuffer::<f32>::zeros(4096)?;
+/// let n = x.len() as i32;
+/// let cfg = LaunchConfig::for_num_elems(n as u32);
+/// let mut recorder = Recorder::new();
+/// for step in 0..1000 {
+///     // The key names what shapes the graph: here only the length.
+///     let outcome = recorder.run(&n, &stream, |s| {
+///         for _ in 0..50 {
+///             // SAFETY: axpy(float* y, const float* x, float a, int n): x and y hold n
+///             // floats on this device and outlive the recorder, so every replay of
+///             // the recording finds them.
+///             unsafe { cuda_rt::launch!(axpy, &cfg, s, (y, x, 0.5f32, n))? };
+///         }
+///         Ok(())
+///     })?;
+///     assert_eq!(outcome, if step == 0 { Outcome::Recorded } else { Outcome::Replayed });
+/// }
+/// stream.synchronize()?;
+/// assert_eq!(y.to_vec()?[0], 25_000.0);
+/// assert_eq!(recorder.stats().hits, 999);
+/// # Ok(()) }
+/// ```
+///
+/// # Keys, threads, lifetimes
+/// `K` is the key type: anything `Hash + Eq` that names what shapes the graph (a size,
+/// a tuple of shapes, a `Vec<u8>` of bytes). Calls take the key by reference, also as
+/// its borrowed form (`&[u8]` for `Vec<u8>`, `&str` for `String`); it is copied only
+/// when a new recording is cached.
+///
+/// A `Recorder` is [`Send`] (with a `Send` key) but not [`Sync`]: its calls take
+/// `&mut self`. What its recordings keep alive is let go after their launches, when a
+/// recording is updated, evicted or removed, and when the recorder drops (which waits
+/// for them).
+#[derive(Debug)]
+pub struct Recorder<K> {
+    cache: Lru<K, Recording>,
+    stats: RecorderStats,
+    mode: CaptureMode,
+    flags: InstantiateFlags,
+    /// The capture streams, one per device, made on first use.
+    streams: Vec<Arc<Stream>>,
+    retired: Retired,
+}
+
+impl<K: Hash + Eq> Default for Recorder<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Hash + Eq> Recorder<K> {
+    /// How many executables [`Recorder::new`] keeps at most.
+    pub const DEFAULT_CAPACITY: usize = 32;
+
+    /// A recorder that keeps up to [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY)
+    /// executables, captures in [`CaptureMode::ThreadLocal`] and instantiates with no
+    /// flags. Makes no CUDA call.
+    pub fn new() -> Self {
+        Self::with_capacity(NonZeroUsize::new(Self::DEFAULT_CAPACITY).unwrap_or(NonZeroUsize::MIN))
+    }
+
+    /// A recorder that keeps up to `capacity` executables, evicting the least recently
+    /// used one to make room for a new key. Makes no CUDA call.
+    pub fn with_capacity(capacity: NonZeroUsize) -> Self {
+        Recorder {
+            cache: Lru::new(capacity),
+            stats: RecorderStats::default(),
+            mode: CaptureMode::ThreadLocal,
+            flags: InstantiateFlags::empty(),
+            streams: Vec::new(),
+            retired: Retired::default(),
+        }
+    }
+
+    /// Captures in `mode` from now on. [`CaptureMode::ThreadLocal`] (the default)
+    /// refuses CUDA calls that are unsafe during a capture on the recording thread
+    /// only; [`CaptureMode::Global`] on every thread, which also catches another
+    /// thread's stray work but makes its allocations fail meanwhile.
+    pub fn capture_mode(mut self, mode: CaptureMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Instantiates with `flags` from now on (for example
+    /// [`InstantiateFlags::UPLOAD`] or [`InstantiateFlags::USE_NODE_PRIORITY`]).
+    pub fn instantiate_flags(mut self, flags: InstantiateFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// Launches the executable recorded for `key` on `stream`; when there is none
+    /// (the key's first call, or it was evicted), first captures `f` into a graph
+    /// and instantiates it. `f` gets the capture stream (see [`Recorder`]) and runs
+    /// only when recording.
+    ///
+    /// An error from `f`, or from a call `f` made that a capture refuses, is returned
+    /// as it is; the capture is then thrown away, and nothing is cached or launched.
+    /// On a stream of another device than the key's executable, the key is recorded
+    /// again for that device (a key has one executable; put the device in the key to
+    /// keep one per device).
+    pub fn run<Q, S, F>(&mut self, key: &Q, stream: &S, f: F) -> Result<Outcome>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        S: AsStream + ?Sized,
+        F: FnOnce(&Stream) -> Result<()>,
+    {
+        if !self.retired.is_empty() {
+            self.retired.poll();
+        }
+        if let Some(rec) = self.cache.get_mut(key) {
+            if rec.graph.device_id() == stream.device_id() {
+                rec.launch(stream)?;
+                self.stats.count(Outcome::Replayed);
+                return Ok(Outcome::Replayed);
+            }
+        }
+        let fresh = self.capture(stream.device_id(), f)?;
+        self.record(key.to_owned(), fresh, stream)
+    }
+
+    /// Captures `f` again and launches it on `stream` as `key`'s recording: the key's
+    /// executable is updated in place with the new capture's parameters
+    /// (`cuGraphExecUpdate`) when only kernel arguments and other node parameters
+    /// changed ([`Outcome::Updated`]); otherwise the new capture is instantiated in its
+    /// place ([`Outcome::Reinstantiated`], with the reason). Without an executable for
+    /// the key, it is recorded ([`Outcome::Recorded`]). Launches queued before keep the
+    /// parameters they were launched with.
+    ///
+    /// Use it when the same work runs on other buffers of the same sizes, or with
+    /// other scalars: an update costs a capture (the host time of queueing the work,
+    /// without running it) and a pass over the executable's nodes, a fraction of a new
+    /// instantiation. Errors are those of [`run`](Self::run); on an error the key's
+    /// executable, if any, is unchanged.
+    pub fn update<Q, S, F>(&mut self, key: &Q, stream: &S, f: F) -> Result<Outcome>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        S: AsStream + ?Sized,
+        F: FnOnce(&Stream) -> Result<()>,
+    {
+        if !self.retired.is_empty() {
+            self.retired.poll();
+        }
+        let device = stream.device_id();
+        let fresh = self.capture(device, f)?;
+        let Some(rec) = self
+            .cache
+            .get_mut(key)
+            .filter(|r| r.graph.device_id() == device)
+        else {
+            return self.record(key.to_owned(), fresh, stream);
+        };
+        // What the update replaced goes after the launch is queued: destroying a graph
+        // or an executable then overlaps with the device running the new one.
+        let (outcome, old) = match rec.graph.update_from(fresh) {
+            Ok(Updated::Made { old, old_graph }) => {
+                (Outcome::Updated, Replaced::Parameters(old, old_graph))
+            }
+            Ok(Updated::Refused { fresh, reason }) => {
+                let graph = instantiate(fresh, &mut self.retired, &mut self.stats)?;
+                let old = Recording {
+                    graph: std::mem::replace(&mut rec.graph, graph),
+                    last: rec.last.take(),
+                };
+                (Outcome::Reinstantiated { reason }, Replaced::Recording(old))
+            }
+            Err(e) => {
+                self.stats.failures += 1;
+                return Err(e);
+            }
+        };
+        self.stats.count(outcome);
+        let launched = rec.launch(stream);
+        match old {
+            // The executable's launches run in order: a fence after the last one (this
+            // one, or the one before when it failed) follows every launch with the old
+            // parameters.
+            Replaced::Parameters(kept, old_graph) => {
+                self.retired.retire(kept, device, rec.last.as_ref());
+                drop(old_graph);
+            }
+            Replaced::Recording(old) => retire(old, &mut self.retired),
+        }
+        launched.map(|()| outcome)
+    }
+
+    /// Whether an executable is cached for `key` (not counted as a use).
+    pub fn contains<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.cache.contains(key)
+    }
+
+    /// Drops `key`'s executable, if any (what it kept alive goes once its launches are
+    /// done); `true` when there was one. Not counted as an eviction.
+    pub fn remove<Q>(&mut self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match self.cache.remove(key) {
+            Some(rec) => {
+                retire(rec, &mut self.retired);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every executable (what they kept alive goes once their launches are
+    /// done). The statistics stay.
+    pub fn clear(&mut self) {
+        for rec in self.cache.drain() {
+            retire(rec, &mut self.retired);
+        }
+    }
+
+    /// How many executables are cached.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether none is cached.
+    pub fn is_empty(&self) -> bool {
+        self.cache.len() == 0
+    }
+
+    /// How many executables are kept at most.
+    pub fn capacity(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// Keeps at most `capacity` executables from now on, evicting the least recently
+    /// used ones beyond it (counted as evictions).
+    pub fn set_capacity(&mut self, capacity: NonZeroUsize) {
+        for rec in self.cache.set_capacity(capacity) {
+            self.stats.evictions += 1;
+            retire(rec, &mut self.retired);
+        }
+    }
+
+    /// What the recorder did so far.
+    pub fn stats(&self) -> RecorderStats {
+        self.stats
+    }
+
+    /// How many retired executables' kept objects still wait for their launches to
+    /// finish (they are let go at a later call once done, or when the recorder drops).
+    pub fn retired_pending(&self) -> usize {
+        self.retired.len()
+    }
+
+    /// The stream the recorder captures on for `device`, made on first use: the stream
+    /// its closures get. Work queued on it outside a closure runs at once, like on any
+    /// stream; a capture begun on it by hand makes the recorder's next capture on it
+    /// fail. (The C ABI hands it to C callbacks as a stream handle.)
+    pub fn capture_stream(&mut self, device: i32) -> Result<Arc<Stream>> {
+        if let Some(s) = self.streams.iter().find(|s| s.device_id() == device) {
+            return Ok(Arc::clone(s));
+        }
+        let _on = enter_device(device)?;
+        let s = Arc::new(Stream::non_blocking()?);
+        self.streams.push(Arc::clone(&s));
+        Ok(s)
+    }
+
+    /// Captures `f` on `device`'s capture stream into a graph, not instantiated.
+    fn capture<F>(&mut self, device: i32, f: F) -> Result<Graph>
+    where
+        F: FnOnce(&Stream) -> Result<()>,
+    {
+        let r = self.capture_on(device, f);
+        if r.is_err() {
+            self.stats.failures += 1;
+        }
+        r
+    }
+
+    fn capture_on<F>(&mut self, device: i32, f: F) -> Result<Graph>
+    where
+        F: FnOnce(&Stream) -> Result<()>,
+    {
+        let stream = self.capture_stream(device)?;
+        let _on_device = enter_device(device)?;
+        let _current = stream.enter()?;
+        capture::begin(&*stream, self.mode)?;
+        let mut open = OpenCapture {
+            stream: &stream,
+            open: true,
+        };
+        let ran = f(&stream);
+        open.open = false;
+        let ended = capture::end(&*stream);
+        match (ran, ended) {
+            (Ok(()), Ok(ended)) => Ok(Graph::from_ended(ended, device, self.flags)),
+            (Ok(()), Err(e)) => Err(e),
+            (Err(e), Ok(ended)) => {
+                ended.discard();
+                Err(e)
+            }
+            // The capture's own error (invalidated, unjoined...) follows from the
+            // closure's, which says what was called.
+            (Err(e), Err(_)) => Err(e),
+        }
+    }
+
+    /// Instantiates `fresh`, caches it as `key`'s recording and launches it.
+    fn record<S: AsStream + ?Sized>(
+        &mut self,
+        key: K,
+        fresh: Graph,
+        stream: &S,
+    ) -> Result<Outcome> {
+        let graph = instantiate(fresh, &mut self.retired, &mut self.stats)?;
+        let mut rec = Recording { graph, last: None };
+        // Cached even when this launch fails: the executable is good.
+        let launched = rec.launch(stream);
+        let displaced = self.cache.insert(key, rec);
+        if let Some(old) = displaced.replaced {
+            retire(old, &mut self.retired);
+        }
+        if let Some(old) = displaced.evicted {
+            self.stats.evictions += 1;
+            retire(old, &mut self.retired);
+        }
+        self.stats.count(Outcome::Recorded);
+        launched.map(|()| Outcome::Recorded)
+    }
+}
+
+impl<K> Drop for Recorder<K> {
+    fn drop(&mut self) {
+        // What the executables kept goes once their launches are done (the fences are
+        // waited for as `retired` drops, after this).
+        for rec in self.cache.drain() {
+            retire(rec, &mut self.retired);
+        }
+    }
+}
+
+/// Instantiates `g` with its flags; on failure what it kept goes (it never ran).
+fn instantiate(mut g: Graph, retired: &mut Retired, stats: &mut RecorderStats) -> Result<Graph> {
+    let flags = g.flags();
+    match g.instantiate(flags) {
+        Ok(()) => Ok(g),
+        Err(e) => {
+            stats.failures += 1;
+            let device = g.device_id();
+            retired.retire(g.take_kept(), device, None);
+            Err(e)
+        }
+    }
+}
+
+/// Drops `rec`'s executable and graph now (queued launches still run), and lets go of
+/// what it kept once they are done.
+fn retire(mut rec: Recording, retired: &mut Retired) {
+    let device = rec.graph.device_id();
+    retired.retire(rec.graph.take_kept(), device, rec.last.as_ref());
+}
+
+/// Makes `device` current on this thread until the guard drops (nothing when it is
+/// current already).
+fn enter_device(device: i32) -> Result<Option<DeviceScope>> {
+    if get_device_id() == device {
+        return Ok(None);
+    }
+    Device::new(device)?.enter().map(Some)
+}
+
+/// A capture under way on the recorder's stream: if the closure unwinds, the capture
+/// is ended and thrown away, so that neither the stream nor the process is left
+/// capturing.
+struct OpenCapture<'a> {
+    stream: &'a Stream,
+    open: bool,
+}
+
+impl Drop for OpenCapture<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            if let Ok(ended) = capture::end(self.stream) {
+                ended.discard();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_counts_what_it_did() {
+        let mut s = RecorderStats::default();
+        s.count(Outcome::Recorded);
+        s.count(Outcome::Replayed);
+        s.count(Outcome::Replayed);
+        s.count(Outcome::Updated);
+        s.count(Outcome::Reinstantiated { reason: "topology" });
+        assert_eq!(
+            s,
+            RecorderStats {
+                hits: 2,
+                misses: 1,
+                captures: 3,
+                instantiations: 2,
+                updates: 1,
+                update_fallbacks: 1,
+                evictions: 0,
+                failures: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn a_new_recorder_makes_no_cuda_call_and_holds_nothing() {
+        let r: Recorder<u64> = Recorder::new();
+        assert_eq!(r.capacity(), Recorder::<u64>::DEFAULT_CAPACITY);
+        assert!(r.is_empty());
+        assert_eq!(r.len(), 0);
+        assert!(!r.contains(&1));
+        assert_eq!(r.stats(), RecorderStats::default());
+        assert_eq!(r.retired_pending(), 0);
+        let mut r: Recorder<Vec<u8>> = Recorder::with_capacity(NonZeroUsize::new(3).unwrap())
+            .capture_mode(CaptureMode::Global);
+        assert_eq!(r.capacity(), 3);
+        assert!(!r.remove(&b"k"[..]));
+        r.set_capacity(NonZeroUsize::MIN);
+        r.clear();
+        assert_eq!(r.capacity(), 1);
+        assert_eq!(r.stats().evictions, 0);
+    }
+
+    #[test]
+    fn a_recorder_moves_between_threads() {
+        fn send<T: Send>() {}
+        send::<Recorder<u64>>();
+        send::<Recorder<Vec<u8>>>();
+    }
+}
