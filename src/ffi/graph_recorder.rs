@@ -196,7 +196,7 @@ unsafe fn record(
         let capture_stream = rec.capture_stream(s.device_id())?;
         let mut failed: Option<(c_int, String)> = None;
         let callback = |_: &cuda_rt::Stream| {
-            let h = STREAMS.insert(Arc::clone(&capture_stream));
+            let h = STREAMS.insert(capture_stream.as_stream_ref());
             let rc = func(h as curt_stream_t, user_data);
             let _ = STREAMS.remove(h);
             if rc == 0 {
