@@ -30,6 +30,7 @@ mod event;
 mod graph;
 mod graph_pools;
 mod handles;
+mod held;
 mod memory;
 mod module;
 mod pinned;
