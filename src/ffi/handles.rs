@@ -311,7 +311,7 @@ impl<T> Table<T> {
     /// Why `handle` was refused. Out of line: only a bad handle pays for the message.
     #[cold]
     #[inline(never)]
-    fn refuse(&self, handle: u64) -> Fail {
+    pub(crate) fn refuse(&self, handle: u64) -> Fail {
         if handle == 0 {
             self.null()
         } else {
@@ -437,31 +437,28 @@ impl<T> Table<T> {
         }
     }
 
-    /// [`remove`](Self::remove) that keeps the freed slot in `spare` when that holds
+    /// [`remove`](Self::remove) without the message (`None` for a bad handle: see
+    /// [`refuse`](Self::refuse)) that keeps the freed slot in `spare` when that holds
     /// none (for this thread's next [`insert_spared`](Self::insert_spared)).
     #[inline]
-    pub(crate) fn remove_spared(
+    pub(crate) fn take_spared(
         &'static self,
         handle: u64,
         spare: &mut Option<Spare<T>>,
-    ) -> Res<T> {
-        match self.take(handle) {
-            Some((v, freed)) => {
-                if let Some((index, slot)) = freed {
-                    if spare.is_none() {
-                        *spare = Some(Spare {
-                            table: self,
-                            index,
-                            slot,
-                        });
-                    } else {
-                        self.give_back(index, slot);
-                    }
-                }
-                Ok(v)
+    ) -> Option<T> {
+        let (v, freed) = self.take(handle)?;
+        if let Some((index, slot)) = freed {
+            if spare.is_none() {
+                *spare = Some(Spare {
+                    table: self,
+                    index,
+                    slot,
+                });
+            } else {
+                self.give_back(index, slot);
             }
-            None => Err(self.refuse(handle)),
         }
+        Some(v)
     }
 
     /// [`remove`](Self::remove) without the message (`None` for a bad handle) and
@@ -525,7 +522,7 @@ impl<T> Table<T> {
 }
 
 /// A free slot of a `'static` table held by one thread: freed by its
-/// [`remove_spared`](Table::remove_spared), empty and off the free list, kept for its
+/// [`take_spared`](Table::take_spared), empty and off the free list, kept for its
 /// next [`insert_spared`](Table::insert_spared), so that a remove + insert pair of one
 /// thread makes no free-list exchange. Neither `Clone` nor `Copy`: whoever holds it owns
 /// the slot. [`give_back`](Self::give_back) puts it on the free list; one dropped
@@ -712,13 +709,11 @@ mod tests {
         static OTHER: Table<Arc<u32>> = Table::new(16, "other");
         let mut spare = None;
         let h = T.insert_spared(Arc::new(1), &mut spare);
-        assert_eq!(*T.remove_spared(h, &mut spare).unwrap(), 1);
+        assert_eq!(*T.take_spared(h, &mut spare).unwrap(), 1);
         assert!(spare.is_some(), "the freed slot is kept");
         assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
-        assert_eq!(
-            code(T.remove_spared(h, &mut spare)),
-            CURT_ERROR_INVALID_HANDLE
-        );
+        assert!(T.take_spared(h, &mut spare).is_none(), "freed already");
+        assert_eq!(code(Err::<(), _>(T.refuse(h))), CURT_ERROR_INVALID_HANDLE);
         // Another table does not take it.
         let o = OTHER.insert_spared(Arc::new(9), &mut spare);
         assert!(spare.is_some());
@@ -732,8 +727,8 @@ mod tests {
         assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
         // A second free while one is kept goes to the free list.
         let h3 = T.insert(Arc::new(3));
-        assert_eq!(*T.remove_spared(h2, &mut spare).unwrap(), 2);
-        assert_eq!(*T.remove_spared(h3, &mut spare).unwrap(), 3);
+        assert_eq!(*T.take_spared(h2, &mut spare).unwrap(), 2);
+        assert_eq!(*T.take_spared(h3, &mut spare).unwrap(), 3);
         spare.take().unwrap().give_back();
         // Both slots are free again: two inserts take them, no fresh one.
         let (a, b) = (T.insert(Arc::new(4)), T.insert(Arc::new(5)));
@@ -790,12 +785,12 @@ mod tests {
                         if r % 2 == 0 {
                             shared.lock().unwrap().push((h, v));
                         } else {
-                            assert_eq!(T.remove_spared(h, &mut spare).unwrap().0, v);
+                            assert_eq!(T.take_spared(h, &mut spare).unwrap().0, v);
                             removed.fetch_add(1, Ordering::Relaxed);
                         }
                         let theirs = shared.lock().unwrap().pop();
                         if let Some((h, v)) = theirs {
-                            assert_eq!(T.remove_spared(h, &mut spare).unwrap().0, v);
+                            assert_eq!(T.take_spared(h, &mut spare).unwrap().0, v);
                             removed.fetch_add(1, Ordering::Relaxed);
                             assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
                         }

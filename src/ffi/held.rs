@@ -23,6 +23,15 @@ impl HeldMemory {
         }
     }
 
+    /// The size in bytes.
+    #[inline]
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            HeldMemory::Block(b) => b.size(),
+            HeldMemory::Pointer(p) => p.size(),
+        }
+    }
+
     /// The memory as a pointer, cloned: a block becomes one in place, for good (the
     /// same block: nothing is allocated or freed on the device; a memory object is
     /// made once).

@@ -248,9 +248,12 @@ pub unsafe extern "C" fn curt_malloc_async(
 pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
     guard(|| {
         let mut spare = take_spare();
-        let freed = MEMORY.0.remove_spared(mem as u64, &mut spare);
+        let freed = MEMORY.0.take_spared(mem as u64, &mut spare);
         keep_spare(spare);
-        drop(freed?);
+        match freed {
+            Some(m) => drop(m),
+            None => return Err(MEMORY.0.refuse(mem as u64)),
+        }
         Ok(())
     })
 }
@@ -266,7 +269,7 @@ pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
 pub unsafe extern "C" fn curt_memory_ptr(mem: curt_memory_t, ptr: *mut u64) -> c_int {
     guard(|| {
         let ptr = out(ptr, "ptr")?;
-        *ptr = MEMORY.get(mem as u64)?.ptr();
+        *ptr = MEMORY.0.with_mut(mem as u64, |m| m.ptr())?;
         Ok(())
     })
 }
@@ -282,7 +285,7 @@ pub unsafe extern "C" fn curt_memory_ptr(mem: curt_memory_t, ptr: *mut u64) -> c
 pub unsafe extern "C" fn curt_memory_size(mem: curt_memory_t, size: *mut usize) -> c_int {
     guard(|| {
         let size = out(size, "size")?;
-        *size = MEMORY.get(mem as u64)?.size();
+        *size = MEMORY.0.with_mut(mem as u64, |m| m.size())?;
         Ok(())
     })
 }
