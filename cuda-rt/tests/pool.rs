@@ -479,12 +479,12 @@ cuda_rt::gpu_test!(a_snapshot_lists_the_pools_segments_and_blocks, {
     assert_eq!(pool.snapshot(0).allocated_bytes(), 0);
 });
 
-/// A bare block of the default pool (`malloc_block_on_stream`, what the C shim's
-/// drop-in allocators hold): it is the block a cached pair gets, handed out once,
-/// counted in the statistics, given back by its drop (the next pair gets it again),
-/// refused where it does not apply (another pool, hooks on the thread), and a
-/// `MemoryPointer` to the same memory after `into_pointer`, whose recorded stream
-/// holds the block back at its free as any pointer's does.
+// A bare block of the default pool (`malloc_block_on_stream`, what the C shim's
+// drop-in allocators hold): it is the block a cached pair gets, handed out once,
+// counted in the statistics, given back by its drop (the pool's figures as before),
+// refused where it does not apply (another pool, hooks on the thread), and a
+// `MemoryPointer` to the same memory after `into_pointer`, whose recorded stream
+// holds the block back at its free as any pointer's does.
 cuda_rt::gpu_test!(
     a_bare_block_is_the_cached_pairs_block_and_goes_back_on_drop,
     {
