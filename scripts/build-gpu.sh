@@ -71,7 +71,7 @@ cp "$target_dir/gpu/cuda-rt" "$OUT/cuda-rt"
 # The wheel around that shim (no second cargo build): run.sh installs it in a virtual
 # environment on the GPU machine, which has no network and needs none (the wheel has
 # no dependencies, and nothing is built at install time).
-CUDA_RT_WHEEL_LIB="$OUT/lib/libcuda_rt_c.so" python3 -m pip wheel --quiet \
+CUDA_RT_WHEEL_LIB="$PWD/$OUT/lib/libcuda_rt_c.so" python3 -m pip wheel --quiet \
   --disable-pip-version-check --no-deps ./python -w "$OUT/wheel"
 rm -rf python/build python/*.egg-info
 ls "$OUT"/wheel/*.whl
