@@ -1477,3 +1477,107 @@ fn gpu_a_stream_made_here_and_wrapped_again_outlives_its_wrapper() {
         ok(curt_stream_destroy(s));
     }
 }
+
+/// Issue 27: a steady pair of one thread holds the pool's bare block (no memory
+/// object) in the drop-in map and in the handle table. Everything that looks the
+/// memory up still works on it: PyTorch's record-stream hook and `curt_pool_record_
+/// stream` (each fences the free on the other stream), the address and size of a
+/// handle, a memset and a copy back. A drop-in address freed on another thread (which
+/// then exits, releasing what it kept of the map) is freed once, and the map serves
+/// both threads' allocations after.
+#[test]
+fn gpu_steady_pairs_hold_bare_blocks_and_every_lookup_still_works() {
+    let _serial = serial();
+    // SAFETY: every pointer passed to the shim is a live local of the type wrapper.h
+    // names, or an address the drop-in entry points handed out and not yet freed; the
+    // streams live past every free and are synchronised before they go.
+    unsafe {
+        if !gpu_or_skip("gpu_steady_pairs_hold_bare_blocks_and_every_lookup_still_works") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let n = 1usize << 20;
+        let fences = || {
+            cuda_rt::get_default_memory_pool()
+                .device_stats(0)
+                .stream_fences
+        };
+        let mut live0 = 0;
+        ok(curt_dropin_live_count(&mut live0));
+        // Allocated here, freed on another thread, which exits.
+        let t = curt_torch_alloc(n as isize, 0, null_mut()) as usize;
+        assert_ne!(t, 0, "{}", last_error());
+        std::thread::spawn(move || {
+            curt_torch_free(t as *mut c_void, n as isize, 0, null_mut());
+            // And that thread's own pair, which leaves it a reserved entry.
+            let u = curt_torch_alloc(n as isize, 0, null_mut());
+            assert!(!u.is_null(), "{}", last_error());
+            curt_torch_free(u, n as isize, 0, null_mut());
+        })
+        .join()
+        .unwrap();
+        let mut live = 0;
+        ok(curt_dropin_live_count(&mut live));
+        assert_eq!(live, live0);
+        // Freed once: a second free is an error, nothing else.
+        curt_torch_free(t as *mut c_void, n as isize, 0, null_mut());
+        assert!(last_error().contains("freed already"), "{}", last_error());
+        let many: Vec<_> = (0..64)
+            .map(|_| curt_torch_alloc(4096, 0, null_mut()))
+            .collect();
+        assert!(many.iter().all(|p| !p.is_null()), "{}", last_error());
+        ok(curt_dropin_live_count(&mut live));
+        assert_eq!(live, live0 + 64);
+        for p in many {
+            curt_torch_free(p, 4096, 0, null_mut());
+        }
+        ok(curt_dropin_live_count(&mut live));
+        assert_eq!(live, live0);
+
+        let side = cuda_rt::stream::Stream::non_blocking().unwrap();
+        let raw = cuda_rt::AsStream::as_raw(&side);
+
+        // The drop-in pair, twice (the second allocation is the steady one).
+        let t = curt_torch_alloc(n as isize, 0, null_mut());
+        assert!(!t.is_null(), "{}", last_error());
+        curt_torch_free(t, n as isize, 0, null_mut());
+        let t = curt_torch_alloc(n as isize, 0, null_mut());
+        assert!(!t.is_null(), "{}", last_error());
+        let before = fences();
+        curt_torch_record_stream(t, raw.cast());
+        curt_torch_free(t, n as isize, 0, null_mut());
+        assert_eq!(fences(), before + 1, "one event recorded at the free");
+        ok(curt_dropin_live_count(&mut live));
+        assert_eq!(live, live0);
+
+        // The handle pair, twice; then every lookup of the steady one.
+        let mut m = null_mut();
+        ok(curt_malloc(n, null_mut(), &mut m));
+        ok(curt_free(m));
+        ok(curt_malloc(n, null_mut(), &mut m));
+        let (mut addr, mut size) = (0u64, 0usize);
+        ok(curt_memory_ptr(m, &mut addr));
+        ok(curt_memory_size(m, &mut size));
+        assert_ne!(addr, 0);
+        assert_eq!(size, n);
+        ok(curt_memset(m, 0, 0x3c, n));
+        let mut back = vec![0u8; n];
+        ok(curt_memcpy_dtoh(back.as_mut_ptr().cast(), m, 0, n));
+        assert!(back.iter().all(|&b| b == 0x3c));
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        ok(curt_pool_record_stream(m, s));
+        let before = fences();
+        ok(curt_free(m));
+        assert_eq!(fences(), before + 1);
+        expect(
+            curt_free(m),
+            CURT_ERROR_INVALID_HANDLE,
+            "invalid memory handle",
+        );
+
+        ok(curt_stream_synchronize(s));
+        ok(curt_stream_destroy(s));
+        cuda_rt::AsStream::synchronize(&side).unwrap();
+    }
+}

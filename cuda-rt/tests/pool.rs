@@ -478,3 +478,74 @@ cuda_rt::gpu_test!(a_snapshot_lists_the_pools_segments_and_blocks, {
     drop((a, b));
     assert_eq!(pool.snapshot(0).allocated_bytes(), 0);
 });
+
+// A bare block of the default pool (`malloc_block_on_stream`, what the C shim's
+// drop-in allocators hold): it is the block a cached pair gets, handed out once,
+// counted in the statistics, given back by its drop (the pool's figures as before),
+// refused where it does not apply (another pool, hooks on the thread), and a
+// `MemoryPointer` to the same memory after `into_pointer`, whose recorded stream
+// holds the block back at its free as any pointer's does.
+cuda_rt::gpu_test!(
+    a_bare_block_is_the_cached_pairs_block_and_goes_back_on_drop,
+    {
+        let _g = env_lock();
+        let pool = get_default_memory_pool();
+        // The current stream (the legacy default one here), as PyTorch passes 0.
+        let s = cuda_rt::stream::get_current_stream();
+        // Statistics settle parked blocks: read before the pair, not between.
+        let before = pool.device_stats(0);
+        // The steady pair first: malloc + free parks the block for this thread.
+        let addr = pool.malloc_on_stream(&s, MIB).unwrap().ptr();
+        let b = pool
+            .malloc_block_on_stream(&s, MIB)
+            .expect("the parked block of the steady pair");
+        assert_eq!((b.ptr(), b.size(), b.device_id()), (addr, MIB, 0));
+        assert!(pool.device_stats(0).used_bytes >= before.used_bytes + MIB as u64);
+        // Handed out once: the next malloc gets other memory (kept to the end, so that
+        // the block has no free neighbour to merge with when it is freed: a steady pair
+        // reparks only a block that goes back unmerged).
+        let other = pool.malloc_on_stream(&s, MIB).unwrap();
+        assert_ne!(other.ptr(), addr);
+        drop(b);
+        // Back: the pool's figures are those before, `other` aside.
+        let after = pool.device_stats(0);
+        assert_eq!(
+            after.used_bytes,
+            before.used_bytes + MIB as u64,
+            "{after:?}"
+        );
+        assert!(after.mallocs >= before.mallocs + 2, "{after:?}");
+
+        // Not for another pool, nor with hooks on this thread (they must see each malloc).
+        let mine = MemoryPool::new();
+        drop(mine.malloc_on_stream(&s, MIB).unwrap());
+        assert!(mine.malloc_block_on_stream(&s, MIB).is_none());
+        drop(pool.malloc_on_stream(&s, MIB).unwrap());
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let guard = register_hook("bare", Rc::new(Recorder(log.clone()))).unwrap();
+        assert!(pool.malloc_block_on_stream(&s, MIB).is_none());
+        drop(guard);
+        assert!(log.borrow().is_empty(), "a refused block is no malloc");
+
+        // As a pointer: the same memory, usable, and a recorded stream fences its free.
+        drop(pool.malloc_on_stream(&s, MIB).unwrap());
+        let b = pool
+            .malloc_block_on_stream(&s, MIB)
+            .expect("the parked block");
+        let addr = b.ptr();
+        let p = b.into_pointer();
+        assert_eq!((p.ptr(), p.size(), p.device_id()), (addr, MIB, 0));
+        p.memset(0x5a, MIB).unwrap();
+        let mut back = vec![0u8; MIB];
+        p.copy_to_host(&mut back).unwrap();
+        assert!(back.iter().all(|&x| x == 0x5a));
+        let side = Stream::non_blocking().unwrap();
+        p.record_stream(&side).unwrap();
+        let fences = pool.device_stats(0).stream_fences;
+        drop(p);
+        assert_eq!(pool.device_stats(0).stream_fences, fences + 1);
+        side.synchronize().unwrap();
+        s.synchronize().unwrap();
+        drop(other);
+    }
+);

@@ -114,8 +114,14 @@ impl<V> AddrMap<V> {
     }
 
     /// The value at `addr`, if any.
+    #[cfg(test)]
     pub(crate) fn get(&self, addr: u64) -> Option<&V> {
         self.find(addr).and_then(|i| self.slots[i].1.as_ref())
+    }
+
+    /// The value at `addr`, if any, to change in place.
+    pub(crate) fn get_mut(&mut self, addr: u64) -> Option<&mut V> {
+        self.find(addr).and_then(|i| self.slots[i].1.as_mut())
     }
 
     /// Doubles the slots (the first time: [`FIRST_CAPACITY`]) and puts every entry

@@ -12,6 +12,7 @@
 //! memory comes from that stream's arena without touching the thread's current
 //! device or stream (`MemoryPool::malloc_on_stream`).
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Mutex, PoisonError};
 
@@ -20,7 +21,8 @@ use cuda_rt::stream::ExternalStream;
 use cuda_rt::{get_default_memory_pool, Allocator, MemoryPointer};
 
 use super::addr_map::AddrMap;
-use super::direct_map::DirectMap;
+use super::direct_map::{DirectMap, Reservation};
+use super::held::HeldMemory;
 use super::status::{
     bad_arg, guard, set_last_error, unwind_guard, Fail, Res, CURT_ERROR_OUT_OF_MEMORY,
 };
@@ -63,15 +65,75 @@ pub extern "C" fn curt_reset_allocator() -> c_int {
 
 const SHARDS: usize = 64;
 
-type Registry = AddrMap<MemoryPointer>;
+type Registry = AddrMap<HeldMemory>;
 
 /// The memory handed out by the drop-in entry points, by address: first the entry of
 /// the address's hash (lock-free, see [`DirectMap`]), else, when another address
 /// holds that entry, the locked map of its shard.
-static DIRECT: DirectMap<MemoryPointer> = DirectMap::new();
+static DIRECT: DirectMap<HeldMemory> = DirectMap::new();
 
 /// The addresses whose [`DIRECT`] entry was taken.
 static REGISTRY: [Mutex<Registry>; SHARDS] = [const { Mutex::new(Registry::new()) }; SHARDS];
+
+/// This thread's [`Reservation`] of a [`DIRECT`] entry, and whether [`RELEASE_AT_EXIT`]
+/// is registered to release it.
+struct ThreadReservation {
+    r: Cell<Option<Reservation<'static>>>,
+    armed: Cell<bool>,
+}
+
+/// Releases the thread's reservation when the thread exits.
+struct ReleaseAtExit;
+
+impl Drop for ReleaseAtExit {
+    fn drop(&mut self) {
+        let _ = RESERVED.try_with(|t| {
+            t.armed.set(false);
+            if let Some(r) = t.r.take() {
+                r.release();
+            }
+        });
+    }
+}
+
+thread_local! {
+    /// The [`DIRECT`] entry this thread's last free left reserved for its next
+    /// allocation (see [`Reservation`]): a free + allocation pair of one thread so takes
+    /// one atomic exchange in the map, not two. No destructor, so reaching it costs
+    /// nothing; [`RELEASE_AT_EXIT`] empties it when the thread exits.
+    static RESERVED: ThreadReservation = const {
+        ThreadReservation {
+            r: Cell::new(None),
+            armed: Cell::new(false),
+        }
+    };
+    static RELEASE_AT_EXIT: ReleaseAtExit = const { ReleaseAtExit };
+}
+
+/// Keeps `r` as this thread's reservation, registering [`RELEASE_AT_EXIT`] the first
+/// time.
+#[inline]
+fn keep_reservation(r: Reservation<'static>) {
+    RESERVED.with(|t| {
+        if t.armed.get() {
+            t.r.set(Some(r));
+        } else {
+            arm(t, r);
+        }
+    });
+}
+
+#[cold]
+#[inline(never)]
+fn arm(t: &ThreadReservation, r: Reservation<'static>) {
+    if RELEASE_AT_EXIT.try_with(|_| ()).is_ok() {
+        t.armed.set(true);
+        t.r.set(Some(r));
+    } else {
+        // The thread is exiting: nothing would release it later.
+        r.release();
+    }
+}
 
 fn shard(addr: u64) -> &'static Mutex<Registry> {
     // Another mix than the map's, so that one shard's keys still spread in its map.
@@ -80,9 +142,15 @@ fn shard(addr: u64) -> &'static Mutex<Registry> {
 }
 
 #[inline]
-fn register(p: MemoryPointer) -> *mut c_void {
+fn register(p: HeldMemory) -> *mut c_void {
     let addr = p.ptr();
-    if let Err(p) = DIRECT.try_insert(addr, p) {
+    let mut r = RESERVED.with(|t| t.r.take());
+    let inserted = DIRECT.try_insert_reserved(addr, p, &mut r);
+    if let Some(r) = r {
+        // Another entry's: kept for a later allocation.
+        RESERVED.with(|t| t.r.set(Some(r)));
+    }
+    if let Err(p) = inserted {
         register_locked(addr, p);
     }
     addr as *mut c_void
@@ -90,7 +158,7 @@ fn register(p: MemoryPointer) -> *mut c_void {
 
 #[cold]
 #[inline(never)]
-fn register_locked(addr: u64, p: MemoryPointer) {
+fn register_locked(addr: u64, p: HeldMemory) {
     // What comes back is dropped outside the lock: an address already registered
     // (none is: the pool hands a block out once) has its old memory freed, and
     // address 0 (never handed out for a size > 0) is refused, freed, and NULL returned.
@@ -101,18 +169,20 @@ fn register_locked(addr: u64, p: MemoryPointer) {
     drop(refused);
 }
 
-#[inline]
-fn unregister(ptr: *mut c_void) -> Res<MemoryPointer> {
-    let addr = ptr as u64;
-    match DIRECT.take(addr) {
-        Some(p) => Ok(p),
-        None => unregister_locked(addr),
+/// [`free_quietly`] of an address that is not in [`DIRECT`]: from its shard's map, or
+/// an error recorded.
+#[cold]
+#[inline(never)]
+fn free_locked(addr: u64) {
+    match unregister_locked(addr) {
+        Ok(p) => drop(p),
+        Err(e) => drop(record_failure(e)),
     }
 }
 
 #[cold]
 #[inline(never)]
-fn unregister_locked(addr: u64) -> Res<MemoryPointer> {
+fn unregister_locked(addr: u64) -> Res<HeldMemory> {
     let p = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -142,28 +212,37 @@ pub unsafe extern "C" fn curt_dropin_live_count(count: *mut usize) -> c_int {
 }
 
 /// Runs an allocation: its pointer, or NULL with the message recorded (and returned).
+/// Inlined, with the failure out of line: the entry points' hot path is one frame.
+#[inline(always)]
 fn alloc_or_null(f: impl FnOnce() -> Res<*mut c_void>) -> (*mut c_void, Option<(c_int, String)>) {
     unwind_guard(
         || match f() {
             Ok(p) => (p, None),
-            Err(e) => {
-                let (code, msg) = e.code_and_message();
-                set_last_error(&msg);
-                (std::ptr::null_mut(), Some((code, msg)))
-            }
+            Err(e) => (std::ptr::null_mut(), Some(record_failure(e))),
         },
         (std::ptr::null_mut(), None),
     )
+}
+
+/// Records `e` as the thread's last error: its code and message.
+#[cold]
+#[inline(never)]
+fn record_failure(e: Fail) -> (c_int, String) {
+    let (code, msg) = e.code_and_message();
+    set_last_error(&msg);
+    (code, msg)
 }
 
 /// `size` bytes from the pool on `stream`'s arena (0: the legacy default stream;
 /// `None`: this thread's current stream of `device`): a graph's private pool while
 /// PyTorch captures on that stream (see [`graph_pools`](super::graph_pools)), else
 /// the default pool.
+#[inline(always)]
 fn pool_alloc(size: usize, device: i32, stream: Option<*mut c_void>) -> Res<*mut c_void> {
     if size == 0 {
         return Ok(std::ptr::null_mut());
     }
+    let pool = get_default_memory_pool();
     let p = match stream {
         Some(raw) => {
             // SAFETY: the entry points' contract (wrapper.h): `raw` is 0 or a live
@@ -173,24 +252,43 @@ fn pool_alloc(size: usize, device: i32, stream: Option<*mut c_void>) -> Res<*mut
                 Some(pool) => {
                     let p = super::graph_pools::relaxed(|| pool.malloc_on_stream(&s, size))?;
                     super::graph_pools::after_graph_alloc(device);
-                    p
+                    HeldMemory::Pointer(p)
                 }
-                None => get_default_memory_pool().malloc_on_stream(&s, size)?,
+                None => match pool.malloc_block_on_stream(&s, size) {
+                    Some(b) => HeldMemory::Block(b),
+                    None => HeldMemory::Pointer(pool.malloc_on_stream(&s, size)?),
+                },
             }
         }
-        None => get_default_memory_pool().malloc_on(device, size)?,
+        None => match pool.malloc_block_on(device, size) {
+            Some(b) => HeldMemory::Block(b),
+            None => HeldMemory::Pointer(pool.malloc_on(device, size)?),
+        },
     };
     Ok(register(p))
 }
 
+/// Gives the memory at `ptr` back; an unknown `ptr` records an error, nothing else.
+#[inline(always)]
 fn free_quietly(ptr: *mut c_void) {
-    let _ = guard(|| {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        drop(unregister(ptr)?);
-        Ok::<(), Fail>(())
-    });
+    unwind_guard(
+        || {
+            if ptr.is_null() {
+                return;
+            }
+            let addr = ptr as u64;
+            let mut r = RESERVED.with(|t| t.r.take());
+            let direct = DIRECT.take_reserving(addr, &mut r);
+            if let Some(r) = r {
+                keep_reservation(r);
+            }
+            match direct {
+                Some(p) => drop(p),
+                None => free_locked(addr),
+            }
+        },
+        (),
+    )
 }
 
 /// PyTorch's `CUDAPluggableAllocator` alloc: `size` bytes from cuda-rt's pool for
@@ -356,14 +454,14 @@ pub unsafe extern "C" fn curt_cupy_free(param: *mut c_void, ptr: *mut c_void, de
 /// so the caller works outside the registry's lock), for `record_stream.rs`.
 pub(crate) fn dropin_pointer(ptr: *mut c_void) -> Res<MemoryPointer> {
     let addr = ptr as u64;
-    if let Some(p) = DIRECT.with(addr, MemoryPointer::clone) {
+    if let Some(p) = DIRECT.with(addr, HeldMemory::pointer) {
         return Ok(p);
     }
     let p = shard(addr)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .get(addr)
-        .cloned();
+        .get_mut(addr)
+        .map(HeldMemory::pointer);
     p.ok_or_else(|| {
         bad_arg(format!(
             "{addr:#x} was not allocated by curt_torch_alloc or curt_cupy_malloc, or was \

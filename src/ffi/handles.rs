@@ -143,7 +143,7 @@ impl Drop for ReadGuard<'_> {
     }
 }
 
-impl<T: Clone> Table<T> {
+impl<T> Table<T> {
     pub(crate) const fn new(kind: u8, what: &'static str) -> Self {
         // Kind 0 would let the NULL handle pass the kind check.
         assert!(kind != 0, "kind 0 is reserved");
@@ -266,6 +266,27 @@ impl<T: Clone> Table<T> {
     #[inline]
     pub(crate) fn insert(&self, value: T) -> u64 {
         let (index, slot) = self.take_free();
+        self.fill(index, slot, value)
+    }
+
+    /// [`insert`](Self::insert) into the slot `spare` holds when it is this table's
+    /// (no free-list exchange; `spare` is then used up), else a free one.
+    #[inline]
+    pub(crate) fn insert_spared(&'static self, value: T, spare: &mut Option<Spare<T>>) -> u64 {
+        let (index, slot) = match spare.take() {
+            Some(sp) if std::ptr::eq(sp.table, self) => (sp.index, sp.slot),
+            other => {
+                *spare = other;
+                self.take_free()
+            }
+        };
+        self.fill(index, slot, value)
+    }
+
+    /// Puts `value` in slot `index`, empty and off the free list (the caller's), and
+    /// returns its handle.
+    #[inline]
+    fn fill(&self, index: u32, slot: &Slot<T>, value: T) -> u64 {
         // Not live and off the free list: no other thread reads or writes the value
         // (a lookup only touches it after raising the reader count of a live slot).
         let generation = (slot.state.load(Ordering::Relaxed) >> 32) as u32;
@@ -291,7 +312,7 @@ impl<T: Clone> Table<T> {
     /// Why `handle` was refused. Out of line: only a bad handle pays for the message.
     #[cold]
     #[inline(never)]
-    fn refuse(&self, handle: u64) -> Fail {
+    pub(crate) fn refuse(&self, handle: u64) -> Fail {
         if handle == 0 {
             self.null()
         } else {
@@ -316,14 +337,24 @@ impl<T: Clone> Table<T> {
     }
 
     /// The object behind `handle`.
-    pub(crate) fn get(&self, handle: u64) -> Res<T> {
+    pub(crate) fn get(&self, handle: u64) -> Res<T>
+    where
+        T: Clone,
+    {
         let Some((slot, want)) = self.find(handle) else {
             return Err(self.refuse(handle));
         };
         let mut s = slot.state.load(Ordering::Relaxed);
+        let mut spins = 0u32;
         loop {
             if s & !READERS != want {
                 return Err(self.refuse(handle));
+            }
+            if s & READERS == EXCLUSIVE {
+                // A `with_mut` has the value: it is a few instructions long.
+                backoff(&mut spins);
+                s = slot.state.load(Ordering::Relaxed);
+                continue;
             }
             match slot
                 .state
@@ -341,6 +372,53 @@ impl<T: Clone> Table<T> {
         Ok(unsafe { (*slot.value.get()).assume_init_ref() }.clone())
     }
 
+    /// `f` of the object behind `handle`, which it may change in place: the one
+    /// reader meanwhile (it waits for the lookups cloning the object, and they and a
+    /// removal wait for it). One exchange to begin, a store to end: fewer atomic
+    /// read-modify-writes than [`get`](Self::get), for values that are not a plain
+    /// clone.
+    pub(crate) fn with_mut<R>(&self, handle: u64, f: impl FnOnce(&mut T) -> R) -> Res<R> {
+        let Some((slot, want)) = self.find(handle) else {
+            return Err(self.refuse(handle));
+        };
+        let mut s = slot.state.load(Ordering::Relaxed);
+        let mut spins = 0u32;
+        loop {
+            if s & !READERS != want {
+                return Err(self.refuse(handle));
+            }
+            if s & READERS != 0 {
+                backoff(&mut spins);
+                s = slot.state.load(Ordering::Relaxed);
+                continue;
+            }
+            match slot.state.compare_exchange_weak(
+                s,
+                s | EXCLUSIVE,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => s = now,
+            }
+        }
+        // Back to live with no reader when done, also if `f` panics. A plain store:
+        // while `EXCLUSIVE` is set no other thread changes the state (lookups and
+        // removals wait for the count to fall, and it is not theirs to lower).
+        struct Done<'a>(&'a AtomicU64, u64);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(self.1, Ordering::Release);
+            }
+        }
+        let _done = Done(&slot.state, want);
+        // SAFETY: the slot was live with the handle's generation and no reader when
+        // this call set `EXCLUSIVE` (Acquire: after the insert's Release store of the
+        // value); no lookup reads and no removal takes the value until `_done` clears
+        // it, so this is its one access.
+        Ok(f(unsafe { (*slot.value.get()).assume_init_mut() }))
+    }
+
     /// Takes the object behind `handle` out of the table (the handle is dead from now
     /// on, for good) and returns it, to be dropped by the caller. The slot goes back on
     /// the free list with the next generation, or, when its generation was the last
@@ -350,14 +428,46 @@ impl<T: Clone> Table<T> {
     #[inline]
     pub(crate) fn remove(&self, handle: u64) -> Res<T> {
         match self.take(handle) {
-            Some(v) => Ok(v),
+            Some((v, freed)) => {
+                if let Some((index, slot)) = freed {
+                    self.give_back(index, slot);
+                }
+                Ok(v)
+            }
             None => Err(self.refuse(handle)),
         }
     }
 
-    /// [`remove`](Self::remove) without the message: `None` for a bad handle.
+    /// [`remove`](Self::remove) without the message (`None` for a bad handle: see
+    /// [`refuse`](Self::refuse)) that keeps the freed slot in `spare` when that holds
+    /// none (for this thread's next [`insert_spared`](Self::insert_spared)).
     #[inline]
-    fn take(&self, handle: u64) -> Option<T> {
+    pub(crate) fn take_spared(
+        &'static self,
+        handle: u64,
+        spare: &mut Option<Spare<T>>,
+    ) -> Option<T> {
+        let (v, freed) = self.take(handle)?;
+        if let Some((index, slot)) = freed {
+            if spare.is_none() {
+                *spare = Some(Spare {
+                    table: self,
+                    index,
+                    slot,
+                });
+            } else {
+                self.give_back(index, slot);
+            }
+        }
+        Some(v)
+    }
+
+    /// [`remove`](Self::remove) without the message (`None` for a bad handle) and
+    /// without the free list: the value, and the emptied slot for the caller to put
+    /// back (`None` when it is retired).
+    #[inline]
+    #[allow(clippy::type_complexity)]
+    fn take(&self, handle: u64) -> Option<(T, Option<(u32, &Slot<T>)>)> {
         let (slot, want) = self.find(handle)?;
         let generation = want >> 32;
         // Retired: the generation stays at the last value and the slot stays empty, so
@@ -392,11 +502,11 @@ impl<T: Clone> Table<T> {
         // this generation succeeds) while no reader was counted, and no reader counts
         // itself on a slot that is not live: the value is initialized and ours to take.
         let value = unsafe { (*slot.value.get()).assume_init_read() };
-        if generation < GENERATION_MASK {
+        let freed = (generation < GENERATION_MASK).then(|| {
             let index = (handle & 0xffff_ffff) as u32 - 1;
-            self.give_back(index, slot);
-        }
-        Some(value)
+            (index, slot)
+        });
+        Some((value, freed))
     }
 
     /// Moves the live object behind `handle` to `generation` of its slot (a test's
@@ -411,6 +521,30 @@ impl<T: Clone> Table<T> {
         self.encode((handle & 0xffff_ffff) as u32 - 1, g as u32)
     }
 }
+
+/// A free slot of a `'static` table held by one thread: freed by its
+/// [`take_spared`](Table::take_spared), empty and off the free list, kept for its
+/// next [`insert_spared`](Table::insert_spared), so that a remove + insert pair of one
+/// thread makes no free-list exchange. Neither `Clone` nor `Copy`: whoever holds it owns
+/// the slot. [`give_back`](Self::give_back) puts it on the free list; one dropped
+/// without that costs its slot for good, nothing worse.
+#[must_use = "a spare slot dropped without `give_back` is lost to its table"]
+pub(crate) struct Spare<T: 'static> {
+    table: &'static Table<T>,
+    index: u32,
+    slot: &'static Slot<T>,
+}
+
+impl<T> Spare<T> {
+    /// Puts the slot on its table's free list.
+    pub(crate) fn give_back(self) {
+        self.table.give_back(self.index, self.slot);
+    }
+}
+
+/// The reader count that marks a [`Table::with_mut`] under way (every bit of the
+/// count: never reached by lookups, each a clone long).
+const EXCLUSIVE: u64 = READERS;
 
 /// Backs off while another thread holds what this one waits for (a lookup cloning the
 /// value a removal waits for here; an entry of the drop-in's direct map): spins a
@@ -565,6 +699,131 @@ mod tests {
         });
         for (h, v) in shared.into_inner().unwrap() {
             assert_eq!(*T.remove(h).unwrap(), v);
+            removed.fetch_add(1, Ordering::Relaxed);
+        }
+        assert_eq!(removed.into_inner() as u64, THREADS * ROUNDS);
+    }
+
+    #[test]
+    fn a_spare_slot_is_reused_by_its_holder_and_given_back() {
+        static T: Table<Arc<u32>> = Table::new(15, "spared");
+        static OTHER: Table<Arc<u32>> = Table::new(16, "other");
+        let mut spare = None;
+        let h = T.insert_spared(Arc::new(1), &mut spare);
+        assert_eq!(*T.take_spared(h, &mut spare).unwrap(), 1);
+        assert!(spare.is_some(), "the freed slot is kept");
+        assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
+        assert!(T.take_spared(h, &mut spare).is_none(), "freed already");
+        assert_eq!(code(Err::<(), _>(T.refuse(h))), CURT_ERROR_INVALID_HANDLE);
+        // Another table does not take it.
+        let o = OTHER.insert_spared(Arc::new(9), &mut spare);
+        assert!(spare.is_some());
+        assert_eq!(*OTHER.remove(o).unwrap(), 9);
+        // Its own table does, with the next generation.
+        let h2 = T.insert_spared(Arc::new(2), &mut spare);
+        assert!(spare.is_none(), "used up");
+        assert_eq!(h2 & 0xffff_ffff, h & 0xffff_ffff, "the same slot");
+        assert_ne!(h2, h);
+        assert_eq!(*T.get(h2).unwrap(), 2);
+        assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
+        // A second free while one is kept goes to the free list.
+        let h3 = T.insert(Arc::new(3));
+        assert_eq!(*T.take_spared(h2, &mut spare).unwrap(), 2);
+        assert_eq!(*T.take_spared(h3, &mut spare).unwrap(), 3);
+        spare.take().unwrap().give_back();
+        // Both slots are free again: two inserts take them, no fresh one.
+        let (a, b) = (T.insert(Arc::new(4)), T.insert(Arc::new(5)));
+        let mut slots = [a & 0xffff_ffff, b & 0xffff_ffff];
+        slots.sort();
+        let mut want = [h & 0xffff_ffff, h3 & 0xffff_ffff];
+        want.sort();
+        assert_eq!(slots, want);
+    }
+
+    #[test]
+    fn with_mut_changes_the_value_in_place_for_later_lookups() {
+        static T: Table<Vec<u32>> = Table::new(17, "mutable");
+        let h = T.insert(vec![1]);
+        assert_eq!(
+            T.with_mut(h, |v| {
+                v.push(2);
+                v.len()
+            })
+            .unwrap(),
+            2
+        );
+        assert_eq!(T.get(h).unwrap(), [1, 2]);
+        // A panic inside leaves the slot usable.
+        let r = std::panic::catch_unwind(|| T.with_mut(h, |_| panic!("inside")));
+        assert!(r.is_err());
+        assert_eq!(T.get(h).unwrap(), [1, 2]);
+        assert_eq!(T.remove(h).unwrap(), [1, 2]);
+        assert_eq!(code(T.with_mut(h, |v| v.len())), CURT_ERROR_INVALID_HANDLE);
+        assert_eq!(code(T.with_mut(0, |v| v.len())), CURT_ERROR_INVALID_HANDLE);
+    }
+
+    /// Threads insert and remove through their spare slots while others look the same
+    /// handles up, clone them and change them in place: a value is reached only through
+    /// its own handle, each changed value is seen whole, every value is removed once,
+    /// and a spare slot never serves two threads (Miri checks the accesses).
+    #[test]
+    fn concurrent_spared_inserts_in_place_changes_and_removes_stay_exact() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Mutex;
+        static T: Table<Arc<(u64, u64)>> = Table::new(18, "spared concurrent");
+        const THREADS: u64 = 3;
+        const ROUNDS: u64 = if cfg!(miri) { 200 } else { 20_000 };
+        let shared: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+        let removed = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (shared, removed) = (&shared, &removed);
+                scope.spawn(move || {
+                    let mut spare = None;
+                    for r in 0..ROUNDS {
+                        let v = t << 32 | r;
+                        let h = T.insert_spared(Arc::new((v, v)), &mut spare);
+                        if r % 2 == 0 {
+                            shared.lock().unwrap().push((h, v));
+                        } else {
+                            assert_eq!(T.take_spared(h, &mut spare).unwrap().0, v);
+                            removed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let theirs = shared.lock().unwrap().pop();
+                        if let Some((h, v)) = theirs {
+                            assert_eq!(T.take_spared(h, &mut spare).unwrap().0, v);
+                            removed.fetch_add(1, Ordering::Relaxed);
+                            assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
+                        }
+                    }
+                    if let Some(spare) = spare {
+                        spare.give_back();
+                    }
+                });
+            }
+            // Lookups and in-place changes racing the removals of whatever is shared.
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    for _ in 0..ROUNDS {
+                        let h = shared.lock().unwrap().last().copied();
+                        if let Some((h, v)) = h {
+                            if let Ok(got) = T.get(h) {
+                                assert_eq!(got.0, v, "a handle reached another value");
+                                assert_eq!(got.0, got.1, "a change seen half done");
+                            }
+                            let _ = T.with_mut(h, |x| {
+                                assert_eq!(x.0, v, "a handle reached another value");
+                                // Replaced whole (a new allocation), as a block
+                                // becomes a pointer.
+                                *x = Arc::new((x.0, x.1));
+                            });
+                        }
+                    }
+                });
+            }
+        });
+        for (h, v) in shared.into_inner().unwrap() {
+            assert_eq!(T.remove(h).unwrap().0, v);
             removed.fetch_add(1, Ordering::Relaxed);
         }
         assert_eq!(removed.into_inner() as u64, THREADS * ROUNDS);

@@ -1,6 +1,7 @@
 //! Device memory: the caching pool (on a stream's arena), plain device, managed and
 //! stream-ordered allocation, and the pool's statistics and limit.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int};
 use std::sync::Arc;
 
@@ -8,12 +9,66 @@ use cuda_rt::memory::{Memory, MemoryAsyncPool};
 use cuda_rt::prelude::*;
 use cuda_rt::{get_default_memory_pool, MemoryPointer};
 
-use super::handles::{curt_memory_t, curt_stream_t, Table};
+use super::handles::{curt_memory_t, curt_stream_t, Spare, Table};
+use super::held::HeldMemory;
 use super::status::{guard, out, Fail, Res};
 use super::stream::stream_or_current;
 
 /// The device memory C holds.
-pub(crate) static MEMORY: Table<MemoryPointer> = Table::new(3, "memory");
+pub(crate) static MEMORY: MemoryTable = MemoryTable(Table::new(3, "memory"));
+
+/// The memory handles' table. A pooled block is held bare ([`HeldMemory`]), so a
+/// `curt_malloc` + `curt_free` pair costs no memory object; a lookup turns it into a
+/// pointer (once) with the table's exclusive access ([`Table::with_mut`]).
+pub(crate) struct MemoryTable(Table<HeldMemory>);
+
+impl MemoryTable {
+    /// The memory behind `handle`, as a pointer.
+    pub(crate) fn get(&self, handle: u64) -> Res<MemoryPointer> {
+        self.0.with_mut(handle, HeldMemory::pointer)
+    }
+
+    /// Puts `p` in the table and returns its handle.
+    pub(crate) fn insert(&self, p: MemoryPointer) -> u64 {
+        self.0.insert(p.into())
+    }
+}
+
+/// This thread's spare slot of [`MEMORY`] (see [`Spare`]): a `curt_free` +
+/// `curt_malloc` pair of one thread makes no exchange on the table's free list. Given
+/// back when the thread exits.
+struct ThreadSpare(Cell<Option<Spare<HeldMemory>>>);
+
+impl Drop for ThreadSpare {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.give_back();
+        }
+    }
+}
+
+thread_local! {
+    static SPARE: ThreadSpare = const { ThreadSpare(Cell::new(None)) };
+}
+
+/// Takes this thread's spare slot out (`None` also once the thread-local is gone).
+#[inline]
+fn take_spare() -> Option<Spare<HeldMemory>> {
+    SPARE.try_with(|s| s.0.take()).ok().flatten()
+}
+
+/// Keeps `spare` as this thread's spare slot; given back when the thread-local is gone
+/// (the thread is exiting).
+#[inline]
+fn keep_spare(spare: Option<Spare<HeldMemory>>) {
+    if let Some(spare) = spare {
+        let mut spare = Some(spare);
+        let _ = SPARE.try_with(|s| s.0.set(spare.take()));
+        if let Some(spare) = spare {
+            spare.give_back();
+        }
+    }
+}
 
 /// A memory pool's statistics (`curt_pool_stats_t`).
 #[repr(C)]
@@ -89,16 +144,27 @@ pub unsafe extern "C" fn curt_malloc(
         let pool = get_default_memory_pool();
         // Nothing is made current: the pool takes the arena from the stream it is
         // given, and a new segment goes to the device's primary context (entering the
-        // device and the stream, and leaving them, were half of the pair's cost).
+        // device and the stream, and leaving them, were half of the pair's cost). A
+        // cached block comes bare (see `HeldMemory`).
         let p = if stream.is_null() {
             // The current stream of the current device: the arena `malloc` uses.
-            pool.malloc_on(cuda_rt::device::get_device_id(), size)?
+            let device = cuda_rt::device::get_device_id();
+            match pool.malloc_block_on(device, size) {
+                Some(b) => HeldMemory::Block(b),
+                None => pool.malloc_on(device, size)?.into(),
+            }
         } else {
-            pool.malloc_on_stream(&stream_or_current(stream)?, size)?
+            let s = stream_or_current(stream)?;
+            match pool.malloc_block_on_stream(&s, size) {
+                Some(b) => HeldMemory::Block(b),
+                None => pool.malloc_on_stream(&s, size)?.into(),
+            }
         };
         // Straight into the table (not through `put`, whose `Res` argument cost a
-        // copy of the pointer and a check per call).
-        *slot = MEMORY.insert(p) as curt_memory_t;
+        // copy of the pointer and a check per call), into this thread's spare slot.
+        let mut spare = take_spare();
+        *slot = MEMORY.0.insert_spared(p, &mut spare) as curt_memory_t;
+        keep_spare(spare);
         Ok(())
     })
 }
@@ -216,7 +282,13 @@ pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
         if mem.is_null() {
             return Ok(());
         }
-        drop(MEMORY.remove(mem as u64)?);
+        let mut spare = take_spare();
+        let freed = MEMORY.0.take_spared(mem as u64, &mut spare);
+        keep_spare(spare);
+        match freed {
+            Some(m) => drop(m),
+            None => return Err(MEMORY.0.refuse(mem as u64)),
+        }
         Ok(())
     })
 }
@@ -232,7 +304,7 @@ pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
 pub unsafe extern "C" fn curt_memory_ptr(mem: curt_memory_t, ptr: *mut u64) -> c_int {
     guard(|| {
         let ptr = out(ptr, "ptr")?;
-        *ptr = MEMORY.get(mem as u64)?.ptr();
+        *ptr = MEMORY.0.with_mut(mem as u64, |m| m.ptr())?;
         Ok(())
     })
 }
@@ -248,7 +320,7 @@ pub unsafe extern "C" fn curt_memory_ptr(mem: curt_memory_t, ptr: *mut u64) -> c
 pub unsafe extern "C" fn curt_memory_size(mem: curt_memory_t, size: *mut usize) -> c_int {
     guard(|| {
         let size = out(size, "size")?;
-        *size = MEMORY.get(mem as u64)?.size();
+        *size = MEMORY.0.with_mut(mem as u64, |m| m.size())?;
         Ok(())
     })
 }

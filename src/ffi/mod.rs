@@ -31,6 +31,7 @@ mod graph;
 mod graph_pools;
 mod graph_recorder;
 mod handles;
+mod held;
 mod memory;
 mod module;
 mod pinned;

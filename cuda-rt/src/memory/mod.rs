@@ -59,7 +59,7 @@ pub use pod::BytemuckPod;
 pub use pod::{Bf16, Pod, F16};
 pub use pointer::MemoryPointer;
 pub use pool::{
-    get_default_memory_pool, lock_free_cached_pairs, MemoryPool, PoolAllocator, PooledMemory,
-    LIMIT_ENV,
+    get_default_memory_pool, lock_free_cached_pairs, MemoryPool, PoolAllocator, PooledBlock,
+    PooledMemory, LIMIT_ENV,
 };
 pub use unowned::UnownedMemory;

@@ -49,6 +49,8 @@
 //! - `device_pool`: one device's pool (the arena pool with the hook dispatch) and
 //!   how pooled memory refers to it.
 //! - `pooled_memory`: [`PooledMemory`] and the recycling of emptied objects.
+//! - `pooled_block`: [`PooledBlock`], a block without a memory object (the C shim's
+//!   drop-in allocators hand out addresses and keep less).
 //! - `device_backend`: the memory a pool caches ([`PoolAllocator`]: `cuMemAlloc` by
 //!   default, managed, stream-ordered, a user function pair), and the allocation
 //!   hooks around a backend.
@@ -68,6 +70,7 @@ mod expandable_env;
 pub(crate) mod limit_env;
 mod memory_pool;
 mod out_of_memory;
+mod pooled_block;
 mod pooled_memory;
 pub(crate) mod stream_key;
 pub(crate) mod stream_uses;
@@ -77,6 +80,7 @@ pub use expandable_env::{ALLOC_CONF_ENV, EXPANDABLE_ENV};
 pub use limit_env::LIMIT_ENV;
 pub use memory_pool::{get_default_memory_pool, MemoryPool};
 pub(crate) use out_of_memory::pool_malloc_error;
+pub use pooled_block::PooledBlock;
 pub use pooled_memory::PooledMemory;
 
 /// Whether a cached malloc + free pair of one thread takes no lock at all in this

@@ -19,6 +19,7 @@ use super::device_pool::{CudaDevicePool, DevicePool, DevicePoolRef};
 use super::expandable_env::{expandable_from_env, ALLOC_CONF_ENV, EXPANDABLE_ENV};
 use super::limit_env::{device_total_memory, limit_from_env, LIMIT_ENV};
 use super::out_of_memory::malloc_error;
+use super::pooled_block::PooledBlock;
 use super::pooled_memory::PooledMemory;
 use super::stream_key::stream_key;
 
@@ -273,6 +274,41 @@ impl MemoryPool {
             return Ok(p);
         }
         self.malloc_general(device, size, key, Location::caller())
+    }
+
+    /// The cached pair's malloc of [`malloc_on_stream`](Self::malloc_on_stream) as a
+    /// [`PooledBlock`] (no memory object): the block this thread parked when it is
+    /// exactly what that malloc would hand out; `None` where that does not apply (a
+    /// pool other than the default one, memory hooks on this thread, no such parked
+    /// block), with nothing changed, for the caller to call `malloc_on_stream`. For
+    /// allocators that hand out raw addresses and free them by address.
+    #[inline]
+    pub fn malloc_block_on_stream(
+        &self,
+        stream: &dyn AsStream,
+        size: usize,
+    ) -> Option<PooledBlock> {
+        self.malloc_block(stream.device_id(), size, stream_key(stream.ptr()))
+    }
+
+    /// [`malloc_block_on_stream`](Self::malloc_block_on_stream) on the current stream of
+    /// `device` (the arena [`malloc_on`](Self::malloc_on) uses).
+    #[inline]
+    pub fn malloc_block_on(&self, device: i32, size: usize) -> Option<PooledBlock> {
+        self.malloc_block(device, size, stream_key(current_stream_handle(device)))
+    }
+
+    #[inline]
+    fn malloc_block(&self, device: i32, size: usize, key: u64) -> Option<PooledBlock> {
+        let DevicePoolRef::Static(core) = self.pools().existing(device)? else {
+            return None;
+        };
+        if hook::has_hooks() {
+            return None;
+        }
+        let slot = parked::slot(core.home_id())?;
+        let block = core.pool.malloc_reparked(size, key, slot)?;
+        Some(PooledBlock::new(core, block.into_raw()))
     }
 
     /// The cached pair's malloc (see [`Pool::malloc_reparked`]): the block this thread
