@@ -35,38 +35,68 @@ impl MemoryTable {
 }
 
 /// This thread's spare slot of [`MEMORY`] (see [`Spare`]): a `curt_free` +
-/// `curt_malloc` pair of one thread makes no exchange on the table's free list. Given
-/// back when the thread exits.
-struct ThreadSpare(Cell<Option<Spare<HeldMemory>>>);
+/// `curt_malloc` pair of one thread makes no exchange on the table's free list. No
+/// destructor, so reaching it costs nothing; [`GIVE_BACK_AT_EXIT`] (registered once
+/// `armed`) gives the slot back when the thread exits.
+struct ThreadSpare {
+    spare: Cell<Option<Spare<HeldMemory>>>,
+    armed: Cell<bool>,
+}
 
-impl Drop for ThreadSpare {
+/// Gives the thread's spare slot back when the thread exits.
+struct GiveBackAtExit;
+
+impl Drop for GiveBackAtExit {
     fn drop(&mut self) {
-        if let Some(s) = self.0.take() {
-            s.give_back();
-        }
+        let _ = SPARE.try_with(|t| {
+            t.armed.set(false);
+            if let Some(s) = t.spare.take() {
+                s.give_back();
+            }
+        });
     }
 }
 
 thread_local! {
-    static SPARE: ThreadSpare = const { ThreadSpare(Cell::new(None)) };
+    static SPARE: ThreadSpare = const {
+        ThreadSpare {
+            spare: Cell::new(None),
+            armed: Cell::new(false),
+        }
+    };
+    static GIVE_BACK_AT_EXIT: GiveBackAtExit = const { GiveBackAtExit };
 }
 
-/// Takes this thread's spare slot out (`None` also once the thread-local is gone).
+/// Takes this thread's spare slot out.
 #[inline]
 fn take_spare() -> Option<Spare<HeldMemory>> {
-    SPARE.try_with(|s| s.0.take()).ok().flatten()
+    SPARE.with(|t| t.spare.take())
 }
 
-/// Keeps `spare` as this thread's spare slot; given back when the thread-local is gone
-/// (the thread is exiting).
+/// Keeps `spare` as this thread's spare slot, registering [`GIVE_BACK_AT_EXIT`] the
+/// first time.
 #[inline]
 fn keep_spare(spare: Option<Spare<HeldMemory>>) {
     if let Some(spare) = spare {
-        let mut spare = Some(spare);
-        let _ = SPARE.try_with(|s| s.0.set(spare.take()));
-        if let Some(spare) = spare {
-            spare.give_back();
-        }
+        SPARE.with(|t| {
+            if t.armed.get() {
+                t.spare.set(Some(spare));
+            } else {
+                arm(t, spare);
+            }
+        });
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn arm(t: &ThreadSpare, spare: Spare<HeldMemory>) {
+    if GIVE_BACK_AT_EXIT.try_with(|_| ()).is_ok() {
+        t.armed.set(true);
+        t.spare.set(Some(spare));
+    } else {
+        // The thread is exiting: nothing would give it back later.
+        spare.give_back();
     }
 }
 
