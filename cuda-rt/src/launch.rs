@@ -522,14 +522,17 @@ impl Function {
         self.check_stream(stream)?;
         make_current(self.device_id())?;
         let cfg = config.to_raw(stream.as_raw(), &mut raw[..attributes.len()]);
-        // SAFETY: the function's module is alive (self holds it) and its context
-        // current; the stream is live while borrowed (`AsStream`) and belongs to the
-        // device (checked); `ptrs` holds one pointer per argument, each alive for the
-        // call, count and sizes checked where the driver can tell; `cfg.attrs` covers
-        // `numAttrs` initialised entries. That the arguments match the kernel and the
-        // memory they name is valid and race-free until the kernel completes is the
-        // caller's guarantee (see `# Safety`).
-        Ok(unsafe { dl::launch_kernel_ex(&cfg, self.as_raw(), ptrs) }?)
+        self.enqueue_launch(stream, || {
+            // SAFETY: the function's module is alive (self holds it, and a capture
+            // cuda-rt began keeps it for its graph) and its context current; the
+            // stream is live while borrowed (`AsStream`) and belongs to the device
+            // (checked); `ptrs` holds one pointer per argument, each alive for the
+            // call, count and sizes checked where the driver can tell; `cfg.attrs`
+            // covers `numAttrs` initialised entries. That the arguments match the
+            // kernel and the memory they name is valid and race-free until the kernel
+            // completes is the caller's guarantee (see `# Safety`).
+            Ok(unsafe { dl::launch_kernel_ex(&cfg, self.as_raw(), ptrs) }?)
+        })
     }
 
     /// Launches with raw parameter pointers on `stream` (which must belong to the
@@ -557,20 +560,23 @@ impl Function {
         }
         self.check_stream(stream)?;
         make_current(self.device_id())?;
-        // SAFETY: the module is alive (self holds it) and its context current; the
-        // stream is live while borrowed (`AsStream`) and belongs to the device
-        // (checked); the parameter pointers, and the memory the kernel reaches through
-        // them, are the caller's guarantee (see `# Safety`).
-        Ok(unsafe {
-            dl::launch_kernel(
-                self.as_raw(),
-                config.grid.to_array(),
-                config.block.to_array(),
-                config.shared_mem_bytes,
-                stream.as_raw(),
-                params.as_mut_ptr(),
-            )
-        }?)
+        self.enqueue_launch(stream, || {
+            // SAFETY: the module is alive (self holds it, and a capture cuda-rt began
+            // keeps it for its graph) and its context current; the stream is live
+            // while borrowed (`AsStream`) and belongs to the device (checked); the
+            // parameter pointers, and the memory the kernel reaches through them, are
+            // the caller's guarantee (see `# Safety`).
+            Ok(unsafe {
+                dl::launch_kernel(
+                    self.as_raw(),
+                    config.grid.to_array(),
+                    config.block.to_array(),
+                    config.shared_mem_bytes,
+                    stream.as_raw(),
+                    params.as_mut_ptr(),
+                )
+            }?)
+        })
     }
 
     /// # Safety
@@ -588,32 +594,35 @@ impl Function {
         self.check_stream(stream)?;
         make_current(self.device_id())?;
         let (grid, block) = (config.grid.to_array(), config.block.to_array());
-        // SAFETY: the function's module is alive (self holds it) and its context
-        // current; the stream is live while borrowed (`AsStream`) and belongs to the
-        // device (checked); `ptrs` holds one pointer per argument, each alive for the
-        // call, with count and sizes checked where the driver can tell. That the
-        // arguments match the kernel and the memory they name is valid and race-free
-        // until the kernel completes is the caller's guarantee.
-        Ok(unsafe {
-            match kind {
-                Kind::Plain => dl::launch_kernel(
-                    self.as_raw(),
-                    grid,
-                    block,
-                    config.shared_mem_bytes,
-                    stream.as_raw(),
-                    ptrs,
-                ),
-                Kind::Cooperative => dl::launch_cooperative_kernel(
-                    self.as_raw(),
-                    grid,
-                    block,
-                    config.shared_mem_bytes,
-                    stream.as_raw(),
-                    ptrs,
-                ),
-            }
-        }?)
+        self.enqueue_launch(stream, || {
+            // SAFETY: the function's module is alive (self holds it, and a capture
+            // cuda-rt began keeps it for its graph) and its context current; the
+            // stream is live while borrowed (`AsStream`) and belongs to the device
+            // (checked); `ptrs` holds one pointer per argument, each alive for the
+            // call, with count and sizes checked where the driver can tell. That the
+            // arguments match the kernel and the memory they name is valid and
+            // race-free until the kernel completes is the caller's guarantee.
+            Ok(unsafe {
+                match kind {
+                    Kind::Plain => dl::launch_kernel(
+                        self.as_raw(),
+                        grid,
+                        block,
+                        config.shared_mem_bytes,
+                        stream.as_raw(),
+                        ptrs,
+                    ),
+                    Kind::Cooperative => dl::launch_cooperative_kernel(
+                        self.as_raw(),
+                        grid,
+                        block,
+                        config.shared_mem_bytes,
+                        stream.as_raw(),
+                        ptrs,
+                    ),
+                }
+            }?)
+        })
     }
 
     #[inline]
