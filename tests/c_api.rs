@@ -772,7 +772,11 @@ fn gpu_a_captured_launch_runs_after_its_module_and_function_handles_are_destroye
         // the two handles are all that keep the module outside the graph.
         let (mut m, mut f) = (null_mut(), null_mut());
         let ptx = kernels::PTX.as_bytes();
-        ok(curt_module_load_data(ptx.as_ptr().cast(), ptx.len(), &mut m));
+        ok(curt_module_load_data(
+            ptx.as_ptr().cast(),
+            ptx.len(),
+            &mut m,
+        ));
         ok(curt_module_get_function(m, c"add_one".as_ptr(), &mut f));
         let n = 1000usize;
         let mut dx = null_mut();

@@ -60,12 +60,19 @@ gpu_test!(
         }
         let g = s.end_capture().unwrap();
         drop(f);
-        assert!(watch.is_loaded(), "the graph keeps the module of its kernels");
+        assert!(
+            watch.is_loaded(),
+            "the graph keeps the module of its kernels"
+        );
         for _ in 0..3 {
             g.launch(&s).unwrap();
         }
         s.synchronize().unwrap();
-        assert_eq!(x.to_vec().unwrap(), vec![9.0f32; N], "3 launches of 3 add_one");
+        assert_eq!(
+            x.to_vec().unwrap(),
+            vec![9.0f32; N],
+            "3 launches of 3 add_one"
+        );
         // A clone keeps it too, after the original is gone.
         let c = g.try_clone().unwrap();
         drop(g);
@@ -81,92 +88,101 @@ gpu_test!(
     }
 );
 
-gpu_test!(a_captured_raw_kernel_keeps_its_module_loaded_when_all_its_handles_go, {
-    if !nvrtc_or_skip("a_captured_raw_kernel_keeps_its_module_loaded_when_all_its_handles_go")
+gpu_test!(
+    a_captured_raw_kernel_keeps_its_module_loaded_when_all_its_handles_go,
     {
-        return;
-    }
-    let _serial = serial();
-    cuda_rt::device::set_device_id(0).unwrap();
-    const SRC: &str = r#"
+        if !nvrtc_or_skip("a_captured_raw_kernel_keeps_its_module_loaded_when_all_its_handles_go") {
+            return;
+        }
+        let _serial = serial();
+        cuda_rt::device::set_device_id(0).unwrap();
+        const SRC: &str = r#"
         extern "C" __global__ void add_bytes(unsigned char* out, unsigned char v, int n) {
             int i = blockIdx.x * blockDim.x + threadIdx.x;
             if (i < n) out[i] = (unsigned char)(out[i] + v);
         }"#;
-    // A cache of its own, so that nothing but the handles below holds the module.
-    let cache = KernelCache::new(None);
-    let module = RawModule::from_program(&Program::new(SRC), Output::Cubin, &cache).unwrap();
-    let k = RawKernel::from_module(module.clone(), "add_bytes").unwrap();
-    let watch = watch_module(k.raw_module().module());
-    let s = Stream::non_blocking().unwrap();
-    let mut out = DeviceBuffer::<u8>::zeros(N).unwrap();
-    let (n, v) = (N as i32, 3u8);
-    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    {
-        let _current = s.enter().unwrap();
-        // SAFETY (the four launches): add_bytes(unsigned char* out, unsigned char v,
-        // int n) gets out, n bytes on device 0 that outlive the graph.
-        unsafe { k.launch(&cfg(), &[&mut out, &v, &n]) }.unwrap();
-        unsafe { cuda_rt::launch!(k, &cfg(), (&mut out, v, n)) }.unwrap();
-        unsafe { k.launch_ex(&s, &cfg(), &[], &[&mut out, &v, &n]) }.unwrap();
-        let (mut p, mut vv, mut nn) = (out.device_ptr(), v, n);
-        let mut params = [
-            (&mut p as *mut u64).cast::<std::ffi::c_void>(),
-            (&mut vv as *mut u8).cast(),
-            (&mut nn as *mut i32).cast(),
-        ];
-        unsafe { k.launch_raw(&s, &cfg(), &mut params) }.unwrap();
+        // A cache of its own, so that nothing but the handles below holds the module.
+        let cache = KernelCache::new(None);
+        let module = RawModule::from_program(&Program::new(SRC), Output::Cubin, &cache).unwrap();
+        let k = RawKernel::from_module(module.clone(), "add_bytes").unwrap();
+        let watch = watch_module(k.raw_module().module());
+        let s = Stream::non_blocking().unwrap();
+        let mut out = DeviceBuffer::<u8>::zeros(N).unwrap();
+        let (n, v) = (N as i32, 3u8);
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        {
+            let _current = s.enter().unwrap();
+            // SAFETY (the four launches): add_bytes(unsigned char* out, unsigned char v,
+            // int n) gets out, n bytes on device 0 that outlive the graph.
+            unsafe { k.launch(&cfg(), &[&mut out, &v, &n]) }.unwrap();
+            unsafe { cuda_rt::launch!(k, &cfg(), (&mut out, v, n)) }.unwrap();
+            unsafe { k.launch_ex(&s, &cfg(), &[], &[&mut out, &v, &n]) }.unwrap();
+            let (mut p, mut vv, mut nn) = (out.device_ptr(), v, n);
+            let mut params = [
+                (&mut p as *mut u64).cast::<std::ffi::c_void>(),
+                (&mut vv as *mut u8).cast(),
+                (&mut nn as *mut i32).cast(),
+            ];
+            unsafe { k.launch_raw(&s, &cfg(), &mut params) }.unwrap();
+        }
+        let g = s.end_capture().unwrap();
+        drop((k, module, cache));
+        assert!(
+            watch.is_loaded(),
+            "the graph keeps the module of a RawKernel"
+        );
+        for _ in 0..5 {
+            g.launch(&s).unwrap();
+        }
+        s.synchronize().unwrap();
+        // 5 launches of 4 kernels adding 3: 60 in every byte.
+        assert_eq!(out.to_vec().unwrap(), vec![60u8; N]);
+        drop(g);
+        assert!(!watch.is_loaded(), "the module goes with the graph");
     }
-    let g = s.end_capture().unwrap();
-    drop((k, module, cache));
-    assert!(
-        watch.is_loaded(),
-        "the graph keeps the module of a RawKernel"
-    );
-    for _ in 0..5 {
-        g.launch(&s).unwrap();
-    }
-    s.synchronize().unwrap();
-    // 5 launches of 4 kernels adding 3: 60 in every byte.
-    assert_eq!(out.to_vec().unwrap(), vec![60u8; N]);
-    drop(g);
-    assert!(!watch.is_loaded(), "the module goes with the graph");
-});
+);
 
-gpu_test!(a_recording_keeps_its_kernels_module_until_the_recorder_goes, {
-    let _serial = serial();
-    let (f, watch) = add_one_alone();
-    let s = Stream::non_blocking().unwrap();
-    let mut x = DeviceBuffer::<f32>::zeros(N).unwrap();
-    let n = N as i32;
-    let mut rec: Recorder<u32> = Recorder::new();
-    let recorded = rec
-        .run(&1, &s, |cs| {
-            // SAFETY: add_one(float* x, int n) gets x, n floats on device 0 that
-            // outlive the recorder.
-            unsafe { cuda_rt::launch!(f, &cfg(), cs, (&mut x, n)) }?;
-            // SAFETY: as above.
-            unsafe { f.launch_on(cs, &cfg(), &[&mut x, &n]) }
-        })
-        .unwrap();
-    assert_eq!(recorded, Outcome::Recorded);
-    drop(f);
-    assert!(watch.is_loaded(), "the recording keeps the module");
-    for _ in 0..3 {
-        let replayed = rec
-            .run(&1, &s, |_| unreachable!("a replay runs no closure"))
+gpu_test!(
+    a_recording_keeps_its_kernels_module_until_the_recorder_goes,
+    {
+        let _serial = serial();
+        let (f, watch) = add_one_alone();
+        let s = Stream::non_blocking().unwrap();
+        let mut x = DeviceBuffer::<f32>::zeros(N).unwrap();
+        let n = N as i32;
+        let mut rec: Recorder<u32> = Recorder::new();
+        let recorded = rec
+            .run(&1, &s, |cs| {
+                // SAFETY: add_one(float* x, int n) gets x, n floats on device 0 that
+                // outlive the recorder.
+                unsafe { cuda_rt::launch!(f, &cfg(), cs, (&mut x, n)) }?;
+                // SAFETY: as above.
+                unsafe { f.launch_on(cs, &cfg(), &[&mut x, &n]) }
+            })
             .unwrap();
-        assert_eq!(replayed, Outcome::Replayed);
+        assert_eq!(recorded, Outcome::Recorded);
+        drop(f);
+        assert!(watch.is_loaded(), "the recording keeps the module");
+        for _ in 0..3 {
+            let replayed = rec
+                .run(&1, &s, |_| unreachable!("a replay runs no closure"))
+                .unwrap();
+            assert_eq!(replayed, Outcome::Replayed);
+        }
+        s.synchronize().unwrap();
+        assert_eq!(
+            x.to_vec().unwrap(),
+            vec![8.0f32; N],
+            "4 launches of 2 add_one"
+        );
+        assert!(watch.is_loaded());
+        drop(rec);
+        assert!(
+            !watch.is_loaded(),
+            "the module goes once the recorder's launches are done"
+        );
     }
-    s.synchronize().unwrap();
-    assert_eq!(x.to_vec().unwrap(), vec![8.0f32; N], "4 launches of 2 add_one");
-    assert!(watch.is_loaded());
-    drop(rec);
-    assert!(
-        !watch.is_loaded(),
-        "the module goes once the recorder's launches are done"
-    );
-});
+);
 
 gpu_test!(
     an_updated_recording_lets_the_old_module_go_after_its_launches_and_keeps_the_new,
@@ -194,10 +210,7 @@ gpu_test!(
         // Either way (the executable took the other module's kernel, or a new one was
         // instantiated), the recording runs the new kernel from now on.
         assert!(
-            matches!(
-                updated,
-                Outcome::Updated | Outcome::Reinstantiated { .. }
-            ),
+            matches!(updated, Outcome::Updated | Outcome::Reinstantiated { .. }),
             "{updated:?}"
         );
         drop(new);
