@@ -633,16 +633,20 @@ where
     T: Any + Send + Sync,
 {
     let mut c = captures();
-    // Not capturing: the kernel runs once, now, as any launch. Invalidated: the
-    // capture makes no graph. The driver cannot say: there is no capture id to find a
-    // record by.
-    let Ok((CaptureStatus::Active { id }, _)) = info(s) else {
-        return;
+    let device = s.device_id();
+    let id = match info(s) {
+        Ok((CaptureStatus::Active { id }, _)) => Some(id),
+        // Not capturing: the kernel runs once, now, as any launch. Invalidated: the
+        // capture makes no graph.
+        Ok(_) => return,
+        // The driver cannot say which capture, if any, took the launch: every capture
+        // of the device keeps the module (kept longer than needed, never too short).
+        Err(_) => None,
     };
-    if let Some(e) = c
+    for e in c
         .entries
         .iter_mut()
-        .find(|e| e.id == id && e.device == s.device_id())
+        .filter(|e| e.device == device && (id.is_none() || id == Some(e.id)))
     {
         // The module's address is unique while the entry keeps it.
         e.keep_once(Arc::as_ptr(module).cast::<()>() as usize, || {
