@@ -378,7 +378,12 @@ int curt_function_destroy(curt_function_t function);
  * dynamic shared memory. The caller guarantees: `args` holds `n_args` pointers (one
  * per kernel parameter; the count is checked where the driver tells it), args[i]
  * points to a value of the i-th parameter's type, and every address the kernel uses
- * stays allocated until it has run (a kernel can do anything device memory allows). */
+ * stays allocated until it has run (a kernel can do anything device memory allows).
+ * Launched into a capture begun with curt_stream_begin_capture (or a graph recorder),
+ * the graph keeps the function's module loaded: its handles may be destroyed once the
+ * capture ends. In a capture begun with the raw driver (cuStreamBeginCapture), the
+ * module must stay loaded (a module or function handle kept) until the graph's last
+ * launch has run. */
 int curt_launch(curt_function_t function, curt_dim3 grid, curt_dim3 block,
                 unsigned int shared_mem, curt_stream_t stream, void **args, size_t n_args);
 

@@ -81,3 +81,7 @@ CUresult cuModuleLoadData(void **m, const void *img) { *m = &mod_dummy; return 0
 CUresult cuModuleUnload(void *m) { return 0; }
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) { *f = &fn_dummy; return 0; }
 CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, void *o, void **v) { *m = &mod_dummy; return 0; }
+// Launches, for `hot_paths launch|launch_raw`: every kernel takes one 4-byte parameter
+// (cuFuncGetParamInfo says CUDA_ERROR_INVALID_VALUE past it, as the real driver does).
+CUresult cuFuncGetParamInfo(void *f, size_t i, size_t *off, size_t *size) { if (i >= 1) return 1; *off = 0; *size = 4; return 0; }
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, void *s, void **params, void **extra) { return 0; }

@@ -10,6 +10,9 @@ use std::ptr::{null, null_mut};
 
 use cuda_rt_c::*;
 
+#[path = "../cuda-rt/tests/common/kernels.rs"]
+mod kernels;
+
 fn last_error() -> String {
     // SAFETY: curt_last_error returns a valid NUL-terminated thread-local string.
     unsafe { CStr::from_ptr(curt_last_error()) }
@@ -748,6 +751,67 @@ fn gpu_saxpy_compiled_by_nvrtc_launched_and_replayed_from_a_graph() {
         ok(curt_module_destroy(m));
         ok(curt_free(dx));
         ok(curt_free(dy));
+        ok(curt_stream_destroy(s));
+    }
+}
+
+#[test]
+fn gpu_a_captured_launch_runs_after_its_module_and_function_handles_are_destroyed() {
+    let _serial = serial();
+    // SAFETY: every pointer passed to the shim here is a live local, buffer or string of
+    // the type and size wrapper.h names, alive for the call (and, for device memory a
+    // kernel uses, until the stream is synchronised below).
+    unsafe {
+        if !gpu_or_skip(
+            "gpu_a_captured_launch_runs_after_its_module_and_function_handles_are_destroyed",
+        ) {
+            return;
+        }
+        ok(curt_set_device(0));
+        // Loaded from an image (not through the kernel cache, which would hold it too):
+        // the two handles are all that keep the module outside the graph.
+        let (mut m, mut f) = (null_mut(), null_mut());
+        let ptx = kernels::PTX.as_bytes();
+        ok(curt_module_load_data(
+            ptx.as_ptr().cast(),
+            ptx.len(),
+            &mut m,
+        ));
+        ok(curt_module_get_function(m, c"add_one".as_ptr(), &mut f));
+        let n = 1000usize;
+        let mut dx = null_mut();
+        ok(curt_malloc(n * 4, null_mut(), &mut dx));
+        ok(curt_memset(dx, 0, 0, n * 4));
+        let mut px = 0u64;
+        ok(curt_memory_ptr(dx, &mut px));
+        let mut count = n as i32;
+        // add_one(float* x, int n)
+        let mut args: [*mut c_void; 2] = [
+            (&mut px as *mut u64).cast(),
+            (&mut count as *mut i32).cast(),
+        ];
+        let grid = curt_dim3 {
+            x: n.div_ceil(256) as u32,
+            y: 1,
+            z: 1,
+        };
+        let block = curt_dim3 { x: 256, y: 1, z: 1 };
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        ok(curt_stream_begin_capture(s, CURT_CAPTURE_MODE_THREAD_LOCAL));
+        ok(curt_launch(f, grid, block, 0, s, args.as_mut_ptr(), 2));
+        ok(curt_launch(f, grid, block, 0, s, args.as_mut_ptr(), 2));
+        let mut g = null_mut();
+        ok(curt_stream_end_capture(s, &mut g));
+        ok(curt_function_destroy(f));
+        ok(curt_module_destroy(m));
+        for _ in 0..3 {
+            ok(curt_graph_launch(g, s));
+        }
+        ok(curt_stream_synchronize(s));
+        assert_eq!(to_host(dx, n), vec![6.0f32; n], "3 launches of 2 add_one");
+        ok(curt_graph_destroy(g));
+        ok(curt_free(dx));
         ok(curt_stream_destroy(s));
     }
 }

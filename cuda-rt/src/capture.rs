@@ -25,6 +25,11 @@
 //!   launcher's promise;
 //! - its own allocations (memory nodes, see [`crate::memory::graph_memory`]).
 //!
+//! Kernels and captures. A capture's graph keeps loaded the module of every kernel
+//! that cuda-rt's launches queued on a stream of the capture ([`launch_keeping`]),
+//! whoever drops the last handle to the module: a graph node runs the module's code
+//! at every launch of the graph.
+//!
 //! Any other memory whose last pointer drops while some capture is under way is freed
 //! as usual: at once, or, while a capture in [`CaptureMode::Global`] is under way
 //! (where CUDA refuses the driver calls a free may make on every thread), as soon as
@@ -104,10 +109,11 @@ struct Entry {
     /// The thread that began it.
     thread: ThreadId,
     /// Objects the graph refers to, kept for it: closures, memory its operations use,
-    /// memory dropped on a thread in the capture.
+    /// memory dropped on a thread in the capture, the modules of its kernels.
     keep: Vec<Arc<dyn Any + Send + Sync>>,
-    /// The addresses of the memory objects in `keep` through [`note_use`] (each kept
-    /// once).
+    /// The addresses of the objects in `keep` through [`note_use`] and
+    /// [`launch_keeping`] (memory objects and modules, each kept once): distinct, since
+    /// `keep` keeps each alive.
     used: HashSet<usize>,
     /// Allocations made during the capture (memory nodes).
     allocs: Vec<Arc<AllocState>>,
@@ -127,6 +133,14 @@ impl Entry {
         self.stream == handle
             && self.device == device
             && (handle != PER_THREAD_DEFAULT_HANDLE || self.thread == std::thread::current().id())
+    }
+
+    /// Keeps the object at `identity` for the graph, once: `keep` makes the handle
+    /// only the first time.
+    fn keep_once(&mut self, identity: usize, keep: impl FnOnce() -> Arc<dyn Any + Send + Sync>) {
+        if self.used.insert(identity) {
+            self.keep.push(keep());
+        }
     }
 
     /// Whether `ptr` is in one of the capture's own allocations.
@@ -555,14 +569,90 @@ fn note_use_slow<S: AsStream + ?Sized, M: Keepable>(s: &S, mems: &[&M]) -> bool 
             continue;
         }
         // The address of a kept object is unique while the entry keeps it.
-        if e.used.insert(m.identity()) {
-            e.keep.push(m.keep());
-        }
+        e.keep_once(m.identity(), || m.keep());
         if !e.began_on(s.as_raw() as usize, s.device_id()) {
             e.forked_uses = true;
         }
     }
     true
+}
+
+/// Runs `launch`, which queues a kernel on `s` whose code `module` keeps loaded, and,
+/// when a capture cuda-rt began takes the launch, keeps `module` for that capture's
+/// graph (once per capture): the graph's kernel node runs the module's code at every
+/// launch of the graph, its clones and executables, whoever drops the module's last
+/// handle meanwhile. Returns what `launch` returned; an error from it queued nothing.
+/// A capture begun outside cuda-rt (a raw `cuStreamBeginCapture`) is unknown here:
+/// nothing is kept for it (the launch's `# Safety` says so).
+///
+/// While no capture is active this costs the launch a shared lock of [`TRANSITION`]
+/// (one atomic read-modify-write to take it and one to release it, uncontended
+/// unless a capture begins or ends) and one relaxed load: no allocation, no driver
+/// call. The lock is what makes the note certain, as for [`enqueue_using`]; a check
+/// after the launch without it is not enough:
+/// - a capture begun by another thread between the launch and the check: the launch
+///   landed in it, but [`begin`] raises [`ACTIVE`] only after the driver began the
+///   capture, so the check may still read 0 (and moving the raise before the driver's
+///   begin does not help with the next case);
+/// - a capture ended between the launch and the note: its record, and the keep-alive
+///   list that becomes the graph's, are gone by the time the launch could note
+///   anything, and the graph runs the kernel without its module.
+///
+/// Under the shared lock neither [`begin`] nor [`end`] (which hold it exclusively
+/// around the driver's begin and end and the record's update) can fall between the
+/// launch and the check, so a launch is either captured and noted, or not captured.
+/// A launch that lands in a capture through a stream forked into it (one that waited
+/// on an event recorded on a capturing stream) finds [`ACTIVE`] raised as well: the
+/// capture began, and raised it, before that event was recorded. Only the driver's
+/// launch and the note run under the lock, and it is never taken twice on one thread
+/// (std's lock would deadlock on a nested read while a writer waits).
+#[inline]
+pub(crate) fn launch_keeping<S, T, R>(
+    s: &S,
+    module: &Arc<T>,
+    launch: impl FnOnce() -> Result<R>,
+) -> Result<R>
+where
+    S: AsStream + ?Sized,
+    T: Any + Send + Sync,
+{
+    let _steady = TRANSITION.read().unwrap_or_else(|e| e.into_inner());
+    let r = launch()?;
+    if any_capture_active() {
+        keep_module_slow(s, module);
+    }
+    Ok(r)
+}
+
+/// [`launch_keeping`]'s note while some capture is active: keeps `module` for the
+/// capture `s` is in, if cuda-rt began it.
+#[cold]
+fn keep_module_slow<S, T>(s: &S, module: &Arc<T>)
+where
+    S: AsStream + ?Sized,
+    T: Any + Send + Sync,
+{
+    let mut c = captures();
+    let device = s.device_id();
+    let id = match info(s) {
+        Ok((CaptureStatus::Active { id }, _)) => Some(id),
+        // Not capturing: the kernel runs once, now, as any launch. Invalidated: the
+        // capture makes no graph.
+        Ok(_) => return,
+        // The driver cannot say which capture, if any, took the launch: every capture
+        // of the device keeps the module (kept longer than needed, never too short).
+        Err(_) => None,
+    };
+    for e in c
+        .entries
+        .iter_mut()
+        .filter(|e| e.device == device && (id.is_none() || id == Some(e.id)))
+    {
+        // The module's address is unique while the entry keeps it.
+        e.keep_once(Arc::as_ptr(module).cast::<()>() as usize, || {
+            Arc::clone(module) as Arc<dyn Any + Send + Sync>
+        });
+    }
 }
 
 /// Adds `obj` to the keep-alive list of the capture `s` belongs to; `false` when `s`
@@ -826,6 +916,63 @@ mod tests {
         if crate::device::availability().is_err() {
             assert!(!any_capture_active());
         }
+    }
+
+    fn entry() -> Entry {
+        Entry {
+            stream: 0x1000,
+            device: 0,
+            id: 7,
+            mode: CaptureMode::ThreadLocal,
+            thread: std::thread::current().id(),
+            keep: Vec::new(),
+            used: HashSet::new(),
+            allocs: Vec::new(),
+            side_frees: Vec::new(),
+            forked_uses: false,
+        }
+    }
+
+    #[test]
+    fn a_capture_keeps_each_object_once_however_often_it_is_used() {
+        let mut e = entry();
+        let module = Arc::new(42u32);
+        let other = Arc::new(43u32);
+        let id = |a: &Arc<u32>| Arc::as_ptr(a) as usize;
+        for _ in 0..3 {
+            e.keep_once(id(&module), || module.clone());
+        }
+        e.keep_once(id(&other), || other.clone());
+        // A second launch of the same module makes no handle at all.
+        e.keep_once(id(&module), || unreachable!("kept already"));
+        assert_eq!(e.keep.len(), 2);
+        assert_eq!(Arc::strong_count(&module), 2);
+        assert_eq!(Arc::strong_count(&other), 2);
+        // The graph that takes the list holds the only other handle: when it goes,
+        // the object goes with the caller's last handle.
+        drop(e);
+        assert_eq!(Arc::strong_count(&module), 1);
+    }
+
+    #[test]
+    fn a_launch_outside_any_capture_runs_once_and_keeps_nothing() {
+        let module = Arc::new(String::from("module"));
+        let s = StreamRef::legacy_default(0);
+        let mut runs = 0;
+        let r = launch_keeping(&s, &module, || {
+            runs += 1;
+            Ok(5)
+        });
+        assert_eq!(r.unwrap(), 5);
+        assert_eq!(runs, 1);
+        assert_eq!(Arc::strong_count(&module), 1);
+        // A failed launch queued nothing: its error comes back as it is.
+        let e = launch_keeping(&s, &module, || -> Result<()> {
+            Err(Error::invalid_state(StateKind::Other, "refused"))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("refused"), "{e}");
+        assert_eq!(Arc::strong_count(&module), 1);
     }
 
     #[test]

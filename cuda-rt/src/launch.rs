@@ -45,6 +45,12 @@
 //! accesses, on the launch's device, until the kernel completes; and no other work or
 //! host code races with the kernel on that memory.
 //!
+//! A captured kernel's code is not among those promises: a launch into a capture
+//! begun through cuda-rt keeps the kernel's module loaded for the graph (see
+//! [`crate::graph`]), so the [`Function`] and every other handle to the module may be
+//! dropped once the capture has ended. Only a capture begun outside cuda-rt (a raw
+//! `cuStreamBeginCapture`) leaves that to the caller, as the `# Safety` sections say.
+//!
 //! # What is still checked
 //!
 //! When the driver can tell a kernel's parameters (`cuFuncGetParamInfo`, CUDA 12.4+), a
@@ -450,6 +456,14 @@ impl Function {
     ///   after the kernel on the same stream, before the memory is freed or reused).
     ///   On a stream that is capturing a graph, the kernel runs at every launch of the
     ///   graph: the memory must stay valid until the graph's last launch completes.
+    /// - In a capture begun outside cuda-rt (a raw `cuStreamBeginCapture`, by the
+    ///   caller or another library, on the stream or one it forked into), the
+    ///   function's module stays loaded until that graph's last launch completes (a
+    ///   [`Module`](crate::Module), [`Function`] or [`RawKernel`](crate::RawKernel) of
+    ///   it is kept alive that long): cuda-rt does not know that graph. In a capture
+    ///   begun through cuda-rt ([`StreamCaptureExt`](crate::StreamCaptureExt),
+    ///   [`Recorder`](crate::Recorder), `curt_stream_begin_capture`) the graph keeps
+    ///   the module loaded itself, and every handle to it may be dropped.
     /// - No data race: until the kernel completes, memory it writes is neither read nor
     ///   written, and memory it reads is not written, by the host or by device work not
     ///   ordered with this launch (other streams without an event between them).
@@ -471,7 +485,9 @@ impl Function {
     /// As for [`Function::launch`]: the arguments match the kernel's parameters in
     /// number, order and type; every pointer the kernel follows is valid for all its
     /// accesses, on the function's device, until the kernel completes on `stream`; no
-    /// host access or unordered device work races with the kernel on that memory.
+    /// host access or unordered device work races with the kernel on that memory; in a
+    /// capture begun outside cuda-rt, the module stays loaded until the graph's last
+    /// launch completes.
     #[inline]
     pub unsafe fn launch_on(
         &self,
@@ -493,7 +509,8 @@ impl Function {
     /// accesses, on the function's device, until the kernel completes on `stream`; no
     /// host access or unordered device work races with the kernel on that memory
     /// (with clusters or a cooperative launch, the kernel's own cross-block accesses
-    /// must be free of races too).
+    /// must be free of races too); in a capture begun outside cuda-rt, the module stays
+    /// loaded until the graph's last launch completes.
     pub unsafe fn launch_ex(
         &self,
         stream: &impl AsStream,
@@ -522,14 +539,17 @@ impl Function {
         self.check_stream(stream)?;
         make_current(self.device_id())?;
         let cfg = config.to_raw(stream.as_raw(), &mut raw[..attributes.len()]);
-        // SAFETY: the function's module is alive (self holds it) and its context
-        // current; the stream is live while borrowed (`AsStream`) and belongs to the
-        // device (checked); `ptrs` holds one pointer per argument, each alive for the
-        // call, count and sizes checked where the driver can tell; `cfg.attrs` covers
-        // `numAttrs` initialised entries. That the arguments match the kernel and the
-        // memory they name is valid and race-free until the kernel completes is the
-        // caller's guarantee (see `# Safety`).
-        Ok(unsafe { dl::launch_kernel_ex(&cfg, self.as_raw(), ptrs) }?)
+        self.enqueue_launch(stream, || {
+            // SAFETY: the function's module is alive (self holds it, and a capture
+            // cuda-rt began keeps it for its graph) and its context current; the
+            // stream is live while borrowed (`AsStream`) and belongs to the device
+            // (checked); `ptrs` holds one pointer per argument, each alive for the
+            // call, count and sizes checked where the driver can tell; `cfg.attrs`
+            // covers `numAttrs` initialised entries. That the arguments match the
+            // kernel and the memory they name is valid and race-free until the kernel
+            // completes is the caller's guarantee (see `# Safety`).
+            Ok(unsafe { dl::launch_kernel_ex(&cfg, self.as_raw(), ptrs) }?)
+        })
     }
 
     /// Launches with raw parameter pointers on `stream` (which must belong to the
@@ -539,7 +559,8 @@ impl Function {
     /// [`MAX_KERNEL_ARGS`]).
     ///
     /// # Safety
-    /// As for [`Function::launch`], and: `params` holds one pointer per kernel
+    /// As for [`Function::launch`] (also for the module in a capture begun outside
+    /// cuda-rt), and: `params` holds one pointer per kernel
     /// parameter, `params[i]` pointing to a readable value of the kernel's i-th
     /// parameter type (its size and layout), alive for the call (the driver copies the
     /// values before returning).
@@ -557,20 +578,23 @@ impl Function {
         }
         self.check_stream(stream)?;
         make_current(self.device_id())?;
-        // SAFETY: the module is alive (self holds it) and its context current; the
-        // stream is live while borrowed (`AsStream`) and belongs to the device
-        // (checked); the parameter pointers, and the memory the kernel reaches through
-        // them, are the caller's guarantee (see `# Safety`).
-        Ok(unsafe {
-            dl::launch_kernel(
-                self.as_raw(),
-                config.grid.to_array(),
-                config.block.to_array(),
-                config.shared_mem_bytes,
-                stream.as_raw(),
-                params.as_mut_ptr(),
-            )
-        }?)
+        self.enqueue_launch(stream, || {
+            // SAFETY: the module is alive (self holds it, and a capture cuda-rt began
+            // keeps it for its graph) and its context current; the stream is live
+            // while borrowed (`AsStream`) and belongs to the device (checked); the
+            // parameter pointers, and the memory the kernel reaches through them, are
+            // the caller's guarantee (see `# Safety`).
+            Ok(unsafe {
+                dl::launch_kernel(
+                    self.as_raw(),
+                    config.grid.to_array(),
+                    config.block.to_array(),
+                    config.shared_mem_bytes,
+                    stream.as_raw(),
+                    params.as_mut_ptr(),
+                )
+            }?)
+        })
     }
 
     /// # Safety
@@ -588,32 +612,35 @@ impl Function {
         self.check_stream(stream)?;
         make_current(self.device_id())?;
         let (grid, block) = (config.grid.to_array(), config.block.to_array());
-        // SAFETY: the function's module is alive (self holds it) and its context
-        // current; the stream is live while borrowed (`AsStream`) and belongs to the
-        // device (checked); `ptrs` holds one pointer per argument, each alive for the
-        // call, with count and sizes checked where the driver can tell. That the
-        // arguments match the kernel and the memory they name is valid and race-free
-        // until the kernel completes is the caller's guarantee.
-        Ok(unsafe {
-            match kind {
-                Kind::Plain => dl::launch_kernel(
-                    self.as_raw(),
-                    grid,
-                    block,
-                    config.shared_mem_bytes,
-                    stream.as_raw(),
-                    ptrs,
-                ),
-                Kind::Cooperative => dl::launch_cooperative_kernel(
-                    self.as_raw(),
-                    grid,
-                    block,
-                    config.shared_mem_bytes,
-                    stream.as_raw(),
-                    ptrs,
-                ),
-            }
-        }?)
+        self.enqueue_launch(stream, || {
+            // SAFETY: the function's module is alive (self holds it, and a capture
+            // cuda-rt began keeps it for its graph) and its context current; the
+            // stream is live while borrowed (`AsStream`) and belongs to the device
+            // (checked); `ptrs` holds one pointer per argument, each alive for the
+            // call, with count and sizes checked where the driver can tell. That the
+            // arguments match the kernel and the memory they name is valid and
+            // race-free until the kernel completes is the caller's guarantee.
+            Ok(unsafe {
+                match kind {
+                    Kind::Plain => dl::launch_kernel(
+                        self.as_raw(),
+                        grid,
+                        block,
+                        config.shared_mem_bytes,
+                        stream.as_raw(),
+                        ptrs,
+                    ),
+                    Kind::Cooperative => dl::launch_cooperative_kernel(
+                        self.as_raw(),
+                        grid,
+                        block,
+                        config.shared_mem_bytes,
+                        stream.as_raw(),
+                        ptrs,
+                    ),
+                }
+            }?)
+        })
     }
 
     #[inline]
@@ -729,8 +756,10 @@ impl ParamArray {
 /// As for [`Function::launch`]: the arguments match the kernel's parameters in number,
 /// order and type; every pointer the kernel follows is valid for all its accesses, on
 /// the function's device, until the kernel completes; no host access or unordered
-/// device work races with the kernel on that memory. The argument count and sizes are
-/// checked only when the driver can report them (CUDA 12.4+).
+/// device work races with the kernel on that memory; in a capture begun outside
+/// cuda-rt, the module stays loaded until the graph's last launch completes. The
+/// argument count and sizes are checked only when the driver can report them (CUDA
+/// 12.4+).
 #[macro_export]
 macro_rules! launch {
     ($f:expr, $cfg:expr, ( $($arg:expr),* $(,)? )) => {

@@ -72,14 +72,18 @@ impl Drop for ModuleInner {
         // Unloading needs the module's context; errors at exit leave nothing to do.
         if make_current(self.device).is_ok() {
             // SAFETY: the module is owned by this value, unloaded once, here, when the
-            // last `Module`, `Function` and graph node keeping it are gone.
+            // last `Module`, `Function`, graph kernel node and graph of a capture that
+            // launched one of its kernels are gone.
             let _ = unsafe { result::module::unload(self.handle as sys::CUmodule) };
         }
     }
 }
 
 /// A loaded module, unloaded when the last clone and the last [`Function`] taken from
-/// it are dropped. Cheap to clone.
+/// it are dropped, and the last [`Graph`](crate::Graph) that runs one of its kernels
+/// is gone: a graph keeps the module of each kernel node, and of each kernel launched
+/// into a capture begun through cuda-rt (also the executables of a
+/// [`Recorder`](crate::Recorder)). Cheap to clone.
 #[derive(Clone)]
 pub struct Module {
     inner: Arc<ModuleInner>,
@@ -309,6 +313,18 @@ impl Function {
         self.inner.device
     }
 
+    /// Runs `launch`, which queues this kernel on `stream`, so that a capture begun
+    /// through cuda-rt that takes the launch keeps the module loaded for its graph
+    /// (see [`crate::capture::launch_keeping`]).
+    #[inline(always)]
+    pub(crate) fn enqueue_launch<S: crate::stream::AsStream + ?Sized, R>(
+        &self,
+        stream: &S,
+        launch: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        crate::capture::launch_keeping(stream, &self.inner.module, launch)
+    }
+
     /// The module the function belongs to.
     pub fn module(&self) -> Module {
         Module {
@@ -519,6 +535,36 @@ fn params_unknown(kernel: &str, driver_version: Option<i32>, entry_point: bool) 
                  {NEEDED}): launches of kernel {kernel} {UNCHECKED}"
             ),
         )
+    }
+}
+
+/// Whether a module is still loaded, without keeping it loaded: for tests that check
+/// when a module goes (feature `test-util`; made by
+/// [`testing::watch_module`](crate::testing::watch_module)).
+#[cfg(any(test, feature = "test-util"))]
+#[derive(Clone)]
+pub struct ModuleWatch(std::sync::Weak<ModuleInner>);
+
+#[cfg(any(test, feature = "test-util"))]
+impl ModuleWatch {
+    /// A watch on `module`.
+    pub(crate) fn new(module: &Module) -> ModuleWatch {
+        ModuleWatch(Arc::downgrade(&module.inner))
+    }
+
+    /// Whether the module is loaded: something (a [`Module`], a [`Function`], a graph)
+    /// still holds it. `false` once it was unloaded (`cuModuleUnload`).
+    pub fn is_loaded(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
+#[cfg(any(test, feature = "test-util"))]
+impl fmt::Debug for ModuleWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModuleWatch")
+            .field("loaded", &self.is_loaded())
+            .finish()
     }
 }
 

@@ -369,3 +369,22 @@ pub fn set_staging_plan(chunk: usize, buffers: usize, ramp: usize) -> crate::Res
         ramp,
     })
 }
+
+pub use crate::module::ModuleWatch;
+
+/// A watch on `module`: tells whether it is still loaded without keeping it loaded,
+/// for tests that check what keeps a module (a graph of a capture that launched one
+/// of its kernels) and that it goes afterwards.
+///
+/// ```no_run
+/// # fn main() -> cuda_rt::Result<()> {
+/// let module = cuda_rt::Module::load_file("kernels.cubin")?;
+/// let watch = cuda_rt::testing::watch_module(&module);
+/// assert!(watch.is_loaded());
+/// drop(module);
+/// assert!(!watch.is_loaded());
+/// # Ok(()) }
+/// ```
+pub fn watch_module(module: &crate::Module) -> ModuleWatch {
+    ModuleWatch::new(module)
+}

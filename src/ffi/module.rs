@@ -189,8 +189,10 @@ pub unsafe extern "C" fn curt_launch(
             unsafe { std::slice::from_raw_parts_mut(args, n_args) }
         };
         // SAFETY: wrapper.h's contract for curt_launch: `args[i]` points to a value of
-        // the kernel's i-th parameter type, and the device memory the kernel reaches
-        // stays allocated until the kernel has run.
+        // the kernel's i-th parameter type, the device memory the kernel reaches stays
+        // allocated until the kernel has run, and in a capture begun with the raw
+        // driver the module stays loaded until the graph's last launch (a capture
+        // begun through cuda-rt keeps it itself).
         Ok(unsafe { f.launch_raw(&s, &config, params) }?)
     })
 }

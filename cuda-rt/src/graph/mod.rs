@@ -49,6 +49,16 @@
 //! otherwise outlive the graph: hand it to [`Graph::keep_alive`]. A graph waits for its
 //! launches to finish before releasing what it keeps alive.
 //!
+//! # Kernels
+//! A kernel launched through cuda-rt ([`Function`](crate::Function)'s launch methods,
+//! [`launch!`](crate::launch!), a [`RawKernel`](crate::RawKernel), the C ABI's
+//! `curt_launch`) on a stream of a capture begun through cuda-rt keeps its module
+//! loaded for that capture's graph, its clones and executables (and a
+//! [`Recorder`]'s recordings): the [`Module`](crate::Module), `Function` and
+//! `RawKernel` handles may all be dropped once the capture has ended. In a capture
+//! begun outside cuda-rt (a raw `cuStreamBeginCapture`), nothing can be kept: there
+//! the module must outlive the graph's last launch (the launch's `# Safety` says so).
+//!
 //! # Recording without the effort
 //! A step of many small kernels spends most of its time on the host, a few
 //! microseconds per launch; one graph launch costs about as much as one kernel launch.
@@ -196,7 +206,8 @@ pub struct Graph {
     exec: Cell<Option<usize>>,
     flags: InstantiateFlags,
     /// What the graph's nodes refer to and must outlive: memory, events, closures,
-    /// kernel modules. Only ever added to while the graph lives.
+    /// kernel modules (of kernel nodes and of captured launches). Only ever added to
+    /// while the graph lives.
     keep: RefCell<Vec<Arc<dyn Any + Send + Sync>>>,
     /// Allocations of the capture that outlived it: the graph owns their blocks.
     allocs: Vec<Arc<AllocState>>,

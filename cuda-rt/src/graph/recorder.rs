@@ -193,11 +193,16 @@ fn refuse_capturing<S: AsStream + ?Sized>(stream: &S) -> Result<()> {
 /// Kernel launches are `unsafe`: a launch during a capture promises that every address
 /// the kernel reaches stays valid until the graph's last launch completes, and the
 /// recorder launches its graphs until the key is evicted, removed or the recorder
-/// dropped. Keep the buffers (and the kernels' modules) alive longer than the
-/// recorder, or tie them to the recording with
+/// dropped. Keep the buffers alive longer than the recorder, or tie them to the
+/// recording with
 /// [`keep_alive_in_capture`](super::StreamCaptureExt::keep_alive_in_capture) inside
-/// the closure. What a recording keeps alive is let go once the launches that may use
-/// it are done, also after an update or an eviction.
+/// the closure. The kernels themselves need nothing of the kind: a kernel the closure
+/// launches through cuda-rt ([`Function`](crate::Function)'s launch methods,
+/// [`launch!`](crate::launch!), a [`RawKernel`](crate::RawKernel)) keeps its module
+/// loaded for the recording, so the [`Module`](crate::Module), `Function` or
+/// `RawKernel` may be dropped once the closure has run. What a recording keeps alive
+/// is let go once the launches that may use it are done, also after an update or an
+/// eviction.
 ///
 /// # Example
 /// ```no_run
@@ -392,8 +397,10 @@ impl<K: Hash + Eq> Recorder<K> {
             // one, or the one before when it failed) follows every launch with the old
             // parameters.
             Replaced::Parameters(kept, old_graph) => {
-                self.retired.retire(kept, device, rec.last.as_ref());
+                // The old graph first: its kernel nodes name the code of the modules
+                // it kept.
                 drop(old_graph);
+                self.retired.retire(kept, device, rec.last.as_ref());
             }
             Replaced::Recording(old) => retire(old, &mut self.retired),
         }
@@ -564,7 +571,10 @@ fn instantiate(mut g: Graph, retired: &mut Retired, stats: &mut RecorderStats) -
         Err(e) => {
             stats.failures += 1;
             let device = g.device_id();
-            retired.retire(g.take_kept(), device, None);
+            let kept = g.take_kept();
+            // The graph first: its kernel nodes name the code of the modules it kept.
+            drop(g);
+            retired.retire(kept, device, None);
             Err(e)
         }
     }
@@ -572,9 +582,15 @@ fn instantiate(mut g: Graph, retired: &mut Retired, stats: &mut RecorderStats) -
 
 /// Drops `rec`'s executable and graph now (queued launches still run), and lets go of
 /// what it kept once they are done.
-fn retire(mut rec: Recording, retired: &mut Retired) {
-    let device = rec.graph.device_id();
-    retired.retire(rec.graph.take_kept(), device, rec.last.as_ref());
+fn retire(rec: Recording, retired: &mut Retired) {
+    let Recording { mut graph, last } = rec;
+    let device = graph.device_id();
+    let kept = graph.take_kept();
+    // The graph and its executable go first (what they kept is out of them, so their
+    // drop waits for nothing): their kernel nodes name the code of the kept modules,
+    // which is let go only after them, at once when the recording never ran.
+    drop(graph);
+    retired.retire(kept, device, last.as_ref());
 }
 
 /// Makes `device` current on this thread until the guard drops (nothing when it is

@@ -60,9 +60,10 @@ pub trait StreamCaptureExt: AsStream {
     /// cuda-rt, also from a stream forked into it): it is dropped after that graph and
     /// every executable made of it, once their launches are done. What a captured
     /// kernel reaches through a pointer argument is the launch's promise; this is how
-    /// to keep it (a buffer, a kernel's [`Function`](crate::Function)) for as long as
-    /// the graph can run. An [`Error::Capture`](crate::Error::Capture) when the stream
-    /// is not capturing, or captures into a capture begun outside cuda-rt.
+    /// to keep it (a buffer, a table) for as long as the graph can run. The kernel's
+    /// module needs no such tie: a launch through cuda-rt into such a capture keeps it
+    /// loaded for the graph. An [`Error::Capture`](crate::Error::Capture) when the
+    /// stream is not capturing, or captures into a capture begun outside cuda-rt.
     ///
     /// ```no_run
     /// # fn main() -> cuda_rt::Result<()> {

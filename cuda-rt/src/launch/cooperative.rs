@@ -19,7 +19,9 @@ impl Function {
     /// As for [`Function::launch`]: the arguments match the kernel's parameters in
     /// number, order and type; every pointer the kernel follows is valid for all its
     /// accesses, on the function's device, until the kernel completes on `stream`; no
-    /// host access or unordered device work races with the kernel on that memory.
+    /// host access or unordered device work races with the kernel on that memory; in a
+    /// capture begun outside cuda-rt, the module stays loaded until the graph's last
+    /// launch completes.
     #[inline]
     pub unsafe fn launch_cooperative(
         &self,
