@@ -26,30 +26,12 @@ use cuda_rt_c::{
 
 #[path = "../cuda-rt/benches/common/mod.rs"]
 mod common;
-use common::{median, Figure, Report};
+use common::{check_rc, median, median_secs, Figure, Report};
 
 const REPS: usize = 7;
 
 fn rate(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
-}
-
-/// Median seconds of `REPS` runs of `f` after one warm-up.
-fn time(mut f: impl FnMut()) -> f64 {
-    f();
-    median(
-        (0..REPS)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
-}
-
-fn ok(rc: sys::CUresult, what: &str) {
-    assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
 }
 
 /// Pinned host memory from cuMemHostAlloc, freed on drop.
@@ -60,7 +42,7 @@ impl Pinned {
         let api = sys::api().unwrap();
         let mut p = std::ptr::null_mut();
         // SAFETY: `p` is a valid out pointer; flag 0 is plain page-locked memory.
-        ok(
+        check_rc(
             unsafe { api.cuMemHostAlloc().unwrap()(&mut p, len, 0) },
             "cuMemHostAlloc",
         );
@@ -128,9 +110,15 @@ fn main() {
 
     // The reference: the DMA engine from page-locked memory.
     // SAFETY: `pin` holds n bytes, `dptr` n bytes of device memory, for the whole run.
-    let dma_in = rate(n, time(|| ok(unsafe { htod(dptr, pin.0, n) }, "htod")));
+    let dma_in = rate(
+        n,
+        median_secs(REPS, || check_rc(unsafe { htod(dptr, pin.0, n) }, "htod")),
+    );
     // SAFETY: as above, device to host.
-    let dma_out = rate(n, time(|| ok(unsafe { dtoh(pin.0, dptr, n) }, "dtoh")));
+    let dma_out = rate(
+        n,
+        median_secs(REPS, || check_rc(unsafe { dtoh(pin.0, dptr, n) }, "dtoh")),
+    );
     report.info("pinned_dma_h2d_gbs", dma_in);
     report.info("pinned_dma_d2h_gbs", dma_out);
     let h2d = |report: &mut Report, name: &str, secs: f64| {
@@ -152,18 +140,20 @@ fn main() {
 
     // --- host to device ---
     // SAFETY: `host` holds n bytes, `dptr` n bytes of device memory.
-    let t = time(|| ok(unsafe { htod(dptr, host.as_ptr().cast(), n) }, "htod"));
+    let t = median_secs(REPS, || {
+        check_rc(unsafe { htod(dptr, host.as_ptr().cast(), n) }, "htod")
+    });
     h2d(&mut report, "driver_pageable_htod", t);
     let p = dev.as_pointer().clone();
     h2d(
         &mut report,
         "MemoryPointer::copy_from_host",
-        time(|| p.copy_from_host(&host).unwrap()),
+        median_secs(REPS, || p.copy_from_host(&host).unwrap()),
     );
     h2d(
         &mut report,
         "MemoryPointer::copy_from_host_async",
-        time(|| {
+        median_secs(REPS, || {
             p.copy_from_host_async(&host, Some(&stream)).unwrap();
             stream.synchronize().unwrap();
         }),
@@ -171,17 +161,21 @@ fn main() {
     h2d(
         &mut report,
         "pinned::copy_host_to_device(stream)",
-        time(|| pinned::copy_host_to_device(&p, &host, &stream).unwrap()),
+        median_secs(REPS, || {
+            pinned::copy_host_to_device(&p, &host, &stream).unwrap()
+        }),
     );
     h2d(
         &mut report,
         "DeviceBuffer::copy_from_host",
-        time(|| dev.copy_from_host(&host).unwrap()),
+        median_secs(REPS, || dev.copy_from_host(&host).unwrap()),
     );
     h2d(
         &mut report,
         "DeviceBuffer::from_slice",
-        time(|| drop(black_box(DeviceBuffer::from_slice(&host).unwrap()))),
+        median_secs(REPS, || {
+            drop(black_box(DeviceBuffer::from_slice(&host).unwrap()))
+        }),
     );
     let mut m: curt_memory_t = std::ptr::null_mut();
     // SAFETY: NULL is the current stream; `m` is a valid out pointer.
@@ -189,7 +183,7 @@ fn main() {
     h2d(
         &mut report,
         "curt_memcpy_htod",
-        time(|| {
+        median_secs(REPS, || {
             // SAFETY: `host` holds n bytes; `m` n bytes of device memory.
             assert_eq!(
                 unsafe { curt_memcpy_htod(m, 0, host.as_ptr().cast(), n) },
@@ -200,7 +194,7 @@ fn main() {
     h2d(
         &mut report,
         "curt_memcpy_htod_async",
-        time(|| {
+        median_secs(REPS, || {
             // SAFETY: as above; NULL is the current stream.
             let rc = unsafe {
                 curt_memcpy_htod_async(m, 0, host.as_ptr().cast(), n, std::ptr::null_mut())
@@ -212,17 +206,19 @@ fn main() {
 
     // --- device to host ---
     // SAFETY: as above, device to host.
-    let t = time(|| ok(unsafe { dtoh(host.as_mut_ptr().cast(), dptr, n) }, "dtoh"));
+    let t = median_secs(REPS, || {
+        check_rc(unsafe { dtoh(host.as_mut_ptr().cast(), dptr, n) }, "dtoh")
+    });
     d2h(&mut report, "driver_pageable_dtoh", t);
     d2h(
         &mut report,
         "MemoryPointer::copy_to_host",
-        time(|| p.copy_to_host(&mut host).unwrap()),
+        median_secs(REPS, || p.copy_to_host(&mut host).unwrap()),
     );
     d2h(
         &mut report,
         "MemoryPointer::copy_to_host_async",
-        time(|| {
+        median_secs(REPS, || {
             p.copy_to_host_async(&mut host, Some(&stream)).unwrap();
             stream.synchronize().unwrap();
         }),
@@ -230,17 +226,19 @@ fn main() {
     d2h(
         &mut report,
         "pinned::copy_device_to_host(stream)",
-        time(|| pinned::copy_device_to_host(&mut host, &p, &stream).unwrap()),
+        median_secs(REPS, || {
+            pinned::copy_device_to_host(&mut host, &p, &stream).unwrap()
+        }),
     );
     d2h(
         &mut report,
         "DeviceBuffer::copy_to_host",
-        time(|| dev.copy_to_host(&mut host).unwrap()),
+        median_secs(REPS, || dev.copy_to_host(&mut host).unwrap()),
     );
     d2h(
         &mut report,
         "DeviceBuffer::to_vec",
-        time(|| drop(black_box(dev.to_vec().unwrap()))),
+        median_secs(REPS, || drop(black_box(dev.to_vec().unwrap()))),
     );
     let mut kept = None;
     let secs: Vec<f64> = (0..=REPS)
@@ -260,7 +258,7 @@ fn main() {
     d2h(
         &mut report,
         "curt_memcpy_dtoh",
-        time(|| {
+        median_secs(REPS, || {
             // SAFETY: `host` holds n bytes; `m` n bytes of device memory.
             assert_eq!(
                 unsafe { curt_memcpy_dtoh(host.as_mut_ptr().cast(), m, 0, n) },
@@ -271,7 +269,7 @@ fn main() {
     d2h(
         &mut report,
         "curt_memcpy_dtoh_async",
-        time(|| {
+        median_secs(REPS, || {
             // SAFETY: as above; NULL is the current stream.
             let rc = unsafe {
                 curt_memcpy_dtoh_async(host.as_mut_ptr().cast(), m, 0, n, std::ptr::null_mut())
@@ -286,12 +284,12 @@ fn main() {
     let mut other = vec![5u8; n];
     let memcpy = rate(
         n,
-        time(|| pinned::parallel_memcpy(&mut other, &host).unwrap()),
+        median_secs(REPS, || pinned::parallel_memcpy(&mut other, &host).unwrap()),
     );
     report.info("threaded_memcpy_gbs", memcpy);
     let fresh = rate(
         n,
-        time(|| {
+        median_secs(REPS, || {
             // Untouched zero pages (calloc's fresh mapping): the copy faults them in.
             let mut v = vec![0u8; n];
             pinned::parallel_memcpy(&mut v, &host).unwrap();
@@ -299,7 +297,7 @@ fn main() {
         }),
     );
     report.info("threaded_memcpy_fresh_vec_gbs", fresh);
-    let zeroed = rate(n, time(|| drop(black_box(vec![0u8; n]))));
+    let zeroed = rate(n, median_secs(REPS, || drop(black_box(vec![0u8; n]))));
     report.info("fresh_zeroed_vec_gbs", zeroed);
 
     // --- fresh pages: what a new Vec costs before any copy (to_vec's floor) ---
@@ -309,7 +307,7 @@ fn main() {
             ("hugepage", Some(libc::MADV_HUGEPAGE)),
             ("populate_write", Some(23)), // MADV_POPULATE_WRITE (Linux 5.14)
         ] {
-            let t = time(|| {
+            let t = median_secs(REPS, || {
                 let mut v: Vec<u8> = Vec::with_capacity(n);
                 let base = v.as_mut_ptr() as usize;
                 let part = n.div_ceil(threads).next_multiple_of(2 << 20);
@@ -366,13 +364,13 @@ fn main() {
     ] {
         cuda_rt::testing::set_staging_plan(chunk << 20, buffers, ramp << 10).unwrap();
         let name = |dir: &str| format!("plan_{dir}_{chunk}m_x{buffers}_ramp{ramp}k");
-        let t = time(|| p.copy_from_host(&host).unwrap());
+        let t = median_secs(REPS, || p.copy_from_host(&host).unwrap());
         report.push(
             Figure::new(name("h2d"), rate(n, t), "GB/s")
                 .size(n)
                 .raw(dma_in, "pinned DMA"),
         );
-        let t = time(|| p.copy_to_host(&mut host).unwrap());
+        let t = median_secs(REPS, || p.copy_to_host(&mut host).unwrap());
         report.push(
             Figure::new(name("d2h"), rate(n, t), "GB/s")
                 .size(n)
@@ -408,21 +406,21 @@ fn main() {
         d(
             &mut report,
             "copy_from_host",
-            time(|| p.copy_from_host(&host).unwrap()),
+            median_secs(REPS, || p.copy_from_host(&host).unwrap()),
         );
         d(
             &mut report,
             "copy_to_host",
-            time(|| p.copy_to_host(&mut host).unwrap()),
+            median_secs(REPS, || p.copy_to_host(&mut host).unwrap()),
         );
         d(
             &mut report,
             "to_vec",
-            time(|| drop(black_box(dev.to_vec().unwrap()))),
+            median_secs(REPS, || drop(black_box(dev.to_vec().unwrap()))),
         );
         let fresh = rate(
             n,
-            time(|| {
+            median_secs(REPS, || {
                 let mut v = vec![0u8; n];
                 pinned::parallel_memcpy(&mut v, &host).unwrap();
                 drop(black_box(v));

@@ -12,15 +12,13 @@
 //! One JSON object per line, then a table (the shared reporter of `common`). Without a
 //! GPU or NVRTC: a skip line, exit 0.
 
-use std::time::Instant;
-
 use cuda_rt::buffer::{DeviceBuffer, PinnedBuffer, Transfer};
 use cuda_rt::compiler::RawKernel;
 use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::{LaunchConfig, Stream};
 
 mod common;
-use common::{median, Figure, Report};
+use common::{check_rc, median_secs, Figure, Report};
 
 const CHUNKS: usize = 16;
 const CHUNK_ELEMS: usize = (64 << 20) / 4;
@@ -38,24 +36,6 @@ extern "C" __global__ void work(float* x, int n, int iters) {
     }
 }
 "#;
-
-fn ok(rc: sys::CUresult, what: &str) {
-    assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
-}
-
-/// Median seconds of `REPS` runs of `f` after one warm-up.
-fn time(mut f: impl FnMut()) -> f64 {
-    f();
-    median(
-        (0..REPS)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
-}
 
 struct Pipeline {
     kernel: RawKernel,
@@ -117,7 +97,7 @@ impl RawPipeline {
         let host = || {
             let mut p = std::ptr::null_mut();
             // SAFETY: valid out pointer.
-            ok(
+            check_rc(
                 unsafe { api.cuMemHostAlloc().unwrap()(&mut p, bytes, 0) },
                 "cuMemHostAlloc",
             );
@@ -131,7 +111,7 @@ impl RawPipeline {
             .map(|_| {
                 let mut d = 0;
                 // SAFETY: valid out pointer; the primary context is current.
-                ok(
+                check_rc(
                     unsafe { api.cuMemAlloc_v2().unwrap()(&mut d, bytes) },
                     "cuMemAlloc",
                 );
@@ -142,7 +122,7 @@ impl RawPipeline {
             .map(|_| {
                 let mut s = std::ptr::null_mut();
                 // SAFETY: valid out pointer; flag 1 = non-blocking.
-                ok(
+                check_rc(
                     unsafe { api.cuStreamCreate().unwrap()(&mut s, 1) },
                     "cuStreamCreate",
                 );
@@ -179,8 +159,8 @@ impl RawPipeline {
             // SAFETY: every buffer holds `bytes` bytes and lives until `drop`; the
             // kernel takes (float*, int, int), given in `params`.
             unsafe {
-                ok(htod(self.dev[i], self.host_in[i], bytes, s), "htod");
-                ok(
+                check_rc(htod(self.dev[i], self.host_in[i], bytes, s), "htod");
+                check_rc(
                     launch(
                         self.f,
                         self.grid,
@@ -196,11 +176,11 @@ impl RawPipeline {
                     ),
                     "launch",
                 );
-                ok(dtoh(self.host_out[i], self.dev[i], bytes, s), "dtoh");
+                check_rc(dtoh(self.host_out[i], self.dev[i], bytes, s), "dtoh");
             }
         }
         // SAFETY: no arguments.
-        ok(
+        check_rc(
             unsafe { self.api.cuCtxSynchronize().unwrap()() },
             "cuCtxSynchronize",
         );
@@ -274,7 +254,7 @@ fn overlap(report: &mut Report) {
         .collect();
 
     // Calibrate: make one chunk's kernel about as long as one chunk's copy in.
-    let copy_in = time(|| {
+    let copy_in = median_secs(REPS, || {
         p.dev[0]
             .copy_from_pinned_async(&p.host_in[0], &one[0])
             .unwrap()
@@ -283,7 +263,7 @@ fn overlap(report: &mut Report) {
     });
     let kernel_time = |p: &Pipeline, iters: i32| {
         let n = CHUNK_ELEMS as i32;
-        time(|| {
+        median_secs(REPS, || {
             // SAFETY: as in `Pipeline::run`, on chunk 0, waited for below.
             unsafe {
                 p.kernel
@@ -305,8 +285,8 @@ fn overlap(report: &mut Report) {
         p.iters
     );
 
-    let serial = time(|| p.run(&one));
-    let ours = time(|| p.run(&many));
+    let serial = median_secs(REPS, || p.run(&one));
+    let ours = median_secs(REPS, || p.run(&many));
     // Every chunk went through the kernel (the value moved from its start).
     for (i, h) in p.host_out.iter().enumerate() {
         let v = h.as_slice().unwrap();
@@ -314,7 +294,7 @@ fn overlap(report: &mut Report) {
         assert!(v.iter().all(|x| *x == v[0]), "chunk {i} is not uniform");
     }
     let raw = RawPipeline::new(p.kernel.function().as_raw(), grid, p.iters);
-    let raw_time = time(|| raw.run());
+    let raw_time = median_secs(REPS, || raw.run());
     drop(raw);
     let size = CHUNKS * CHUNK_ELEMS * 4;
     report.push(
@@ -339,7 +319,7 @@ fn alloc_pair(report: &mut Report) {
     const N: usize = 200_000;
     let elems = (1 << 20) / 4;
     let per = |f: &mut dyn FnMut()| {
-        time(|| {
+        median_secs(REPS, || {
             for _ in 0..N {
                 f();
             }
@@ -382,12 +362,12 @@ fn to_vec(report: &mut Report) {
     let (typed, untyped) = common::interleaved(
         7,
         || {
-            time(|| {
+            median_secs(REPS, || {
                 std::hint::black_box(b.to_vec().unwrap());
             })
         },
         || {
-            time(|| {
+            median_secs(REPS, || {
                 let mut v = vec![0f32; elems];
                 b.as_pointer().copy_to_host(&mut v).unwrap();
                 std::hint::black_box(v);

@@ -15,31 +15,13 @@ use cuda_rt::pinned::{self, PinnedMemoryPointer, PinnedMemoryPool};
 use cuda_rt::Stream;
 
 mod common;
-use common::{median, Figure, Report};
+use common::{check_rc, median, median_secs, Figure, Report};
 
 const SIZE: usize = 256 << 20;
 const REPS: usize = 9;
 
 fn rate(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
-}
-
-/// Median seconds of `reps` runs of `f` after one warm-up.
-fn time(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    median(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
-}
-
-fn ok(rc: sys::CUresult, what: &str) {
-    assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}");
 }
 
 /// Host memcpy with `threads` scoped threads, each a contiguous part: the host side
@@ -73,7 +55,7 @@ fn main() {
     // Raw pinned buffer.
     let mut raw_pinned: *mut std::ffi::c_void = std::ptr::null_mut();
     // SAFETY: valid out pointer.
-    ok(
+    check_rc(
         unsafe { api.cuMemHostAlloc().unwrap()(&mut raw_pinned, SIZE, 1) },
         "cuMemHostAlloc",
     );
@@ -87,12 +69,14 @@ fn main() {
         .malloc(SIZE)
         .unwrap();
     p.as_mut_slice().unwrap().fill(2);
-    let ours = time(REPS, || {
+    let ours = median_secs(REPS, || {
         p.copy_to_device_async(&dev, &stream).unwrap();
         p.synchronize().unwrap();
     });
     // SAFETY: raw_pinned holds SIZE bytes; dptr SIZE bytes.
-    let raw = time(REPS, || ok(unsafe { htod(dptr, raw_pinned, SIZE) }, "htod"));
+    let raw = median_secs(REPS, || {
+        check_rc(unsafe { htod(dptr, raw_pinned, SIZE) }, "htod")
+    });
     let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
     let pinned_h2d = r;
     report.push(
@@ -100,12 +84,14 @@ fn main() {
             .size(SIZE)
             .raw(r, "cuMemcpyHtoD(cuMemHostAlloc)"),
     );
-    let ours = time(REPS, || {
+    let ours = median_secs(REPS, || {
         p.copy_from_device_async(&dev, &stream).unwrap();
         p.synchronize().unwrap();
     });
     // SAFETY: as above.
-    let raw = time(REPS, || ok(unsafe { dtoh(raw_pinned, dptr, SIZE) }, "dtoh"));
+    let raw = median_secs(REPS, || {
+        check_rc(unsafe { dtoh(raw_pinned, dptr, SIZE) }, "dtoh")
+    });
     let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
     let pinned_d2h = r;
     report.push(
@@ -124,19 +110,19 @@ fn main() {
     let pin_slice = unsafe { std::slice::from_raw_parts_mut(raw_pinned.cast::<u8>(), SIZE) };
     let memcpy_in = rate(
         SIZE,
-        time(REPS, || threaded_memcpy(pin_slice, &host, threads)),
+        median_secs(REPS, || threaded_memcpy(pin_slice, &host, threads)),
     );
     let memcpy_out = rate(
         SIZE,
-        time(REPS, || threaded_memcpy(&mut host, pin_slice, threads)),
+        median_secs(REPS, || threaded_memcpy(&mut host, pin_slice, threads)),
     );
 
-    let ours = time(REPS, || {
+    let ours = median_secs(REPS, || {
         pinned::copy_host_to_device(&dev, &host, &stream).unwrap()
     });
     // SAFETY: host holds SIZE bytes.
-    let raw = time(REPS, || {
-        ok(unsafe { htod(dptr, host.as_ptr().cast(), SIZE) }, "htod")
+    let raw = median_secs(REPS, || {
+        check_rc(unsafe { htod(dptr, host.as_ptr().cast(), SIZE) }, "htod")
     });
     let (v, r) = (rate(SIZE, ours), rate(SIZE, raw));
     let ceiling_h2d = pinned_h2d.min(memcpy_in);
@@ -150,12 +136,12 @@ fn main() {
             .size(SIZE)
             .raw(ceiling_h2d, "min(pinned DMA, threaded memcpy)"),
     );
-    let ours = time(REPS, || {
+    let ours = median_secs(REPS, || {
         pinned::copy_device_to_host(&mut host, &dev, &stream).unwrap()
     });
     // SAFETY: host holds SIZE bytes.
-    let raw = time(REPS, || {
-        ok(
+    let raw = median_secs(REPS, || {
+        check_rc(
             unsafe { dtoh(host.as_mut_ptr().cast(), dptr, SIZE) },
             "dtoh",
         )
@@ -202,9 +188,9 @@ fn main() {
                 for _ in 0..10 {
                     let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
                     // SAFETY: valid out pointer; freed right after.
-                    ok(unsafe { alloc(&mut p, 1 << 20, 1) }, "alloc");
+                    check_rc(unsafe { alloc(&mut p, 1 << 20, 1) }, "alloc");
                     // SAFETY: allocated above.
-                    ok(unsafe { free(p) }, "free");
+                    check_rc(unsafe { free(p) }, "free");
                 }
                 t.elapsed().as_secs_f64() / 10.0 * 1e9
             })

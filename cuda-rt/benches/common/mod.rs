@@ -31,6 +31,29 @@ pub fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// The median wall time in seconds of `reps` runs of `f`, after one warm-up run.
+pub fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+/// Panics, naming `what`, unless the driver answered success.
+pub fn check_rc(rc: cuda_rt::cuda_sys::driver::CUresult, what: &str) {
+    assert_eq!(
+        rc,
+        cuda_rt::cuda_sys::driver::CUresult::CUDA_SUCCESS,
+        "{what}"
+    );
+}
+
 /// `ours` and `raw` (each returning one measurement) interleaved: a warm-up pair, then
 /// `reps` pairs, alternating which goes first so neither always pays for work the
 /// other left behind; the two medians.
