@@ -403,10 +403,12 @@ impl MemoryPointer {
     /// [`MemoryPointer::copy_from_host_async`] through the driver's own copy: what
     /// small or page-locked sources, and a thread that holds a capture, get (the staged
     /// path waits for each chunk).
+    /// `pinned`: whether `src` is page-locked, which the caller has asked already.
     pub(crate) fn copy_from_host_async_direct<T: Pod>(
         &self,
         src: &[T],
         stream: Option<&dyn AsStream>,
+        pinned: bool,
     ) -> Result<()> {
         let what = "copy_from_host_async";
         self.check_room(what, std::mem::size_of_val(src))?;
@@ -415,7 +417,6 @@ impl MemoryPointer {
         }
         let s = host_async_stream(what, stream)?;
         uses::check(Some(&s), &[self.m()])?;
-        let pinned = is_page_locked(src);
         if pinned {
             refuse_own_capture(what)?;
         }
@@ -449,10 +450,12 @@ impl MemoryPointer {
 
     /// [`MemoryPointer::copy_to_host_async`] through the driver's own copy (see
     /// [`MemoryPointer::copy_from_host_async_direct`]).
+    /// `pinned`: whether `dst` is page-locked, which the caller has asked already.
     pub(crate) fn copy_to_host_async_direct<T: Pod>(
         &self,
         dst: &mut [T],
         stream: Option<&dyn AsStream>,
+        pinned: bool,
     ) -> Result<()> {
         let what = "copy_to_host_async";
         self.check_room(what, std::mem::size_of_val(dst))?;
@@ -461,7 +464,6 @@ impl MemoryPointer {
         }
         let s = host_async_stream(what, stream)?;
         uses::check(Some(&s), &[self.m()])?;
-        let pinned = is_page_locked(dst);
         if pinned {
             refuse_own_capture(what)?;
         }

@@ -28,7 +28,12 @@ use crate::stream::AsStream;
 /// copies, and page-locked memory (which the DMA engine reads directly), use the
 /// driver's copy.
 fn staged<T: Pod>(buf: &[T]) -> bool {
-    std::mem::size_of_val(buf) >= PAGEABLE_THRESHOLD && !is_page_locked(buf)
+    large_pageable(buf, is_page_locked(buf))
+}
+
+/// [`staged`] for a buffer whose page-locking (`pinned`) is known.
+fn large_pageable<T: Pod>(buf: &[T], pinned: bool) -> bool {
+    std::mem::size_of_val(buf) >= PAGEABLE_THRESHOLD && !pinned
 }
 
 impl MemoryPointer {
@@ -52,9 +57,11 @@ impl MemoryPointer {
         src: &[T],
         stream: Option<&dyn AsStream>,
     ) -> Result<()> {
-        // A thread holding a capture cannot wait for the staged chunks.
-        if !staged(src) || crate::capture::this_thread_captures() {
-            return self.copy_from_host_async_direct(src, stream);
+        // Asked once: the driver's path needs the answer too. A thread holding a
+        // capture cannot wait for the staged chunks.
+        let pinned = is_page_locked(src);
+        if !large_pageable(src, pinned) || crate::capture::this_thread_captures() {
+            return self.copy_from_host_async_direct(src, stream, pinned);
         }
         let what = "copy_from_host_async";
         self.check_room(what, std::mem::size_of_val(src))?;
@@ -77,8 +84,9 @@ impl MemoryPointer {
         dst: &mut [T],
         stream: Option<&dyn AsStream>,
     ) -> Result<()> {
-        if !staged(dst) || crate::capture::this_thread_captures() {
-            return self.copy_to_host_async_direct(dst, stream);
+        let pinned = is_page_locked(dst);
+        if !large_pageable(dst, pinned) || crate::capture::this_thread_captures() {
+            return self.copy_to_host_async_direct(dst, stream, pinned);
         }
         let what = "copy_to_host_async";
         self.check_room(what, std::mem::size_of_val(dst))?;
