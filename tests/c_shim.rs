@@ -426,6 +426,9 @@ fn out_of_memory_in_curt_torch_alloc_is_thrown_as_c10_out_of_memory_error() {
                 "-std=c++17",
                 "-shared",
                 "-fPIC",
+                // As PyTorch builds libc10: Error's implicit destructor is not exported,
+                // so the shim takes it from OutOfMemoryError's vtable.
+                "-fvisibility-inlines-hidden",
                 "-Wl,-soname,libc10.so",
                 "-o",
             ])

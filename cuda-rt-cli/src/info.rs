@@ -76,7 +76,7 @@ impl LibraryLine {
                 "  {:<13} {:<10} {}",
                 self.name,
                 version.as_deref().unwrap_or("?"),
-                lib.path()
+                lib.file()
             ),
             Err(e) => {
                 writeln!(

@@ -176,13 +176,16 @@ gpu_test!(
             gate = Gate::close(s.as_raw());
             copy_async(&dst, &src, &s);
             let mut done = s.completion();
-            assert!(poll_once(&mut done, &w).is_pending());
+            let pending = poll_once(&mut done, &w).is_pending();
+            if gate.holds_or_sanitizer("a_future_dropped_early") {
+                assert!(pending);
+            }
             // The future, then the stream, go before the work has run.
             drop(done);
             drop(s);
         }
         drop(w);
-        assert!(gate.held());
+        gate.holds_or_sanitizer("a_future_dropped_early");
         gate.open();
         drop(gate); // waits for the whole device
         assert!(dst.read(0, N) == pattern(N, 3), "the copy ran to its end");
@@ -238,10 +241,10 @@ gpu_test!(many_completions_at_once_each_after_its_own_work, {
         }
     }
     let (_, w) = counting();
-    for f in &mut pending {
-        assert!(poll_once(f, &w).is_pending(), "all wait behind the gate");
+    let all_pending = pending.iter_mut().all(|f| poll_once(f, &w).is_pending());
+    if gate.holds_or_sanitizer("many_completions_at_once") {
+        assert!(all_pending, "all wait behind the gate");
     }
-    assert!(gate.held());
     gate.open();
     let results = futures::executor::block_on(futures::future::join_all(pending));
     for (i, r) in results.into_iter().enumerate() {
@@ -319,7 +322,15 @@ gpu_test!(
         let mut done = ev.completion();
         drop(ev); // the future does not need the event
         let (_, w) = counting();
-        assert!(poll_once(&mut done, &w).is_pending());
+        let pending = poll_once(&mut done, &w).is_pending();
+        if !gate.holds_or_sanitizer("an_event_completion_waits_for_its_record") {
+            gate.open();
+            futures::executor::block_on(done).unwrap();
+            s.synchronize().unwrap();
+            assert_eq!(&out.read(0, 4)[..], &1u32.to_ne_bytes()[..]);
+            return;
+        }
+        assert!(pending);
         gate.open();
         futures::executor::block_on(done).unwrap();
         let kernel_running = !s.query().unwrap();

@@ -46,6 +46,9 @@ fn write(p: &MemoryPointer, v: &[f32]) {
 fn eventually(mut done: impl FnMut() -> bool) -> bool {
     let t = Instant::now();
     while !done() {
+        // The driver releases graph resources (user objects, an executable's memory)
+        // on its own thread; a device-wide wait gives it a point to catch up.
+        let _ = cuda_rt::device::synchronize();
         if t.elapsed() > Duration::from_secs(5) {
             return false;
         }
@@ -401,7 +404,12 @@ gpu_test!(alone eviction_lets_the_executable_and_its_memory_go, {
     );
     // The graph and its executable are gone: the driver dropped the host node's
     // closure, and unmapped the executable's graph memory.
-    assert!(eventually(|| Arc::strong_count(&token) == 1), "host closure held");
+    assert!(
+        eventually(|| Arc::strong_count(&token) == 1),
+        "host closure held: {} references; graph memory {:?} (was {graph_mem:?})",
+        Arc::strong_count(&token),
+        graph_memory_usage(0).unwrap()
+    );
     assert!(
         eventually(|| graph_memory_usage(0).unwrap().used + SCRATCH as u64 <= graph_mem.used),
         "graph memory still in use: {:?} (was {graph_mem:?})",

@@ -19,7 +19,9 @@
 //!   `Error(SourceLocation, std::string)` (the string made by libstdc++'s exported
 //!   constructor), given `OutOfMemoryError`'s vtable when a library exports it (the
 //!   class adds no member: `using Error::Error`), and thrown with
-//!   `OutOfMemoryError`'s type information (`__cxa_throw`), which is what PyTorch's
+//!   `OutOfMemoryError`'s type information (`__cxa_throw`) and its destructor (Error's
+//!   where exported, else the one in OutOfMemoryError's vtable: PyTorch builds with
+//!   hidden inline functions, so its libc10 exports none), which is what PyTorch's
 //!   `catch` matches. Every piece is looked up by its mangled name, which spells the
 //!   parameter types, in the libraries already loaded; for the two string ABIs of
 //!   libstdc++ the pair that libc10 was built with is used;
@@ -173,7 +175,6 @@ fn resolve_oom_thrower() -> Option<OomThrower> {
         .find_map(|abi| Some((abi, find(&c10, abi.error_ctor)?)))?;
     let string_ctor = find(&cxx, abi.string_ctor)?;
     let string_dtor = find(&cxx, abi.string_dtor)?;
-    let error_dtor = find(&c10, ERROR_DTOR)?;
     let alloc = find(&cxx, c"__cxa_allocate_exception")?;
     let throw = find(&cxx, c"__cxa_throw")?;
     let typeinfo = find(&TORCH_LIBRARIES, OOM_TYPEINFO)?;
@@ -185,6 +186,21 @@ fn resolve_oom_thrower() -> Option<OomThrower> {
             .cast::<c_void>()
             .cast_const()
     });
+    // PyTorch builds with -fvisibility-inlines-hidden: Error's implicit destructor is
+    // not exported (PyTorch 2.9's libc10.so has none). The vtable's first slot holds
+    // it then: OutOfMemoryError's primary base chain starts at std::exception, whose
+    // first virtual function is its destructor, so the slot at the address point is
+    // OutOfMemoryError's complete-object destructor (Itanium C++ ABI).
+    let error_dtor = match find(&c10, ERROR_DTOR) {
+        Some(d) => d,
+        // SAFETY: the address point of a vtable in a loaded library: its first slot
+        // is a relocated function address, readable for as long as the library stays
+        // loaded (PyTorch never unloads it).
+        None => unsafe { vtable?.cast::<*mut c_void>().read() },
+    };
+    if error_dtor.is_null() {
+        return None;
+    }
     // SAFETY: each address is the function its mangled (or C) name declares, with the
     // signature of the type it is cast to (see the types above); dlsym found them in
     // loaded libraries that stay loaded.

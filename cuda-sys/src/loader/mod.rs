@@ -196,6 +196,17 @@ impl Library {
         &self.path
     }
 
+    /// The file the library was loaded from: [`path`](Self::path) when that names a
+    /// file, and for a bare name the path the system loader found for it (as the
+    /// loader recorded it, e.g. `/lib/x86_64-linux-gnu/libcuda.so.1`), or the bare
+    /// name when that cannot be told.
+    pub fn file(&self) -> String {
+        if self.path.contains('/') {
+            return self.path.clone();
+        }
+        loaded_object_named(&self.path).unwrap_or_else(|| self.path.clone())
+    }
+
     /// The library's description.
     pub fn spec(&self) -> &'static LibrarySpec {
         self.spec
@@ -365,5 +376,63 @@ impl<'a> DriverSymbol<'a> {
                 per_thread,
             },
         }
+    }
+}
+
+/// The path of the loaded object whose file name is `name` (what the system loader
+/// found for a bare name), from the loader's list of loaded objects.
+#[cfg(target_os = "linux")]
+fn loaded_object_named(name: &str) -> Option<String> {
+    struct Search<'a> {
+        name: &'a [u8],
+        found: Option<String>,
+    }
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the `Search` passed below, alive for the whole iteration;
+        // `info` is the loader's record, valid during this call, and `dlpi_name` is
+        // null or NUL-terminated.
+        let (search, name) = unsafe { (&mut *data.cast::<Search<'_>>(), (*info).dlpi_name) };
+        if name.is_null() {
+            return 0;
+        }
+        // SAFETY: as above, a NUL-terminated string owned by the loader.
+        let path = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+        let file = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        if file == search.name && path.contains(&b'/') {
+            search.found = Some(String::from_utf8_lossy(path).into_owned());
+            return 1;
+        }
+        0
+    }
+    let mut search = Search {
+        name: name.as_bytes(),
+        found: None,
+    };
+    // SAFETY: `visit` matches the callback's signature and only reads what it is given;
+    // the data pointer is `search`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search<'_>).cast()) };
+    search.found
+}
+
+#[cfg(not(target_os = "linux"))]
+fn loaded_object_named(_name: &str) -> Option<String> {
+    None
+}
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod tests {
+    use super::loaded_object_named;
+
+    #[test]
+    fn a_bare_name_is_found_where_the_system_loader_put_it() {
+        // glibc is loaded in every process of this target, by its soname.
+        let path = loaded_object_named("libc.so.6").expect("libc.so.6 is loaded");
+        assert!(path.ends_with("/libc.so.6"), "{path}");
+        assert!(std::path::Path::new(&path).is_file(), "{path}");
+        assert_eq!(loaded_object_named("libnot-loaded-here.so.1"), None);
     }
 }
