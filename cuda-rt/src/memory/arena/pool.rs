@@ -46,6 +46,8 @@ pub struct Pool<B: Backend> {
     /// fences (or in their place).
     pub(super) fences_recorded: AtomicU64,
     pub(super) fence_waits: AtomicU64,
+    /// Ranges of free granules a growth unmapped inside expandable segments.
+    pub(super) holes_punched: AtomicU64,
 }
 
 impl<B: Backend> fmt::Debug for Pool<B> {
@@ -79,6 +81,7 @@ impl<B: Backend> Pool<B> {
             retired_pairs: AtomicU64::new(0),
             fences_recorded: AtomicU64::new(0),
             fence_waits: AtomicU64::new(0),
+            holes_punched: AtomicU64::new(0),
         }
     }
 
@@ -355,18 +358,18 @@ impl<B: Backend> Drop for Pool<B> {
         self.abandon_awaiting();
         let mut out = Vec::new();
         let mut cuts = Vec::new();
-        let gran = self.backend.segment_spec().map(|s| s.granularity);
+        let segments = self.backend.segment_spec().is_some();
         for arena in self.arenas.iter_mut() {
             let bins = arena.bins.get_mut();
             bins.release_whole(&mut out);
-            if let Some(g) = gran {
-                bins.trim_segments(g, &mut cuts);
+            if segments {
+                bins.trim_segments(&mut cuts);
             }
         }
         for (addr, size) in out {
             self.backend.free(addr, size as usize);
         }
-        self.give_back_segments(&mut cuts, None);
+        self.give_back_segments(&mut cuts, None, None);
     }
 }
 
