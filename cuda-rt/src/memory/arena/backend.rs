@@ -580,16 +580,17 @@ impl FakeBackend {
             .map(|(_, m)| m.len() as u64 * g)
     }
 
-    /// Whether `addr` lies in a mapped granule of the reservation at `base` (checked
-    /// mode; `false` otherwise).
-    pub fn is_mapped(&self, base: u64, addr: u64) -> bool {
+    /// Whether `addr` lies in a mapped granule of a reservation (checked mode; `false`
+    /// otherwise).
+    pub fn is_mapped(&self, addr: u64) -> bool {
         let Some(g) = self.segments.map(|s| s.granularity) else {
             return false;
         };
         self.live.is_some()
             && lock(&self.reservations)
-                .get(&base)
-                .is_some_and(|(_, m)| addr >= base && m.contains(&(addr & !(g - 1))))
+                .range(..=addr)
+                .next_back()
+                .is_some_and(|(_, (_, m))| m.contains(&(addr & !(g - 1))))
     }
 
     /// The granules `addr..addr + len` of the reservation at `base` if that range is

@@ -348,3 +348,197 @@ impl Bins {
         done
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::memory::arena::{Block, FakeBackend, Pool, SegmentSpec, StreamFence};
+
+    const MIB: u64 = 1 << 20;
+
+    /// A pool with expandable segments over a checked fake backend: 2 MiB granules.
+    fn pool() -> (Arc<FakeBackend>, Pool<Arc<FakeBackend>>) {
+        let b = Arc::new(FakeBackend::checked().with_segments(SegmentSpec {
+            granularity: 2 * MIB,
+            reserve: 1 << 30,
+        }));
+        let p = Pool::new(b.clone());
+        p.set_expandable_segments(true);
+        (b, p)
+    }
+
+    fn malloc(p: &Pool<Arc<FakeBackend>>, mib: f64) -> Block {
+        p.malloc((mib * MIB as f64) as usize, 0).unwrap()
+    }
+
+    /// Which MiB of `base.. base + n MiB` are mapped, as a string of `#` and `.`.
+    fn map_of(b: &FakeBackend, base: u64, n: u64) -> String {
+        (0..n)
+            .map(|k| {
+                if b.is_mapped(base + k * MIB) {
+                    '#'
+                } else {
+                    '.'
+                }
+            })
+            .collect()
+    }
+
+    fn consistent(b: &FakeBackend, p: &Pool<Arc<FakeBackend>>) {
+        p.check().unwrap();
+        let k = b.counters();
+        assert_eq!(k.bad_segment_calls, 0);
+        assert_eq!(p.stats().total_bytes, k.live_bytes);
+    }
+
+    /// `x` at 0..1 MiB, a free 1..7 MiB, `y` at 7..8 MiB: one segment of 8 MiB.
+    fn gap_of_six(p: &Pool<Arc<FakeBackend>>) -> (Block, Block, u64) {
+        let x = malloc(p, 1.0);
+        let m = malloc(p, 6.0);
+        let y = malloc(p, 1.0);
+        let base = x.addr();
+        assert_eq!((m.addr(), y.addr()), (base + MIB, base + 7 * MIB));
+        p.free(m).unwrap();
+        (x, y, base)
+    }
+
+    #[test]
+    fn a_growth_punches_whole_free_granules_only_and_keeps_the_partial_ones() {
+        let (b, p) = pool();
+        let (x, y, base) = gap_of_six(&p);
+        assert_eq!(map_of(&b, base, 8), "########");
+        // Nothing cached fits 10 MiB: the growth maps 10 MiB at the end, and first
+        // unmaps the free chunk's whole granules 2..6 MiB; its partial ones stay.
+        let z = malloc(&p, 10.0);
+        assert_eq!(z.addr(), base + 8 * MIB);
+        assert_eq!(map_of(&b, base, 18), "##....############");
+        assert_eq!(
+            p.free_chunks(0),
+            [(base + MIB, MIB), (base + 6 * MIB, MIB)],
+            "the free head and tail stay cached"
+        );
+        let s = p.stats();
+        assert_eq!((s.total_bytes, s.holes_punched), (14 * MIB, 1));
+        assert_eq!(
+            s.peak_total_bytes,
+            14 * MIB,
+            "the growth added 6 MiB, not 10"
+        );
+        consistent(&b, &p);
+        for blk in [x, y, z] {
+            p.free(blk).unwrap();
+        }
+        consistent(&b, &p);
+    }
+
+    #[test]
+    fn a_growth_maps_into_a_hole_when_that_maps_less_than_the_tail() {
+        let (b, p) = pool();
+        let (x, y, base) = gap_of_six(&p);
+        let z = malloc(&p, 10.0);
+        assert_eq!(map_of(&b, base, 18), "##....############");
+        // 2.5 MiB: the hole's lower granule with the free 1 MiB below it maps 2 MiB;
+        // the end would map 4.
+        let v = malloc(&p, 2.5);
+        assert_eq!(v.addr(), base + MIB);
+        assert_eq!(map_of(&b, base, 18), "####..############");
+        assert_eq!(p.stats().total_bytes, 16 * MIB);
+        consistent(&b, &p);
+        p.free(v).unwrap();
+        // 5 MiB needs the free 1..4 MiB, the last granule of the hole and the free
+        // 6..7 MiB: it maps the hole's 2 MiB and spans free, hole and free.
+        assert_eq!(
+            p.free_chunks(0),
+            [(base + MIB, 3 * MIB), (base + 6 * MIB, MIB)]
+        );
+        let w = malloc(&p, 5.0);
+        assert_eq!(w.addr(), base + MIB);
+        assert_eq!(map_of(&b, base, 18), "##################");
+        assert!((0..5).all(|k| b.is_mapped(w.addr() + k * MIB)));
+        assert_eq!(p.stats().holes_punched, 1, "nothing else was punched");
+        consistent(&b, &p);
+        for blk in [x, y, z, w] {
+            p.free(blk).unwrap();
+        }
+        consistent(&b, &p);
+    }
+
+    #[test]
+    fn a_release_unmaps_holes_and_free_granules_and_gives_back_an_empty_segment() {
+        let (b, p) = pool();
+        let (x, y, base) = gap_of_six(&p);
+        let z = malloc(&p, 10.0);
+        p.free(z).unwrap();
+        // y is live at 7..8 MiB: everything free above it goes, and the free 1..7 MiB
+        // keeps only its partial granules.
+        p.free_all_blocks(None);
+        assert_eq!(map_of(&b, base, 18), "##....##..........");
+        assert_eq!(p.stats().total_bytes, 4 * MIB);
+        consistent(&b, &p);
+        p.free(y).unwrap();
+        p.free_all_blocks(None);
+        assert_eq!(map_of(&b, base, 8), "##......");
+        consistent(&b, &p);
+        p.free(x).unwrap();
+        p.free_all_blocks(None);
+        assert_eq!(b.mapped(base), None, "the segment was released");
+        let k = b.counters();
+        assert_eq!(
+            (k.live_bytes, k.live_segments, k.bad_segment_calls),
+            (0, 0, 0)
+        );
+        // And it grows again from nothing.
+        p.free(malloc(&p, 3.0)).unwrap();
+        consistent(&b, &p);
+    }
+
+    #[test]
+    fn dropping_a_pool_with_holes_unmaps_and_releases_everything() {
+        let (b, p) = pool();
+        let (x, y, _) = gap_of_six(&p);
+        let z = malloc(&p, 10.0);
+        for blk in [x, y, z] {
+            p.free(blk).unwrap();
+        }
+        drop(p);
+        let k = b.counters();
+        assert_eq!(
+            (k.live_bytes, k.live_segments, k.bad_segment_calls),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn live_and_awaiting_chunks_are_never_punched() {
+        let (b, p) = pool();
+        let x = malloc(&p, 1.0);
+        let live = malloc(&p, 6.0);
+        let waiting = malloc(&p, 6.0);
+        let base = x.addr();
+        let fence = StreamFence {
+            stream: 2,
+            fence: b.new_fence(),
+        };
+        p.free_after(waiting, &[fence]).unwrap();
+        assert_eq!(map_of(&b, base, 14), "##############");
+        // A growth with nothing free to punch but the 1 MiB partial granule left of
+        // the 14 MiB extent: nothing is unmapped.
+        let z = malloc(&p, 10.0);
+        assert_eq!(map_of(&b, base, 24), "########################");
+        assert_eq!(p.stats().holes_punched, 0);
+        assert_eq!(p.stats().awaiting_bytes, 6 * MIB);
+        // Once its stream is done the block is free (7..13 MiB; z took 13..23), and
+        // the next growth punches its whole granules.
+        b.complete_fence(fence.fence);
+        let big = malloc(&p, 30.0);
+        assert_eq!(p.stats().holes_punched, 1);
+        assert_eq!(map_of(&b, base, 24), "########....############");
+        assert!((0..30).all(|k| b.is_mapped(big.addr() + k * MIB)));
+        consistent(&b, &p);
+        for blk in [x, live, z, big] {
+            p.free(blk).unwrap();
+        }
+        consistent(&b, &p);
+    }
+}
