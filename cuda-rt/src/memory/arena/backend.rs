@@ -119,8 +119,8 @@ pub trait Backend: Send + Sync {
         ))
     }
 
-    /// Maps `len` new bytes at `addr` in the reservation at `base` (CUDA: `cuMemCreate`
-    /// + `cuMemMap` + `cuMemSetAccess`): `addr` and `len` are multiples of the
+    /// Maps `len` new bytes at `addr` in the reservation at `base` (CUDA: `cuMemCreate`,
+    /// `cuMemMap` and `cuMemSetAccess`): `addr` and `len` are multiples of the
     /// granularity (`len` positive), `addr..addr + len` lies inside the reservation
     /// and none of it is mapped (the end of what the segment maps so far, or a range
     /// unmapped before by [`segment_unmap`](Backend::segment_unmap)). On `Err` nothing
@@ -599,8 +599,8 @@ impl FakeBackend {
         let g = self.segments?.granularity;
         let ok = len > 0
             && addr >= base
-            && (addr - base) % g == 0
-            && len % g == 0
+            && (addr - base).is_multiple_of(g)
+            && len.is_multiple_of(g)
             && addr - base <= size
             && len <= size - (addr - base);
         ok.then(|| (0..len / g).map(|k| addr + k * g).collect())

@@ -293,8 +293,19 @@ impl<B: Backend> Pool<B> {
     /// mapped at the backend's granularity ([`SegmentSpec::granularity`]), so a
     /// request may map up to one granule more than it needs; the rest stays cached.
     /// Releasing the cache ([`free_all_blocks`](Self::free_all_blocks), and the
-    /// release before an out-of-memory retry) unmaps each segment's free tail, from
-    /// the first granule boundary in it, and gives back segments left empty.
+    /// release before an out-of-memory retry) unmaps every whole granule of every
+    /// free chunk of the segments, and gives back segments left empty.
+    ///
+    /// With them on, a miss also *punches holes*: before a growth maps, it unmaps as
+    /// many whole free granules inside the arena's segments as it is about to map
+    /// (their partial granules stay cached, as do the free chunks next to where it
+    /// maps), so reserved memory grows only by what the cache's free granules cannot
+    /// pay for; and a growth maps where that maps the least, at a segment's end or
+    /// into a hole whose free neighbours make up the rest. Only free chunks are
+    /// punched, never blocks handed out or awaiting other streams' work. A CUDA
+    /// backend waits for the device's queued work before it unmaps, so this costs a
+    /// host synchronisation per growth that punches; growths are misses, never the
+    /// cached malloc and free. [`PoolStats::holes_punched`] counts the ranges unmapped.
     ///
     /// This is PyTorch's `expandable_segments:True`: a workload whose sizes drift
     /// upward (a serving batch growing by one) reuses the memory it freed instead of
@@ -305,6 +316,7 @@ impl<B: Backend> Pool<B> {
     ///
     /// [`SegmentSpec::reserve`]: super::SegmentSpec::reserve
     /// [`SegmentSpec::granularity`]: super::SegmentSpec::granularity
+    /// [`PoolStats::holes_punched`]: super::PoolStats::holes_punched
     pub fn set_expandable_segments(&self, on: bool) {
         self.expandable.store(on, Ordering::Relaxed);
     }

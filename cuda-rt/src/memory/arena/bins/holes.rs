@@ -333,7 +333,7 @@ impl Bins {
         let segs = &self.segs;
         let pick = |s: usize| segs[s].base == plan.base || !segs[s].busy;
         self.free_spans(pick, Some(guard), &mut spans);
-        spans.sort_unstable_by(|a, b| b.hi.cmp(&a.hi));
+        spans.sort_unstable_by_key(|sp| std::cmp::Reverse(sp.hi));
         let n = out.len();
         let done = self.punch_spans(&spans, budget, out);
         for cut in &out[n..] {

@@ -278,7 +278,8 @@ impl Bins {
                 }
                 if c.state == State::Unmapped {
                     holes += 1;
-                    let whole = (c.addr - seg.base) % seg.gran == 0 && c.size % seg.gran == 0;
+                    let whole = (c.addr - seg.base).is_multiple_of(seg.gran)
+                        && c.size.is_multiple_of(seg.gran);
                     if !whole || c.next == NIL {
                         return Err(format!(
                             "segment {:#x}: hole at {:#x} of {} bytes (granule {}) \
@@ -290,7 +291,10 @@ impl Bins {
                 at += c.size;
                 t = c.next;
             }
-            if at != seg.base + seg.extent || seg.extent > seg.size || seg.extent % seg.gran != 0 {
+            if at != seg.base + seg.extent
+                || seg.extent > seg.size
+                || !seg.extent.is_multiple_of(seg.gran)
+            {
                 return Err(format!(
                     "segment {:#x}: chunks end at {at:#x}, extent {} of {}",
                     seg.base, seg.extent, seg.size
