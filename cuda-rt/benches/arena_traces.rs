@@ -175,8 +175,8 @@ fn run_trace(ops: &[Op], release_on_miss: bool, expandable: bool) -> (f64, u64, 
         best = best.min(ns);
         peak_reserved = s.peak_total_bytes;
         note = format!(
-            "hits {} misses {} backend allocs {} frees {}",
-            s.cache_hits, s.cache_misses, s.backend_allocs, s.backend_frees
+            "hits {} misses {} backend allocs {} frees {} holes punched {}",
+            s.cache_hits, s.cache_misses, s.backend_allocs, s.backend_frees, s.holes_punched
         );
         for b in live.drain(..) {
             pool.free(b).unwrap();

@@ -8,7 +8,8 @@ use cuda_rt::cuda_sys::driver::CUresult;
 use cuda_rt::error::DriverError;
 use cuda_rt::memory::arena::{
     limit_from_fraction, parse_limit, round_size, Backend, BackendError, Block, FakeBackend,
-    FreeError, HostBackend, MallocError, Pool, PoolStats, StreamFence, ALLOCATION_UNIT,
+    FreeError, HostBackend, MallocError, Pool, PoolStats, SegmentSpec, StreamFence,
+    ALLOCATION_UNIT,
 };
 use cuda_rt::{OutOfMemory, OutOfMemoryCause};
 
@@ -728,6 +729,174 @@ fn random_operations_on_several_threads_keep_every_invariant() {
     let (seeds, threads, steps) = if cfg!(miri) { (1, 2, 40) } else { (3, 4, 1500) };
     for seed in 1..=seeds {
         run_random(seed, threads, steps);
+    }
+}
+
+/// Granule of the expandable random walks: small, so that blocks share granules and
+/// free chunks have partial ones.
+const WALK_GRANULE: u64 = 64 * KIB as u64;
+
+/// Whether every granule of `b` is mapped.
+fn mapped_whole(backend: &FakeBackend, addr: u64, size: u64) -> bool {
+    let first = addr & !(WALK_GRANULE - 1);
+    (first..addr + size)
+        .step_by(WALK_GRANULE as usize)
+        .all(|g| backend.is_mapped(g))
+}
+
+/// One thread's random walk over a pool with expandable segments (so growths punch
+/// holes and map into them): malloc / free / free after a fence / fences completing /
+/// free_all_blocks / limit / capacity, checking after every step that the invariants
+/// hold, that no two live blocks overlap, and that every live block (alone: every
+/// block of the pool, live, awaiting or cached) lies in mapped granules.
+fn random_walk_expandable(
+    pool: &Pool<Arc<FakeBackend>>,
+    backend: &FakeBackend,
+    live_map: &LiveMap,
+    seed: u64,
+    steps: usize,
+    keys: &[u64],
+    alone: bool,
+) {
+    let mut rng = Rng(seed | 1);
+    let max_log2 = if cfg!(miri) { 17 } else { 19 };
+    let mut live: Vec<Block> = Vec::new();
+    // Fences not completed yet (the pool may also have waited for them).
+    let mut awaiting: Vec<u64> = Vec::new();
+    for _ in 0..steps {
+        let r = rng.below(100);
+        if r < 50 || live.is_empty() && r < 85 {
+            let size = rng.size(max_log2);
+            let key = keys[rng.below(keys.len() as u64) as usize];
+            match pool.malloc(size, key) {
+                Ok(b) => {
+                    insert_live(live_map, &b);
+                    live.push(b);
+                }
+                Err(MallocError::OutOfMemory(_)) => {}
+                Err(e) => panic!("unexpected {e}"),
+            }
+        } else if r < 85 {
+            let b = live.swap_remove(rng.below(live.len() as u64) as usize);
+            live_map.lock().unwrap().remove(&b.addr());
+            if rng.below(4) == 0 {
+                let fence = backend.new_fence();
+                awaiting.push(fence);
+                pool.free_after(b, &[StreamFence { stream: 99, fence }])
+                    .unwrap();
+            } else {
+                pool.free(b).unwrap();
+            }
+        } else if r < 91 && !awaiting.is_empty() {
+            let fence = awaiting.swap_remove(rng.below(awaiting.len() as u64) as usize);
+            backend.complete_fence(fence);
+        } else if r < 94 {
+            pool.free_all_blocks(None);
+        } else if r < 97 {
+            let limit = if rng.below(3) == 0 {
+                0
+            } else {
+                (1 << max_log2) * (4 + rng.below(40))
+            };
+            pool.set_limit(limit);
+        } else {
+            let cap = if rng.below(2) == 0 {
+                0
+            } else {
+                (1 << max_log2) * (8 + rng.below(60))
+            };
+            backend.set_capacity(cap);
+        }
+        pool.check().unwrap();
+        let k = backend.counters();
+        assert_eq!((k.bad_segment_calls, k.bad_frees), (0, 0));
+        for b in &live {
+            assert!(
+                mapped_whole(backend, b.addr(), b.size() as u64),
+                "live {b:?} unmapped"
+            );
+        }
+        if alone {
+            // Every chunk the pool holds (handed out, awaiting its streams, or cached)
+            // lies in mapped granules: holes are never in a snapshot. (With other
+            // threads, theirs may be punched between the snapshot and the check.)
+            let snap = pool.snapshot();
+            for blk in snap.segments.iter().flat_map(|s| &s.blocks) {
+                assert!(
+                    mapped_whole(backend, blk.address, blk.size),
+                    "{blk:?} unmapped"
+                );
+            }
+            let s = pool.stats();
+            assert_eq!(s.used_bytes + s.free_bytes, s.total_bytes);
+            assert_eq!(s.total_bytes, k.live_bytes, "reserved is what is mapped");
+        }
+    }
+    for fence in awaiting {
+        backend.complete_fence(fence);
+    }
+    for b in live {
+        live_map.lock().unwrap().remove(&b.addr());
+        pool.free(b).unwrap();
+    }
+}
+
+fn run_random_expandable(seed: u64, threads: usize, steps: usize) {
+    let backend = Arc::new(FakeBackend::checked().with_segments(SegmentSpec {
+        granularity: WALK_GRANULE,
+        reserve: 32 * WALK_GRANULE,
+    }));
+    let pool = Pool::new(backend.clone());
+    pool.set_expandable_segments(true);
+    let live_map = LiveMap::default();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (pool, backend, live_map) = (&pool, &*backend, &live_map);
+            s.spawn(move || {
+                let seed = seed.wrapping_mul(0x9E37_79B9).wrapping_add(t as u64);
+                let keys = [1, 2 + t as u64 % 2];
+                random_walk_expandable(pool, backend, live_map, seed, steps, &keys, threads == 1);
+            });
+        }
+    });
+    pool.set_limit(0);
+    backend.set_capacity(0);
+    pool.check().unwrap();
+    // The last fences completed after the walk: a poll frees those blocks.
+    pool.free_all_blocks(None);
+    let s = pool.stats();
+    assert_eq!(
+        (s.used_bytes, s.total_bytes, s.awaiting_blocks),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert!(s.holes_punched > 0, "the walk punched no hole: {s:?}");
+    drop(pool);
+    let c = backend.counters();
+    assert_eq!(
+        (
+            c.live_bytes,
+            c.live_segments,
+            c.bad_segment_calls,
+            c.live_fences
+        ),
+        (0, 0, 0, 0)
+    );
+}
+
+#[test]
+fn random_operations_with_expandable_segments_keep_every_invariant() {
+    let (seeds, steps) = if cfg!(miri) { (1, 150) } else { (6, 3000) };
+    for seed in 1..=seeds {
+        run_random_expandable(seed, 1, steps);
+    }
+}
+
+#[test]
+fn random_operations_with_expandable_segments_on_several_threads_keep_every_invariant() {
+    let (seeds, threads, steps) = if cfg!(miri) { (1, 2, 40) } else { (3, 4, 1500) };
+    for seed in 1..=seeds {
+        run_random_expandable(seed, threads, steps);
     }
 }
 

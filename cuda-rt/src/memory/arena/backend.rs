@@ -3,7 +3,7 @@
 //! host memory) and `FakeBackend` (address ranges only, for benches and large traces).
 
 #[cfg(any(test, feature = "test-util"))]
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error as StdError;
 use std::fmt;
 #[cfg(any(test, feature = "test-util"))]
@@ -119,11 +119,12 @@ pub trait Backend: Send + Sync {
         ))
     }
 
-    /// Extends the memory of the reservation at `base`: maps `len` new bytes at `addr`
-    /// (CUDA: `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`). `addr` is the end of what
-    /// is mapped in that reservation so far (mappings always grow a segment at its
-    /// end), `len` a positive multiple of the granularity, and `addr + len` stays
-    /// inside the reservation. On `Err` nothing is mapped.
+    /// Maps `len` new bytes at `addr` in the reservation at `base` (CUDA: `cuMemCreate`,
+    /// `cuMemMap` and `cuMemSetAccess`): `addr` and `len` are multiples of the
+    /// granularity (`len` positive), `addr..addr + len` lies inside the reservation
+    /// and none of it is mapped (the end of what the segment maps so far, or a range
+    /// unmapped before by [`segment_unmap`](Backend::segment_unmap)). On `Err` nothing
+    /// is mapped.
     fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
         let _ = (base, addr, len);
         Err(BackendError::Other(
@@ -131,10 +132,11 @@ pub trait Backend: Send + Sync {
         ))
     }
 
-    /// Shrinks the memory of the reservation at `base`: unmaps and releases the `len`
-    /// bytes at `addr` (CUDA: `cuMemUnmap` + `cuMemRelease`), the tail of what is
-    /// mapped there (`addr + len` is the mapped end), granularity-aligned. No block of
-    /// it is handed out, and stream work on it has completed or been waited for.
+    /// Unmaps and releases the `len` bytes at `addr` in the reservation at `base`
+    /// (CUDA: `cuMemUnmap` + `cuMemRelease`): granularity-aligned, all of them mapped
+    /// (a segment's free tail, or whole free granules inside it). No block of it is
+    /// handed out; stream work queued on it before may still run, and the backend
+    /// waits for it (or leaves the range mapped) before unmapping.
     fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
         let _ = (base, addr, len);
     }
@@ -234,8 +236,9 @@ pub struct BackendCounters {
     pub segment_maps: u64,
     /// [`Backend::segment_unmap`] calls so far.
     pub segment_unmaps: u64,
-    /// Segment calls that broke the contract (a map not at the mapped end, an unmap
-    /// not of the tail, a release of a reservation still mapped or unknown): ignored
+    /// Segment calls that broke the contract (a map of granules already mapped or
+    /// outside the reservation, an unmap of granules not mapped, a range not whole
+    /// granules, a release of a reservation still mapped or unknown): ignored
     /// and counted here (checked backends only). Always 0 under a correct pool.
     pub bad_segment_calls: u64,
 }
@@ -522,8 +525,9 @@ impl Backend for HostBackend {
 /// segments: a reservation takes address space from the same counter and counts no
 /// bytes; mapping counts its bytes as live (against the capacity, so a map can be
 /// out of memory), unmapping gives them back. The checked mode records each
-/// reservation's mapped length and checks that maps grow it at its end, unmaps cut
-/// its tail and releases find it empty ([`BackendCounters::bad_segment_calls`]).
+/// reservation's mapped granules and checks that maps cover whole granules inside
+/// it not mapped yet, unmaps whole granules that are mapped, and releases find it
+/// empty ([`BackendCounters::bad_segment_calls`]).
 #[cfg(any(test, feature = "test-util"))]
 #[derive(Debug)]
 pub struct FakeBackend {
@@ -531,8 +535,8 @@ pub struct FakeBackend {
     next: AtomicU64,
     live: Option<Mutex<BTreeMap<u64, usize>>>,
     segments: Option<SegmentSpec>,
-    /// Checked mode: reservation base -> (reserved size, mapped length).
-    reservations: Mutex<BTreeMap<u64, (u64, u64)>>,
+    /// Checked mode: reservation base -> (reserved size, addresses of mapped granules).
+    reservations: Mutex<BTreeMap<u64, (u64, BTreeSet<u64>)>>,
 }
 
 #[cfg(any(test, feature = "test-util"))]
@@ -570,7 +574,36 @@ impl FakeBackend {
     /// reservation, or not the checked mode).
     pub fn mapped(&self, base: u64) -> Option<u64> {
         self.live.as_ref()?;
-        lock(&self.reservations).get(&base).map(|&(_, m)| m)
+        let g = self.segments?.granularity;
+        lock(&self.reservations)
+            .get(&base)
+            .map(|(_, m)| m.len() as u64 * g)
+    }
+
+    /// Whether `addr` lies in a mapped granule of a reservation (checked mode; `false`
+    /// otherwise).
+    pub fn is_mapped(&self, addr: u64) -> bool {
+        let Some(g) = self.segments.map(|s| s.granularity) else {
+            return false;
+        };
+        self.live.is_some()
+            && lock(&self.reservations)
+                .range(..=addr)
+                .next_back()
+                .is_some_and(|(_, (_, m))| m.contains(&(addr & !(g - 1))))
+    }
+
+    /// The granules `addr..addr + len` of the reservation at `base` if that range is
+    /// whole granules inside it (checked mode).
+    fn granules_of(&self, size: u64, base: u64, addr: u64, len: u64) -> Option<Vec<u64>> {
+        let g = self.segments?.granularity;
+        let ok = len > 0
+            && addr >= base
+            && (addr - base).is_multiple_of(g)
+            && len.is_multiple_of(g)
+            && addr - base <= size
+            && len <= size - (addr - base);
+        ok.then(|| (0..len / g).map(|k| addr + k * g).collect())
     }
 
     /// A fake backend that records live ranges and checks every free against them
@@ -655,27 +688,31 @@ impl Backend for FakeBackend {
         }
         self.acct.live_segments.fetch_add(1, Ordering::Relaxed);
         if self.live.is_some() {
-            lock(&self.reservations).insert(base, (size, 0));
+            lock(&self.reservations).insert(base, (size, BTreeSet::new()));
         }
         Ok(base)
     }
 
     fn segment_map(&self, base: u64, addr: u64, len: u64) -> Result<(), BackendError> {
+        let mut granules = Vec::new();
         if self.live.is_some() {
-            let ok = lock(&self.reservations)
-                .get(&base)
-                .is_some_and(|&(size, m)| addr == base + m && m + len <= size && len > 0);
-            if !ok {
-                self.acct.bad_segment_calls.fetch_add(1, Ordering::Relaxed);
-                return Err(BackendError::Other("bad segment_map".into()));
+            let res = lock(&self.reservations);
+            let free = res.get(&base).and_then(|(size, m)| {
+                let gs = self.granules_of(*size, base, addr, len)?;
+                gs.iter().all(|a| !m.contains(a)).then_some(gs)
+            });
+            match free {
+                Some(gs) => granules = gs,
+                None => {
+                    self.acct.bad_segment_calls.fetch_add(1, Ordering::Relaxed);
+                    return Err(BackendError::Other("bad segment_map".into()));
+                }
             }
         }
         self.acct.reserve_bytes(len)?;
         self.acct.segment_maps.fetch_add(1, Ordering::Relaxed);
-        if self.live.is_some() {
-            if let Some(r) = lock(&self.reservations).get_mut(&base) {
-                r.1 += len;
-            }
+        if let Some((_, m)) = lock(&self.reservations).get_mut(&base) {
+            m.extend(granules);
         }
         Ok(())
     }
@@ -683,12 +720,17 @@ impl Backend for FakeBackend {
     fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
         if self.live.is_some() {
             let mut res = lock(&self.reservations);
-            match res.get_mut(&base) {
-                Some(r) if len > 0 && len <= r.1 && addr == base + r.1 - len => r.1 -= len,
-                _ => {
-                    self.acct.bad_segment_calls.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
+            let taken = res.get_mut(&base).and_then(|(size, m)| {
+                let gs = self.granules_of(*size, base, addr, len)?;
+                gs.iter().all(|a| m.contains(a)).then(|| {
+                    gs.iter().for_each(|a| {
+                        m.remove(a);
+                    })
+                })
+            });
+            if taken.is_none() {
+                self.acct.bad_segment_calls.fetch_add(1, Ordering::Relaxed);
+                return;
             }
         }
         self.acct.segment_unmaps.fetch_add(1, Ordering::Relaxed);
@@ -698,7 +740,10 @@ impl Backend for FakeBackend {
     fn segment_release(&self, base: u64, size: u64) {
         if self.live.is_some() {
             let mut res = lock(&self.reservations);
-            if res.get(&base) != Some(&(size, 0)) {
+            if !res
+                .get(&base)
+                .is_some_and(|(s, m)| *s == size && m.is_empty())
+            {
                 self.acct.bad_segment_calls.fetch_add(1, Ordering::Relaxed);
                 return;
             }

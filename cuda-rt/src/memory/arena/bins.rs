@@ -12,6 +12,7 @@
 //! empty, so no other chunk could win or tie. A free that finds the slot taken moves
 //! the previous hot chunk into its treap.
 
+mod holes;
 mod segments;
 
 pub(super) use segments::{SegmentCut, SegmentPlan};
@@ -60,6 +61,9 @@ enum State {
     /// out nor free until its fences are done ([`Bins::defer`], then
     /// [`Bins::free_awaiting`]).
     Awaiting,
+    /// A hole: whole granules of an expandable segment given back to the backend,
+    /// linked in the segment's chain but in no index and not reserved (see `holes`).
+    Unmapped,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -130,6 +134,9 @@ pub(super) struct Bins {
     /// The arena's expandable segments (empty unless the pool uses them): touched
     /// only by misses and releases, never by the cached paths.
     segs: Vec<segments::Segment>,
+    /// The records of the segments' holes ([`State::Unmapped`]), in no order: misses
+    /// look for a place to map among them without walking the chains.
+    holes: Vec<u32>,
 }
 
 impl Bins {
@@ -143,6 +150,7 @@ impl Bins {
             hot: NIL,
             counters: ArenaCounters::default(),
             segs: Vec::new(),
+            holes: Vec::new(),
         }
     }
 
@@ -643,22 +651,33 @@ impl Bins {
     }
 
     /// Every backend allocation of the arena (a segment) with its chunks in address
-    /// order: `(segment address, [(chunk address, size, in use)])`, segments sorted by
-    /// address (a chunk awaiting its streams counts as in use).
+    /// order: `(segment address, expandable, [(chunk address, size, in use)])`, sorted
+    /// by address (a chunk awaiting its streams counts as in use). An expandable
+    /// segment with holes shows as one segment per mapped run, as PyTorch's snapshot
+    /// does: only mapped chunks are listed.
     pub fn segments(&self) -> Vec<SegmentChunks> {
         let mut out = Vec::new();
         for (i, c) in self.chunks.iter().enumerate() {
             if c.state == State::Vacant || c.prev != NIL {
                 continue;
             }
+            let expandable = self.is_segment_head(i as u32);
             let mut blocks = Vec::new();
             let mut j = i as u32;
             while j != NIL {
                 let b = self.c(j);
-                blocks.push((b.addr, b.size, b.state != State::Free));
+                if b.state == State::Unmapped {
+                    if let Some(&(addr, _, _)) = blocks.first() {
+                        out.push((addr, expandable, std::mem::take(&mut blocks)));
+                    }
+                } else {
+                    blocks.push((b.addr, b.size, b.state != State::Free));
+                }
                 j = b.next;
             }
-            out.push((c.addr, self.is_segment_head(i as u32), blocks));
+            if let Some(&(addr, _, _)) = blocks.first() {
+                out.push((addr, expandable, blocks));
+            }
         }
         out.sort_unstable_by_key(|(a, _, _)| *a);
         out
@@ -688,8 +707,11 @@ impl Bins {
                     awaiting += c.size;
                     n_awaiting += 1;
                 }
+                State::Unmapped => {}
             }
-            total += c.size;
+            if c.state != State::Unmapped {
+                total += c.size;
+            }
             if c.size == 0 || c.size % unit != 0 || c.addr % unit != 0 {
                 return Err(format!("chunk {i} has addr {:#x} size {}", c.addr, c.size));
             }
@@ -698,8 +720,10 @@ impl Bins {
                 if p.state == State::Vacant || p.next != i || p.addr + p.size != c.addr {
                     return Err(format!("chunk {i}: broken prev link"));
                 }
-                if p.state == State::Free && c.state == State::Free {
-                    return Err(format!("chunk {i}: two adjacent free chunks not merged"));
+                if p.state == c.state && matches!(c.state, State::Free | State::Unmapped) {
+                    return Err(format!(
+                        "chunk {i}: two adjacent free chunks or holes not merged"
+                    ));
                 }
             }
             if c.next != NIL {

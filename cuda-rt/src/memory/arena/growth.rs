@@ -148,7 +148,7 @@ impl<B: Backend> Pool<B> {
                     .backend
                     .segment_reserve(size)
                     .map_err(Growth::Backend)?;
-                match arena.lock().add_segment(base, size, len) {
+                match arena.lock().add_segment(base, size, gran, len) {
                     Some(p) => p,
                     None => {
                         self.backend.segment_release(base, size);
@@ -157,6 +157,7 @@ impl<B: Backend> Pool<B> {
                 }
             }
         };
+        self.punch_for(arena, plan);
         let fail = |g: Growth| {
             arena.lock().unbusy(plan);
             Err(g)
@@ -181,6 +182,21 @@ impl<B: Backend> Pool<B> {
         Ok(self.hit(&mut bins, arena, rounded))
     }
 
+    /// Before `plan` maps: unmaps as many whole free granules of `arena`'s segments as
+    /// it will map (none next to where it maps), so that the growth adds to reserved
+    /// memory only what the cache's free granules cannot pay for. Cold: only a growth
+    /// that maps comes here, and the backend may wait for queued work before it unmaps.
+    #[cold]
+    fn punch_for(&self, arena: &Arena, plan: SegmentPlan) {
+        let mut cuts = Vec::new();
+        arena.lock().punch_for(plan, plan.len, &mut cuts);
+        if !cuts.is_empty() {
+            self.holes_punched
+                .fetch_add(cuts.len() as u64, Ordering::Relaxed);
+            self.give_back_segments(&mut cuts, Some(arena), Some(plan.base));
+        }
+    }
+
     /// Unmaps what `plan` mapped (a growth that could not be recorded).
     #[cold]
     fn unmap(&self, plan: SegmentPlan) {
@@ -189,18 +205,25 @@ impl<B: Backend> Pool<B> {
         self.backend_frees.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Cuts the free tails of `arena`'s expandable segments and gives them back
-    /// (`cuts` is scratch space, left empty).
+    /// Unmaps every whole free granule of `arena`'s expandable segments (free tails and
+    /// holes alike) and gives back the segments left empty (`cuts` is scratch space,
+    /// left empty).
     pub(super) fn trim_segments(&self, arena: &Arena, cuts: &mut Vec<SegmentCut>) {
-        if let Some(spec) = self.backend.segment_spec() {
-            arena.lock().trim_segments(spec.granularity.max(1), cuts);
-            self.give_back_segments(cuts, Some(arena));
+        if self.backend.segment_spec().is_some() {
+            arena.lock().trim_segments(cuts);
+            self.give_back_segments(cuts, Some(arena), None);
         }
     }
 
-    /// Gives the backend what [`trim_segments`](Self::trim_segments) cut, then marks
-    /// the cut segments of `arena` (`None`: the pool is being dropped) growable again.
-    pub(super) fn give_back_segments(&self, cuts: &mut Vec<SegmentCut>, arena: Option<&Arena>) {
+    /// Gives the backend what [`trim_segments`](Self::trim_segments) or a punch cut,
+    /// then marks the cut segments of `arena` (`None`: the pool is being dropped)
+    /// growable again, but for the one at `keep` (a growth still holds it).
+    pub(super) fn give_back_segments(
+        &self,
+        cuts: &mut Vec<SegmentCut>,
+        arena: Option<&Arena>,
+        keep: Option<u64>,
+    ) {
         for cut in cuts.iter() {
             match *cut {
                 SegmentCut::Unmap { base, addr, len } => {
@@ -214,8 +237,9 @@ impl<B: Backend> Pool<B> {
         if let Some(arena) = arena.filter(|_| !cuts.is_empty()) {
             let mut bins = arena.lock();
             for cut in cuts.iter() {
-                if let SegmentCut::Unmap { base, .. } = *cut {
-                    bins.unbusy_base(base);
+                match *cut {
+                    SegmentCut::Unmap { base, .. } if Some(base) != keep => bins.unbusy_base(base),
+                    _ => {}
                 }
             }
         }

@@ -46,6 +46,8 @@ pub struct Pool<B: Backend> {
     /// fences (or in their place).
     pub(super) fences_recorded: AtomicU64,
     pub(super) fence_waits: AtomicU64,
+    /// Ranges of free granules a growth unmapped inside expandable segments.
+    pub(super) holes_punched: AtomicU64,
 }
 
 impl<B: Backend> fmt::Debug for Pool<B> {
@@ -79,6 +81,7 @@ impl<B: Backend> Pool<B> {
             retired_pairs: AtomicU64::new(0),
             fences_recorded: AtomicU64::new(0),
             fence_waits: AtomicU64::new(0),
+            holes_punched: AtomicU64::new(0),
         }
     }
 
@@ -290,8 +293,19 @@ impl<B: Backend> Pool<B> {
     /// mapped at the backend's granularity ([`SegmentSpec::granularity`]), so a
     /// request may map up to one granule more than it needs; the rest stays cached.
     /// Releasing the cache ([`free_all_blocks`](Self::free_all_blocks), and the
-    /// release before an out-of-memory retry) unmaps each segment's free tail, from
-    /// the first granule boundary in it, and gives back segments left empty.
+    /// release before an out-of-memory retry) unmaps every whole granule of every
+    /// free chunk of the segments, and gives back segments left empty.
+    ///
+    /// With them on, a miss also *punches holes*: before a growth maps, it unmaps as
+    /// many whole free granules inside the arena's segments as it is about to map
+    /// (their partial granules stay cached, as do the free chunks next to where it
+    /// maps), so reserved memory grows only by what the cache's free granules cannot
+    /// pay for; and a growth maps where that maps the least, at a segment's end or
+    /// into a hole whose free neighbours make up the rest. Only free chunks are
+    /// punched, never blocks handed out or awaiting other streams' work. A CUDA
+    /// backend waits for the device's queued work before it unmaps, so this costs a
+    /// host synchronisation per growth that punches; growths are misses, never the
+    /// cached malloc and free. [`PoolStats::holes_punched`] counts the ranges unmapped.
     ///
     /// This is PyTorch's `expandable_segments:True`: a workload whose sizes drift
     /// upward (a serving batch growing by one) reuses the memory it freed instead of
@@ -302,6 +316,7 @@ impl<B: Backend> Pool<B> {
     ///
     /// [`SegmentSpec::reserve`]: super::SegmentSpec::reserve
     /// [`SegmentSpec::granularity`]: super::SegmentSpec::granularity
+    /// [`PoolStats::holes_punched`]: super::PoolStats::holes_punched
     pub fn set_expandable_segments(&self, on: bool) {
         self.expandable.store(on, Ordering::Relaxed);
     }
@@ -355,18 +370,18 @@ impl<B: Backend> Drop for Pool<B> {
         self.abandon_awaiting();
         let mut out = Vec::new();
         let mut cuts = Vec::new();
-        let gran = self.backend.segment_spec().map(|s| s.granularity);
+        let segments = self.backend.segment_spec().is_some();
         for arena in self.arenas.iter_mut() {
             let bins = arena.bins.get_mut();
             bins.release_whole(&mut out);
-            if let Some(g) = gran {
-                bins.trim_segments(g, &mut cuts);
+            if segments {
+                bins.trim_segments(&mut cuts);
             }
         }
         for (addr, size) in out {
             self.backend.free(addr, size as usize);
         }
-        self.give_back_segments(&mut cuts, None);
+        self.give_back_segments(&mut cuts, None, None);
     }
 }
 

@@ -464,4 +464,48 @@ mod tests {
         pool.free(plain).unwrap();
         pool.free(grown).unwrap();
     }
+
+    /// A hole splits an expandable segment's picture into its mapped runs, as
+    /// PyTorch's snapshot does: each lists only mapped blocks and they add up to the
+    /// reserved bytes.
+    #[test]
+    fn a_segment_with_a_hole_shows_as_its_mapped_runs() {
+        use super::super::backend::SegmentSpec;
+        const MIB: usize = 1 << 20;
+        let backend = std::sync::Arc::new(FakeBackend::checked().with_segments(SegmentSpec {
+            granularity: 2 << 20,
+            reserve: 1 << 30,
+        }));
+        let pool = Pool::new(backend);
+        pool.set_expandable_segments(true);
+        let x = pool.malloc(MIB, 0).unwrap();
+        let m = pool.malloc(6 * MIB, 0).unwrap();
+        let y = pool.malloc(MIB, 0).unwrap();
+        pool.free(m).unwrap();
+        // The growth unmaps 2..6 MiB of the free 1..7 MiB.
+        let z = pool.malloc(10 * MIB, 0).unwrap();
+        let base = x.addr();
+        let snap = pool.snapshot();
+        let runs: Vec<(u64, u64, bool)> = snap
+            .segments
+            .iter()
+            .map(|s| (s.address - base, s.total_size, s.expandable))
+            .collect();
+        let mib = MIB as u64;
+        assert_eq!(runs, [(0, 2 * mib, true), (6 * mib, 12 * mib, true)]);
+        assert_eq!(snap.reserved_bytes(), pool.stats().total_bytes);
+        assert_eq!(snap.allocated_bytes(), pool.stats().used_bytes);
+        for s in &snap.segments {
+            let mut next = s.address;
+            for blk in &s.blocks {
+                assert_eq!(blk.address, next, "blocks are contiguous in a run");
+                next += blk.size;
+            }
+        }
+        #[cfg(feature = "serde")]
+        assert_eq!(PoolSnapshot::from_json(&snap.to_json()).unwrap(), snap);
+        for b in [x, y, z] {
+            pool.free(b).unwrap();
+        }
+    }
 }

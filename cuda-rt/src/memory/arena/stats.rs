@@ -53,6 +53,10 @@ pub struct PoolStats {
     /// pool's drop, and in place of a fence that could not be recorded. None in the
     /// steady state.
     pub fence_syncs: u64,
+    /// Ranges of free granules that growths unmapped inside expandable segments
+    /// (holes punched, see [`Pool::set_expandable_segments`]); each is also one of
+    /// `backend_frees`.
+    pub holes_punched: u64,
 }
 
 impl<B: Backend> Pool<B> {
@@ -93,6 +97,7 @@ impl<B: Backend> Pool<B> {
         s.oom_retries = self.oom_retries.load(Ordering::Relaxed);
         s.stream_fences = self.fences_recorded.load(Ordering::Relaxed);
         s.fence_syncs = self.fence_waits.load(Ordering::Relaxed);
+        s.holes_punched = self.holes_punched.load(Ordering::Relaxed);
         s.limit = self.limit();
         s
     }

@@ -61,8 +61,9 @@ impl fmt::Debug for PoolAllocator {
 /// With [`PoolAllocator::Device`] it also backs expandable segments: one address
 /// reservation of the device's total memory per segment, mapped one granule
 /// (`cuMemGetAllocationGranularity`, minimum) at a time, each granule its own physical
-/// allocation (`cuMemCreate`), so that any granule-aligned tail can be unmapped and
-/// released on its own (`cuMemUnmap` takes whole mappings only).
+/// allocation (`cuMemCreate`), so that any granule-aligned range (a free tail, or a
+/// hole punched inside a segment) can be unmapped and released on its own, and mapped
+/// again later (`cuMemUnmap` takes whole mappings only).
 #[derive(Debug)]
 pub(crate) struct DeviceBackend {
     pub(super) device: i32,
@@ -143,7 +144,8 @@ impl DeviceBackend {
         for (a, h) in taken {
             // SAFETY: `a` is a granule this backend mapped with `h` (recorded at
             // `segment_map`), unmapped and released once (removed from the record
-            // above); the pool unmaps only tails no block or stream work uses.
+            // above); the pool unmaps only free ranges (tails and holes) that no block
+            // uses, after `segment_unmap` drained the work queued on them.
             unsafe {
                 let _ = result::vmm::unmap(a, gran as usize);
                 let _ = result::vmm::release(h);
@@ -290,9 +292,9 @@ impl Backend for DeviceBackend {
                 Ok(h) => h,
                 Err(e) => break Err(Error::from(e)),
             };
-            // SAFETY: `at..at + g` lies in the reservation at `base` past its mapped
-            // end (the pool's contract), so it is unmapped; `handle` is live, of `g`
-            // bytes.
+            // SAFETY: `at..at + g` lies in the reservation at `base` and is not mapped
+            // (the pool's contract: past its mapped end, or in a hole unmapped
+            // before); `handle` is live, of `g` bytes.
             if let Err(e) = unsafe { result::vmm::map(at, g as usize, handle) } {
                 // SAFETY: the handle was created above, never mapped, released once.
                 let _ = unsafe { result::vmm::release(handle) };
@@ -317,11 +319,12 @@ impl Backend for DeviceBackend {
 
     fn segment_unmap(&self, base: u64, addr: u64, len: u64) {
         let _ = base;
-        // Work queued before the release may still use the tail: `cuMemUnmap` does not
-        // wait for it as `cuMemFree` does. A wait that fails (another thread's
-        // global-mode capture, a dead context) says nothing about that work: the tail
-        // then stays mapped (leaked; a later growth over it fails to map and reports
-        // it) rather than unmapped under a kernel.
+        // Work queued before the release may still use the range (a free tail, or
+        // a hole a growth punches): `cuMemUnmap` does not wait for it as `cuMemFree`
+        // does. A wait that fails (another thread's global-mode capture, a dead
+        // context) says nothing about that work: the range then stays mapped
+        // (leaked; a later growth over it fails to map and reports it) rather than
+        // unmapped under a kernel.
         if self.drain() {
             self.unmap_granules(addr, len);
         }

@@ -1,6 +1,6 @@
-//! Expandable segments in an arena's chunks: a reserved address range whose mapped
-//! prefix is one chain of chunks, grown at its end by a miss and cut back at its free
-//! tail by a release (see [`Pool::set_expandable_segments`]).
+//! Expandable segments in an arena's chunks: a reserved address range whose prefix
+//! (its *extent*) is one chain of chunks, grown by a miss (at its end, or into a hole
+//! inside it) and cut back by a release (see [`Pool::set_expandable_segments`]).
 //!
 //! Only misses and releases come here; the cached malloc and free never look at
 //! segments: a segment's chunks are ordinary chunks, linked and merged as those of a
@@ -9,25 +9,34 @@
 //! so a segment remembers it; its last chunk moves, so the segment keeps a hint and
 //! walks from the base when the hint is stale.
 //!
+//! The chain may hold *holes* (unmapped chunks, see `holes`): whole granules given
+//! back inside the extent. The extent never ends in a hole (a hole that reaches the
+//! end shortens the extent instead), so a segment with nothing mapped has no chunks.
+//!
 //! [`Pool::set_expandable_segments`]: super::super::Pool::set_expandable_segments
 
 use super::{Bins, Chunk, SlabFull, State, NIL};
 
+pub(super) use super::holes::align_up;
+
 /// One expandable segment of an arena.
 #[derive(Clone, Copy, Debug)]
 pub(in crate::memory::arena) struct Segment {
-    base: u64,
+    pub(super) base: u64,
     /// Address space reserved.
-    size: u64,
-    /// Bytes mapped from `base` on: the chunks of the segment cover exactly these.
-    mapped: u64,
-    /// The chunk at `base` (NIL while nothing is mapped).
-    head: u32,
+    pub(super) size: u64,
+    /// Bytes from `base` on that the segment's chain covers: its mapped chunks and its
+    /// holes. A multiple of `gran`.
+    pub(super) extent: u64,
+    /// The mapping unit: holes start and end on its multiples.
+    pub(super) gran: u64,
+    /// The chunk at `base` (NIL while the extent is empty).
+    pub(super) head: u32,
     /// The last chunk, as far as known (checked before use).
-    tail: u32,
+    pub(super) tail: u32,
     /// A thread is growing it (between planning and recording, with no lock held):
     /// nobody else grows or cuts it meanwhile.
-    busy: bool,
+    pub(super) busy: bool,
 }
 
 /// A growth planned by [`Bins::plan_extend`]: map `len` bytes at `addr` in the
@@ -48,11 +57,6 @@ pub(in crate::memory::arena) enum SegmentCut {
     Release { base: u64, size: u64 },
 }
 
-#[inline]
-fn align_up(x: u64, g: u64) -> Option<u64> {
-    Some(x.checked_add(g - 1)? & !(g - 1))
-}
-
 impl Bins {
     /// Whether chunk `i` is the base chunk of an expandable segment.
     pub(in crate::memory::arena) fn is_segment_head(&self, i: u32) -> bool {
@@ -60,9 +64,9 @@ impl Bins {
     }
 
     /// The last chunk of segment `s` (NIL when nothing is mapped), refreshing its hint.
-    fn tail_of(&mut self, s: usize) -> u32 {
+    pub(super) fn tail_of(&mut self, s: usize) -> u32 {
         let seg = self.segs[s];
-        let end = seg.base + seg.mapped;
+        let end = seg.base + seg.extent;
         let hint = seg.tail;
         if let Some(c) = self.chunks.get(hint as usize) {
             if c.state != State::Vacant
@@ -91,17 +95,33 @@ impl Bins {
     }
 
     /// Plans the growth that lets a request of `want` bytes be served from a segment:
-    /// the segment whose free tail leaves the least to map (a multiple of `gran`) and
-    /// whose reservation has room for it. It is marked busy until
-    /// [`extend`](Self::extend) or [`unbusy`](Self::unbusy). `None`: no segment has
-    /// room (the caller reserves another and adds it with
-    /// [`add_segment`](Self::add_segment)).
+    /// the placement that maps the least (a multiple of `gran`), among each segment's
+    /// end (after its free tail, where its reservation has room) and each hole with
+    /// its free neighbours (on a tie the hole, lower in the address space, wins). The
+    /// segment is marked busy until [`extend`](Self::extend) or
+    /// [`unbusy`](Self::unbusy). `None`: no segment has room (the caller reserves
+    /// another and adds it with [`add_segment`](Self::add_segment)).
     pub(in crate::memory::arena) fn plan_extend(
         &mut self,
         want: u64,
         gran: u64,
     ) -> Option<SegmentPlan> {
-        let mut best: Option<(usize, u64)> = None;
+        let mut best: Option<(usize, u64, u64)> = None;
+        let mut consider = |s: usize, addr: u64, len: u64| {
+            if best.is_none_or(|(_, _, n)| len < n) {
+                best = Some((s, addr, len));
+            }
+        };
+        for &h in &self.holes {
+            let Some(s) = self.segment_of(self.c(h).addr) else {
+                continue;
+            };
+            if !self.segs[s].busy {
+                if let Some((addr, len)) = self.hole_plan(h, want, gran) {
+                    consider(s, addr, len);
+                }
+            }
+        }
         for s in 0..self.segs.len() {
             if self.segs[s].busy {
                 continue;
@@ -111,27 +131,28 @@ impl Bins {
                 continue;
             };
             let seg = &self.segs[s];
-            if seg.size - seg.mapped >= need && best.is_none_or(|(_, n)| need < n) {
-                best = Some((s, need));
+            if seg.size - seg.extent >= need {
+                consider(s, seg.base + seg.extent, need);
             }
         }
-        let (s, len) = best?;
+        let (s, addr, len) = best?;
         let seg = &mut self.segs[s];
         seg.busy = true;
         Some(SegmentPlan {
             base: seg.base,
-            addr: seg.base + seg.mapped,
+            addr,
             len,
         })
     }
 
     /// Records a fresh reservation of `size` bytes at `base` (nothing mapped yet),
-    /// busy for its first growth: the plan of mapping `len` bytes at its start. `None`
-    /// when `len` does not fit in `size`.
+    /// mapped in units of `gran`, busy for its first growth: the plan of mapping `len`
+    /// bytes at its start. `None` when `len` does not fit in `size`.
     pub(in crate::memory::arena) fn add_segment(
         &mut self,
         base: u64,
         size: u64,
+        gran: u64,
         len: u64,
     ) -> Option<SegmentPlan> {
         if len == 0 || len > size {
@@ -140,7 +161,8 @@ impl Bins {
         self.segs.push(Segment {
             base,
             size,
-            mapped: 0,
+            extent: 0,
+            gran,
             head: NIL,
             tail: NIL,
             busy: true,
@@ -164,18 +186,22 @@ impl Bins {
         }
     }
 
-    /// Records that `plan`'s bytes are mapped: the segment's free tail grows by them,
-    /// or a new free chunk holds them. The segment is no longer busy. On `Err` (a new
-    /// chunk record was needed and the slab is full) nothing changed but that: the
-    /// caller unmaps.
+    /// Records that `plan`'s bytes are mapped: at the segment's end they extend its
+    /// free tail, or make a new free chunk; in a hole they make a free chunk merged
+    /// with its free neighbours. The segment is no longer busy. On `Err` (no such
+    /// segment or hole, or a new chunk record was needed and the slab is full) nothing
+    /// changed but that: the caller unmaps.
     pub(in crate::memory::arena) fn extend(&mut self, plan: SegmentPlan) -> Result<(), SlabFull> {
         let Some(s) = self.segs.iter().position(|s| s.base == plan.base) else {
             return Err(SlabFull);
         };
         self.segs[s].busy = false;
         let seg = self.segs[s];
-        if plan.addr != seg.base + seg.mapped {
-            return Err(SlabFull);
+        if plan.addr != seg.base + seg.extent {
+            let u = self.hole_at(plan.addr, plan.len).ok_or(SlabFull)?;
+            self.map_hole(u, plan.addr, plan.len)?;
+            self.counters.reserved += plan.len;
+            return Ok(());
         }
         let t = self.tail_of(s);
         if t != NIL && self.c(t).state == State::Free {
@@ -199,72 +225,47 @@ impl Bins {
             self.segs[s].tail = j;
             self.index_insert(j);
         }
-        self.segs[s].mapped += plan.len;
+        self.segs[s].extent += plan.len;
         self.counters.reserved += plan.len;
         Ok(())
     }
 
-    /// Cuts every segment's free tail back to the granularity `gran` (the part from
-    /// the first `gran` boundary at or after the free tail's start), and gives up the
-    /// segments left with nothing mapped; appends what to do to `out`, in order
-    /// (unmaps before the release of their segment). Busy segments are left alone, and
-    /// a segment cut but kept is busy until the caller has unmapped its tail
-    /// ([`unbusy_base`](Self::unbusy_base)): a growth must not map there before.
-    pub(in crate::memory::arena) fn trim_segments(&mut self, gran: u64, out: &mut Vec<SegmentCut>) {
+    /// Gives back every whole granule of every free chunk of the segments (tails and
+    /// holes alike: see `holes`), and gives up the segments left with nothing mapped;
+    /// appends what to do to `out`, in order (unmaps before the release of their
+    /// segment). Busy segments are left alone, and a segment cut but kept is busy
+    /// until the caller has unmapped its cuts ([`unbusy_base`](Self::unbusy_base)): a
+    /// growth must not map there before.
+    pub(in crate::memory::arena) fn trim_segments(&mut self, out: &mut Vec<SegmentCut>) {
+        let mut spans = Vec::new();
         let mut s = 0;
         while s < self.segs.len() {
             if self.segs[s].busy {
                 s += 1;
                 continue;
             }
-            let t = self.tail_of(s);
+            spans.clear();
+            self.free_spans(|k| k == s, None, &mut spans);
+            let cut = self.punch_spans(&spans, u64::MAX, out);
             let seg = self.segs[s];
-            let end = seg.base + seg.mapped;
-            if t != NIL && self.c(t).state == State::Free {
-                let c = *self.c(t);
-                let cut = match align_up(c.addr - seg.base, gran) {
-                    Some(off) => seg.base + off,
-                    None => end,
-                };
-                if cut < end {
-                    self.index_remove(t);
-                    if cut == c.addr {
-                        if c.prev == NIL {
-                            self.segs[s].head = NIL;
-                        } else {
-                            self.cm(c.prev).next = NIL;
-                        }
-                        self.segs[s].tail = c.prev;
-                        self.vacate(t);
-                    } else {
-                        self.cm(t).size = cut - c.addr;
-                        self.index_insert(t);
-                    }
-                    let len = end - cut;
-                    self.segs[s].busy = true;
-                    self.segs[s].mapped -= len;
-                    self.counters.reserved -= len;
-                    out.push(SegmentCut::Unmap {
-                        base: seg.base,
-                        addr: cut,
-                        len,
-                    });
-                }
-            }
-            if self.segs[s].mapped == 0 {
+            if seg.extent == 0 {
                 out.push(SegmentCut::Release {
                     base: seg.base,
                     size: seg.size,
                 });
                 self.segs.swap_remove(s);
             } else {
+                self.segs[s].busy = cut > 0;
                 s += 1;
             }
         }
     }
 
-    /// Each segment's chain runs from its base, without a gap, to its mapped end.
+    /// Each segment's chain runs from its base, without a gap, to the end of its
+    /// extent; its holes are whole granules, merged, never last; no hole lies outside
+    /// a segment.
     pub(super) fn check_segments(&self) -> Result<(), String> {
+        let mut holes = 0usize;
         for seg in &self.segs {
             let (mut t, mut at) = (seg.head, seg.base);
             if t != NIL && self.c(t).prev != NIL {
@@ -275,15 +276,46 @@ impl Bins {
                 if c.state == State::Vacant || c.addr != at {
                     return Err(format!("segment {:#x}: gap at {at:#x}", seg.base));
                 }
+                if c.state == State::Unmapped {
+                    holes += 1;
+                    let whole = (c.addr - seg.base).is_multiple_of(seg.gran)
+                        && c.size.is_multiple_of(seg.gran);
+                    if !whole || c.next == NIL {
+                        return Err(format!(
+                            "segment {:#x}: hole at {:#x} of {} bytes (granule {}) \
+                             is not whole granules, or ends the extent",
+                            seg.base, c.addr, c.size, seg.gran
+                        ));
+                    }
+                }
                 at += c.size;
                 t = c.next;
             }
-            if at != seg.base + seg.mapped || seg.mapped > seg.size {
+            if at != seg.base + seg.extent
+                || seg.extent > seg.size
+                || !seg.extent.is_multiple_of(seg.gran)
+            {
                 return Err(format!(
-                    "segment {:#x}: chunks end at {at:#x}, mapped {} of {}",
-                    seg.base, seg.mapped, seg.size
+                    "segment {:#x}: chunks end at {at:#x}, extent {} of {}",
+                    seg.base, seg.extent, seg.size
                 ));
             }
+        }
+        let all = self
+            .chunks
+            .iter()
+            .filter(|c| c.state == State::Unmapped)
+            .count();
+        let listed = self.holes.iter().all(|&h| {
+            self.chunks
+                .get(h as usize)
+                .is_some_and(|c| c.state == State::Unmapped)
+        });
+        if all != holes || self.holes.len() != all || !listed {
+            return Err(format!(
+                "{all} holes, {holes} of them in segments, {} listed",
+                self.holes.len()
+            ));
         }
         Ok(())
     }
