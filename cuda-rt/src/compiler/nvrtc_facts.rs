@@ -20,7 +20,7 @@ use cuda_sys::loader::search::{candidates, SearchEnv, Source};
 use cuda_sys::loader::specs::NVRTC;
 
 use super::cache_dir::write_file_atomically;
-use super::hash::StableHash;
+use super::hash::{hex, StableHash};
 use super::nvrtc;
 use crate::error::Result;
 
@@ -118,8 +118,7 @@ const MAGIC: [u8; 8] = *b"CURTNF2\n";
 
 /// The facts file's name for `id`.
 pub fn facts_file_name(id: &[u8; 16]) -> String {
-    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    format!("nvrtc-{hex}.facts")
+    format!("nvrtc-{}.facts", hex(id))
 }
 
 /// The bytes of a facts file. Pure.
