@@ -605,7 +605,7 @@ fn forged_entries_are_not_returned_and_get_overwritten() {
     // The current format, tagged with a secret that is not this folder's.
     let wrong = CacheSecret::from_bytes([0xee; SECRET_LEN]);
     std::fs::write(&entry, encode(&wrong, &key, &forged)).unwrap();
-    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(FORMAT_VERSION, 3);
     assert_eq!(cache.load(&key), None);
     assert_eq!(cache.stats().corrupt_files, 2);
     // What the victim compiles overwrites it, and is what is read back.
@@ -640,4 +640,28 @@ fn secret_readable_by_others_makes_the_cache_memory_only() {
     let cache = KernelCache::new(Some(dir.path()));
     let reason = cache.memory_only_reason().unwrap();
     assert!(reason.contains("others may read it (mode 644"), "{reason}");
+}
+
+/// What is checked once per cache and what again: a cache checks its folder on first
+/// use and keeps the answer; a new cache on the same folder checks it again (this
+/// process having read its secret changes nothing), so a folder that became writable
+/// by others is refused from then on.
+#[test]
+fn folder_made_writable_by_others_after_first_use_is_refused_by_a_new_cache() {
+    let dir = private_dir("mode-after");
+    let key = CacheKey([8; 16]);
+    let first = KernelCache::new(Some(dir.path()));
+    first.store(&key, &fake_compiled("a")).unwrap();
+    assert_eq!(
+        KernelCache::new(Some(dir.path())).load(&key),
+        Some(fake_compiled("a"))
+    );
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let later = KernelCache::new(Some(dir.path()));
+    assert_eq!(later.load(&key), None);
+    let reason = later.memory_only_reason().unwrap();
+    assert!(reason.contains("writable by group or others"), "{reason}");
+    // The cache that checked the folder before keeps using it.
+    assert_eq!(first.disk_dir(), Some(dir.path()));
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o700)).unwrap();
 }

@@ -8,7 +8,7 @@ mod common;
 use common::{scratch, Scratch};
 
 use cuda_sys::loader::search::SearchEnv;
-use cuda_sys::loader::search::{candidates, site_packages, Source};
+use cuda_sys::loader::search::{candidates, candidates_with_sites, site_packages, Source};
 use cuda_sys::loader::{specs, DriverSymbol, Kind, Library, LibrarySpec};
 use cuda_sys::LoadErrorKind;
 
@@ -142,6 +142,17 @@ fn search_order_is_override_cuda_path_usr_local_system_then_wheels() {
         ),
     ];
     assert_eq!(got, expect);
+    // With the site-packages folders found beforehand: the same list, and the wheels
+    // come from the folders given.
+    let sites = site_packages(&env);
+    let with = |sites: &[PathBuf]| -> Vec<(PathBuf, Source)> {
+        candidates_with_sites(&specs::NVRTC, &env, sites)
+            .into_iter()
+            .map(|c| (c.path, c.source))
+            .collect()
+    };
+    assert_eq!(with(&sites), expect);
+    assert_eq!(with(&[]), expect[..expect.len() - 2]);
 }
 
 #[test]

@@ -43,10 +43,20 @@
 //! files are created exclusively (mode 0600) under unpredictable names, so a link
 //! planted in the folder is never written through. An entry is used only if its tag
 //! verifies with the secret, so a file not written by this user's cache (forged,
-//! copied from another machine or user, or in the format before tags, version 1) is
-//! a miss and is overwritten. The secret is read once per [`KernelCache`] and is
-//! itself refused unless it is a regular file of the user's, mode 0600 (readable by
-//! nobody else).
+//! copied from another machine or user, or in an earlier format: 1, before tags, and
+//! 2, whose tags are keyed differently) is a miss and is overwritten. The secret is
+//! refused unless it is a regular file of the user's, mode 0600 (readable by nobody
+//! else).
+//!
+//! When what is checked: the folder and the secret file on a [`KernelCache`]'s first
+//! use of its disk part, remembered by that cache (a folder that becomes writable by
+//! others later is refused by every new cache, not by one that already uses it); each
+//! entry file (owner, mode, not a link) and its tag on every read. The secret's bytes
+//! are read once per process and file: a new cache on the same folder checks the
+//! secret file's metadata again (one `lstat`) and reads it again only if it changed
+//! (another inode, length, modification or change time). A secret rewritten in place
+//! within one tick of the file system's clock can go unseen by a process that read it
+//! before; only the user can do that, and that process then misses and recompiles.
 //!
 //! What remains trusted: the user's own account and root (who can read the secret),
 //! and the NVRTC facts file (see below), which is not tagged: it only names the NVRTC

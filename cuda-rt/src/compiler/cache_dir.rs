@@ -20,6 +20,7 @@ use std::fs::{File, Metadata, OpenOptions, Permissions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::{Mutex, OnceLock};
 
 use tempfile::NamedTempFile;
 
@@ -32,8 +33,11 @@ pub const SECRET_LEN: usize = 32;
 /// Length of an entry's tag, in bytes.
 pub const TAG_LEN: usize = 32;
 
-/// Context string mixed into every tag, so the secret keys nothing else by accident.
-const TAG_CONTEXT: &[u8] = b"cuda-rt kernel cache entry v2\0";
+/// Context under which the tags' key is derived from the secret, so the secret keys
+/// nothing else by accident. v3: the key is derived (v2 hashed this string in front of
+/// each entry, which put the entry off BLAKE3's chunk boundaries: one chunk more was
+/// hashed serially, a tenth of a warm hit's time).
+const TAG_CONTEXT: &[u8] = b"cuda-rt kernel cache entry v3\0";
 
 /// The per-user secret keying the cache entries' tags (BLAKE3 in keyed mode). Its
 /// `Debug` does not show it.
@@ -94,12 +98,13 @@ impl CacheSecret {
         ))
     }
 
-    /// The tag of `bytes`: BLAKE3 keyed with the secret. Pure.
+    /// The tag of `bytes`: BLAKE3 over `bytes` alone, keyed with a key derived from the
+    /// secret under [`TAG_CONTEXT`] (one compression, cheaper than keeping it). `bytes`
+    /// hashed from the start of a chunk lets BLAKE3 hash all of its whole chunks side by
+    /// side. Pure.
     pub fn tag(&self, bytes: &[u8]) -> [u8; TAG_LEN] {
-        let mut h = blake3::Hasher::new_keyed(&self.0);
-        h.update(TAG_CONTEXT);
-        h.update(bytes);
-        *h.finalize().as_bytes()
+        let key = blake3::keyed_hash(&self.0, TAG_CONTEXT);
+        *blake3::keyed_hash(key.as_bytes(), bytes).as_bytes()
     }
 
     /// Whether `tag` is the tag of `bytes` (compared in constant time). Pure.
@@ -203,16 +208,102 @@ pub fn read_private(path: &Path) -> io::Result<Option<Vec<u8>>> {
         return Ok(None);
     };
     // One read of the length fstat gave: entries are replaced by rename, never
-    // rewritten in place, so the open file keeps that length (read_to_end would make
-    // a second read only to see the end). A file that is shorter fails here; one that
-    // grew is cut at that length, and its tag no longer verifies.
+    // rewritten in place, so the open file keeps that length (a plain read_to_end
+    // would make a second read only to see the end; through `take` the end is known
+    // without one). Read into spare capacity: zeroing it first cost more than the read.
+    // A file that is shorter fails here; one that grew is cut at that length, and its
+    // tag no longer verifies.
     let len = usize::try_from(m.len()).map_err(|_| io::Error::other("file too large"))?;
-    let mut bytes = vec![0u8; len];
-    f.read_exact(&mut bytes)?;
+    let mut bytes = Vec::with_capacity(len);
+    (&mut f).take(m.len()).read_to_end(&mut bytes)?;
+    if bytes.len() != len {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
     Ok(Some(bytes))
 }
 
+/// Which file a secret was read from, and in what state: a secret file whose
+/// metadata still shows all of these is the file read then, unchanged (writing to it,
+/// `chmod`, `chown` or a link change its `ctime`; a replacement is another inode).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct SecretFileId {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl SecretFileId {
+    fn of(m: &Metadata) -> SecretFileId {
+        SecretFileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// The secrets this process has read, by their file: a new [`KernelCache`]'s first
+/// use (a new cache on the same folder) still checks the folder and the secret file's
+/// metadata, but reads the file again only if it changed.
+///
+/// [`KernelCache`]: super::KernelCache
+fn secrets_read() -> &'static Mutex<Vec<(SecretFileId, CacheSecret)>> {
+    static READ: OnceLock<Mutex<Vec<(SecretFileId, CacheSecret)>>> = OnceLock::new();
+    READ.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Why the secret file with metadata `m` (not followed through a link) must not be
+/// used, if it must not: the rules of [`open_private`], readable by group or others,
+/// or not [`SECRET_LEN`] bytes long.
+fn untrusted_secret(m: &Metadata) -> Option<String> {
+    if !m.is_file() {
+        return Some("it is not a regular file".to_owned());
+    }
+    if let Some(why) = untrusted_owner_or_mode(m) {
+        return Some(why);
+    }
+    if m.mode() & 0o077 != 0 {
+        return Some(format!(
+            "others may read it (mode {:o}, expected 600)",
+            m.mode() & 0o7777
+        ));
+    }
+    if m.len() != SECRET_LEN as u64 {
+        return Some(format!("it is {} bytes long, not {SECRET_LEN}", m.len()));
+    }
+    None
+}
+
+/// The secret this process already read from the file at `path`, if that file is still
+/// there unchanged and passes every check a read makes: one `lstat` instead of an
+/// open, `fstat`, read and close. `None` otherwise (then the file is opened and
+/// checked as usual, which also words any refusal).
+fn known_secret(path: &Path) -> Option<CacheSecret> {
+    let m = std::fs::symlink_metadata(path).ok()?;
+    if untrusted_secret(&m).is_some() {
+        return None;
+    }
+    let id = SecretFileId::of(&m);
+    let known = secrets_read().lock().unwrap_or_else(|p| p.into_inner());
+    known.iter().find(|(k, _)| *k == id).map(|(_, s)| s.clone())
+}
+
+fn remember_secret(m: &Metadata, secret: &CacheSecret) {
+    let id = SecretFileId::of(m);
+    let mut known = secrets_read().lock().unwrap_or_else(|p| p.into_inner());
+    if !known.iter().any(|(k, _)| *k == id) {
+        known.push((id, secret.clone()));
+    }
+}
+
 fn read_secret(path: &Path) -> Result<Option<CacheSecret>, String> {
+    if let Some(secret) = known_secret(path) {
+        return Ok(Some(secret));
+    }
     let refuse = |why: String| {
         format!(
             "the kernel cache secret {} is not trusted: {why}",
@@ -222,22 +313,15 @@ fn read_secret(path: &Path) -> Result<Option<CacheSecret>, String> {
     let Some((mut f, m)) = open_private(path).map_err(|e| refuse(e.to_string()))? else {
         return Ok(None);
     };
-    if m.mode() & 0o077 != 0 {
-        return Err(refuse(format!(
-            "others may read it (mode {:o}, expected 600)",
-            m.mode() & 0o7777
-        )));
-    }
-    if m.len() != SECRET_LEN as u64 {
-        return Err(refuse(format!(
-            "it is {} bytes long, not {SECRET_LEN}",
-            m.len()
-        )));
+    if let Some(why) = untrusted_secret(&m) {
+        return Err(refuse(why));
     }
     let mut bytes = [0u8; SECRET_LEN];
     f.read_exact(&mut bytes)
         .map_err(|e| refuse(e.to_string()))?;
-    Ok(Some(CacheSecret(bytes)))
+    let secret = CacheSecret(bytes);
+    remember_secret(&m, &secret);
+    Ok(Some(secret))
 }
 
 /// Random characters in a temporary's name (`tempfile`'s alphabet of 62: 72 bits).
@@ -425,6 +509,37 @@ mod tests {
         let e = CacheSecret::load_or_create(&dir.0).unwrap_err();
         assert!(e.ends_with("it is a symbolic link"), "{e}");
         assert_eq!(std::fs::read(&elsewhere).unwrap(), [7u8; SECRET_LEN]);
+    }
+
+    /// A new cache's first use checks the secret file again even when this process has
+    /// read it: a file that is no longer trusted is refused, and one that changed is read
+    /// again rather than answered from memory.
+    #[test]
+    fn a_secret_read_before_is_checked_again_and_read_again_when_changed() {
+        let dir = Dir::new("secret-again");
+        let path = dir.0.join(SECRET_FILE);
+        let a = CacheSecret::load_or_create(&dir.0).unwrap();
+        assert_eq!(CacheSecret::load_or_create(&dir.0).unwrap(), a);
+        assert!(known_secret(&path).is_some(), "read once, then known");
+        std::fs::set_permissions(&path, Permissions::from_mode(0o644)).unwrap();
+        let e = CacheSecret::load_or_create(&dir.0).unwrap_err();
+        assert!(e.contains("others may read it (mode 644"), "{e}");
+        std::fs::set_permissions(&path, Permissions::from_mode(0o600)).unwrap();
+        // Rewritten in place: same inode and length, new bytes. The modification time
+        // is set apart by hand: the kernel's file clock may not have ticked yet.
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        (&f).write_all(&[9; SECRET_LEN]).unwrap();
+        f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000))
+            .unwrap();
+        drop(f);
+        let b = CacheSecret::load_or_create(&dir.0).unwrap();
+        assert_eq!(b, CacheSecret::from_bytes([9; SECRET_LEN]));
+        // Replaced by a link to a file this process read: refused, never followed.
+        let elsewhere = dir.0.join("elsewhere");
+        std::fs::rename(&path, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let e = CacheSecret::load_or_create(&dir.0).unwrap_err();
+        assert!(e.ends_with("it is a symbolic link"), "{e}");
     }
 
     #[test]

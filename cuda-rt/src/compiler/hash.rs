@@ -42,6 +42,18 @@ impl Default for StableHash {
     }
 }
 
+/// `bytes` in lowercase hex, in one allocation (the kernel cache names a file this way
+/// on every disk lookup; `format!` per byte cost more than the lookup's `open`).
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    s
+}
+
 /// A fast, non-cryptographic hasher that eats eight bytes per step (FxHash's
 /// multiply-rotate): the in-memory kernel cache hashes a whole CUDA source per lookup,
 /// where SipHash's byte-level rounds cost more than the driver call the cache saves.

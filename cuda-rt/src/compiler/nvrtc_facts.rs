@@ -16,12 +16,13 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use cuda_sys::loader::search::{candidates, SearchEnv, Source};
+use cuda_sys::loader::search::{candidates, Candidate, SearchEnv, Source};
 use cuda_sys::loader::specs::NVRTC;
 
 use super::cache_dir::write_file_atomically;
-use super::hash::StableHash;
+use super::hash::{hex, StableHash};
 use super::nvrtc;
+use super::toolkit::nvrtc_search;
 use crate::error::Result;
 
 /// NVRTC's answers to the questions the kernel cache asks.
@@ -58,8 +59,16 @@ const DEFAULT_DIRS: &[&str] = &[
 /// The `libnvrtc` the loader would open given `env` and the system loader's path
 /// `ld_library_path`, or `None` when that cannot be told without opening it.
 pub fn nvrtc_identity(env: &SearchEnv, ld_library_path: Option<&str>) -> Option<NvrtcIdentity> {
+    identity_among(&candidates(&NVRTC, env), ld_library_path)
+}
+
+/// [`nvrtc_identity`] given NVRTC's candidates.
+fn identity_among(
+    candidates: &[Candidate],
+    ld_library_path: Option<&str>,
+) -> Option<NvrtcIdentity> {
     let mut ld_cache: Option<Option<Vec<u8>>> = None;
-    for c in candidates(&NVRTC, env) {
+    for c in candidates {
         if c.source != Source::SystemLoader {
             if c.path.is_file() {
                 return identify(&c.path, false);
@@ -118,8 +127,7 @@ const MAGIC: [u8; 8] = *b"CURTNF2\n";
 
 /// The facts file's name for `id`.
 pub fn facts_file_name(id: &[u8; 16]) -> String {
-    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    format!("nvrtc-{hex}.facts")
+    format!("nvrtc-{}.facts", hex(id))
 }
 
 /// The bytes of a facts file. Pure.
@@ -164,7 +172,8 @@ fn process_identity() -> Option<&'static NvrtcIdentity> {
     static ID: OnceLock<Option<NvrtcIdentity>> = OnceLock::new();
     ID.get_or_init(|| {
         let ld = std::env::var("LD_LIBRARY_PATH").ok();
-        nvrtc_identity(&SearchEnv::from_process(&NVRTC), ld.as_deref())
+        // The search the toolkit's include folders use too: one walk per process.
+        identity_among(&nvrtc_search().candidates, ld.as_deref())
     })
     .as_ref()
 }

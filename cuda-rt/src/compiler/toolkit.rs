@@ -30,7 +30,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use cuda_sys::loader::search::{candidates, site_packages, SearchEnv, Source};
+use cuda_sys::loader::search::{
+    candidates_with_sites, site_packages, Candidate, SearchEnv, Source,
+};
 use cuda_sys::loader::specs::NVRTC;
 
 use super::hash::StableHash;
@@ -240,11 +242,16 @@ impl ToolkitSearch {
 
     /// The places of this process's environment (looked at once per call).
     pub fn from_process() -> ToolkitSearch {
-        let env = SearchEnv::from_process(&NVRTC);
-        let nvrtc: Vec<PathBuf> = candidates(&NVRTC, &env)
-            .into_iter()
+        Self::from_nvrtc_search(&NvrtcSearch::from_process())
+    }
+
+    /// The places given NVRTC's search in this process's environment.
+    fn from_nvrtc_search(search: &NvrtcSearch) -> ToolkitSearch {
+        let nvrtc: Vec<PathBuf> = search
+            .candidates
+            .iter()
             .filter(|c| c.source != Source::SystemLoader && c.path.is_file())
-            .map(|c| c.path)
+            .map(|c| c.path.clone())
             .collect();
         let mut roots: Vec<(PathBuf, PlaceSource)> = Vec::new();
         for (var, source) in [
@@ -259,7 +266,7 @@ impl ToolkitSearch {
             roots.push((p, PlaceSource::CupyCudaPath));
         }
         roots.push((PathBuf::from("/usr/local/cuda"), PlaceSource::UsrLocalCuda));
-        let mut s = Self::from_parts(&nvrtc, &roots, &site_packages(&env));
+        let mut s = Self::from_parts(&nvrtc, &roots, &search.sites);
         s.include_override = std::env::var_os(INCLUDE_PATH_VAR);
         s.devrt_override = std::env::var_os(DEVRT_VAR)
             .filter(|v| !v.is_empty())
@@ -301,10 +308,39 @@ impl ToolkitSearch {
     }
 }
 
+/// Where NVRTC may be in this process's environment: its candidates and the
+/// site-packages folders, found with one walk of the Python installations. The kernel
+/// cache's key needs both (the NVRTC file it would load, [`super::nvrtc_facts`], and the
+/// toolkit's include folders), on a new process's first kernel: each walk there cost
+/// as much as the rest of a warm first use.
+#[derive(Debug, Clone)]
+pub struct NvrtcSearch {
+    /// [`site_packages`] of the environment searched.
+    pub sites: Vec<PathBuf>,
+    /// NVRTC's candidates ([`cuda_sys::loader::search::candidates`]) there.
+    pub candidates: Vec<Candidate>,
+}
+
+impl NvrtcSearch {
+    /// The search in this process's environment now.
+    pub fn from_process() -> NvrtcSearch {
+        let env = SearchEnv::from_process(&NVRTC);
+        let sites = site_packages(&env);
+        let candidates = candidates_with_sites(&NVRTC, &env, &sites);
+        NvrtcSearch { sites, candidates }
+    }
+}
+
+/// NVRTC's search in this process, done once.
+pub fn nvrtc_search() -> &'static NvrtcSearch {
+    static S: OnceLock<NvrtcSearch> = OnceLock::new();
+    S.get_or_init(NvrtcSearch::from_process)
+}
+
 /// This process's places, looked for once.
 pub fn toolkit_search() -> &'static ToolkitSearch {
     static S: OnceLock<ToolkitSearch> = OnceLock::new();
-    S.get_or_init(ToolkitSearch::from_process)
+    S.get_or_init(|| ToolkitSearch::from_nvrtc_search(nvrtc_search()))
 }
 
 /// The include folders NVRTC gets in this process (see the [module docs](self)),

@@ -111,6 +111,17 @@ impl SearchEnv {
 /// Every candidate for `spec`, in search order, without duplicates. Folders that do not
 /// exist are left out; the system loader entry is always there.
 pub fn candidates(spec: &LibrarySpec, env: &SearchEnv) -> Vec<Candidate> {
+    candidates_with_sites(spec, env, &site_packages(env))
+}
+
+/// [`candidates`] with the site-packages folders already found ([`site_packages`] of
+/// the same `env`): a caller that needs both walks the Python installations once
+/// (each walk lists and stats every interpreter's folders).
+pub fn candidates_with_sites(
+    spec: &LibrarySpec,
+    env: &SearchEnv,
+    sites: &[PathBuf],
+) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     let mut push = |path: PathBuf, source: Source| {
         if !out.iter().any(|c| c.path == path) {
@@ -143,7 +154,7 @@ pub fn candidates(spec: &LibrarySpec, env: &SearchEnv) -> Vec<Candidate> {
     for f in spec.files {
         push(PathBuf::from(f), Source::SystemLoader);
     }
-    for site in site_packages(env) {
+    for site in sites {
         for wheel in spec.wheel_dirs {
             for f in files_in(&site.join(wheel), spec) {
                 push(f, Source::PythonWheel);

@@ -7,7 +7,7 @@
 use std::fmt;
 
 use super::super::cache_dir::{CacheSecret, TAG_LEN};
-use super::super::hash::StableHash;
+use super::super::hash::{hex, StableHash};
 use super::super::toolkit::IncludeSet;
 use super::super::{Compiled, Output, Program, Target};
 
@@ -19,12 +19,14 @@ pub struct CacheKey(pub [u8; 16]);
 impl CacheKey {
     /// 32 lowercase hex digits.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex(&self.0)
     }
 
     /// The cache file's name: `<hex>.kcache`.
     pub fn file_name(&self) -> String {
-        format!("{}.kcache", self.to_hex())
+        let mut name = self.to_hex();
+        name.push_str(".kcache");
+        name
     }
 }
 
@@ -81,9 +83,10 @@ pub fn cache_key_with_includes(
 
 /// First bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"CURTKC\r\n";
-/// Version of the file layout: 2 ends with a keyed tag (1, before it, with an unkeyed
-/// FNV-1a checksum, is read as a miss).
-pub const FORMAT_VERSION: u32 = 2;
+/// Version of the file layout: 3 ends with a tag keyed with a key derived from the
+/// secret ([`CacheSecret::tag`]); 2, whose tag hashed the context string in front, and 1,
+/// with an unkeyed FNV-1a checksum, are read as misses (and rewritten).
+pub const FORMAT_VERSION: u32 = 3;
 /// magic 8, version 4, key 16, arch 4, output 1, pad 3, payload length 8.
 const HEADER_LEN: usize = 44;
 
