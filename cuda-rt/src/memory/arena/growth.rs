@@ -183,13 +183,20 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Before `plan` maps: unmaps as many whole free granules of `arena`'s segments as
-    /// it will map (none next to where it maps), so that the growth adds to reserved
-    /// memory only what the cache's free granules cannot pay for. Cold: only a growth
-    /// that maps comes here, and the backend may wait for queued work before it unmaps.
+    /// the growth would add past the peak of reserved memory (none next to where it
+    /// maps), so that the peak rises only by what the cache's free granules cannot pay
+    /// for. A growth that stays under the peak punches nothing: the cached granules
+    /// stay mapped for later hits, and no unmap waits for queued work. Cold: only a
+    /// growth that maps comes here.
     #[cold]
     fn punch_for(&self, arena: &Arena, plan: SegmentPlan) {
+        let after = self.reserved.load(Ordering::Acquire).saturating_add(plan.len);
+        let past_peak = after.saturating_sub(self.peak_reserved.load(Ordering::Relaxed));
+        if past_peak == 0 {
+            return;
+        }
         let mut cuts = Vec::new();
-        arena.lock().punch_for(plan, plan.len, &mut cuts);
+        arena.lock().punch_for(plan, past_peak, &mut cuts);
         if !cuts.is_empty() {
             self.holes_punched
                 .fetch_add(cuts.len() as u64, Ordering::Relaxed);
