@@ -12,7 +12,12 @@
 //! - `first_call`: a new key's capture, instantiation and launch, synchronized,
 //!   against one eager step (how many eager steps the recording costs);
 //! - `replay_host_vs_graph_launch`: the recorder's replay call against `Graph::launch`
-//!   of the same step captured by hand (what the cache lookup adds).
+//!   of the same step captured by hand (what the cache lookup adds);
+//! - `replay_wall_vs_graph_launch`: the same, queued and synchronized (the wall time
+//!   of a replay is the graph's own time on the device);
+//! - `empty_graph_wall_per_step`: a hand-made graph of 100 dependent empty kernels,
+//!   queued and synchronized, against an eager step: the device's floor per node,
+//!   which bounds `replay_wall_per_step` whatever the host does.
 //!
 //! `cargo bench -p cuda-rt-safe --bench recorder` prints one JSON object per line, then a
 //! table (the shared reporter of `common`). Without a GPU or NVRTC it prints why it
@@ -31,6 +36,7 @@ mod common;
 use common::{interleaved, Figure, Report};
 
 const KERNELS: &str = r#"
+extern "C" __global__ void k0() {}
 extern "C" __global__ void k1(float* a) {
     int i = blockIdx.x * blockDim.x + threadIdx.x; a[i] += 1.0f; }
 extern "C" __global__ void k2(float* a, int n) {
@@ -346,7 +352,42 @@ fn run() -> cuda_rt::Result<()> {
             .target("ratio <= 1.1")
             .note("the recorder's lookup and bookkeeping over a plain graph launch"),
     );
+    let (value, raw) = interleaved(
+        REPS,
+        || b.wall_us(&mut |_| assert_eq!(b.replay(), Outcome::Replayed)),
+        || b.wall_us(&mut |_| graph.launch(&b.s).unwrap()),
+    );
+    report.push(
+        Figure::new("replay_wall_vs_graph_launch", value, "us")
+            .raw(raw, "Graph::launch")
+            .note("queued and synchronized: the same graph launched by hand"),
+    );
+
+    // The device's floor: 100 dependent empty kernels in one graph.
+    let empty = module.get_function("k0")?;
+    let one = LaunchConfig::new(1, 32);
+    s.begin_capture(CaptureMode::ThreadLocal)?;
+    let queued = (0..KERNELS_PER_STEP).try_for_each(|_| {
+        // SAFETY: k0 takes no arguments and touches no memory.
+        unsafe { empty.launch_on(s, &one, &[]) }
+    });
+    let floor = s.end_capture()?;
+    queued?;
+    let (value, raw) = interleaved(
+        REPS,
+        || b.wall_us(&mut |_| floor.launch(&b.s).unwrap()),
+        || b.wall_us(&mut |_| b.eager(0)),
+    );
+    report.push(
+        Figure::new("empty_graph_wall_per_step", value, "us")
+            .raw(raw, "eager_100_launch_on")
+            .note(
+                "100 dependent empty kernels in a graph, queued and synchronized: the \
+                 device's own time per node, a floor for replay_wall_per_step",
+            ),
+    );
     b.s.synchronize()?;
+    drop(floor);
     let st = b.rec.borrow().stats();
     report.info(
         "recorder_stats",

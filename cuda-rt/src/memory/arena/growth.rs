@@ -190,7 +190,10 @@ impl<B: Backend> Pool<B> {
     /// growth that maps comes here.
     #[cold]
     fn punch_for(&self, arena: &Arena, plan: SegmentPlan) {
-        let after = self.reserved.load(Ordering::Acquire).saturating_add(plan.len);
+        let after = self
+            .reserved
+            .load(Ordering::Acquire)
+            .saturating_add(plan.len);
         let past_peak = after.saturating_sub(self.peak_reserved.load(Ordering::Relaxed));
         if past_peak == 0 {
             return;

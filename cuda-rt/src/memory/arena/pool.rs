@@ -296,11 +296,12 @@ impl<B: Backend> Pool<B> {
     /// release before an out-of-memory retry) unmaps every whole granule of every
     /// free chunk of the segments, and gives back segments left empty.
     ///
-    /// With them on, a miss also *punches holes*: before a growth maps, it unmaps as
-    /// many whole free granules inside the arena's segments as it is about to map
-    /// (their partial granules stay cached, as do the free chunks next to where it
-    /// maps), so reserved memory grows only by what the cache's free granules cannot
-    /// pay for; and a growth maps where that maps the least, at a segment's end or
+    /// With them on, a miss also *punches holes*: before a growth that would take
+    /// reserved memory past its peak maps, it unmaps as many whole free granules
+    /// inside the arena's segments as the growth adds past the peak (their partial
+    /// granules stay cached, as do the free chunks next to where it maps), so the peak
+    /// grows only by what the cache's free granules cannot pay for (a growth under the
+    /// peak punches nothing: the cache stays mapped for later hits); and a growth maps where that maps the least, at a segment's end or
     /// into a hole whose free neighbours make up the rest. Only free chunks are
     /// punched, never blocks handed out or awaiting other streams' work. A CUDA
     /// backend waits for the device's queued work before it unmaps, so this costs a

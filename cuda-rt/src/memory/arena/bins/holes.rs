@@ -433,6 +433,32 @@ mod tests {
     }
 
     #[test]
+    fn a_growth_that_stays_under_the_peak_punches_nothing() {
+        let (b, p) = pool();
+        // A peak of 16 MiB, then everything given back.
+        let a = malloc(&p, 16.0);
+        p.free(a).unwrap();
+        p.free_all_blocks(None);
+        assert_eq!(p.stats().total_bytes, 0);
+        let (x, y, base) = gap_of_six(&p);
+        // 7 MiB fits nowhere cached: 8 MiB more are mapped, 16 MiB reserved in all,
+        // not past the peak: the free granules of 1..7 MiB stay mapped and cached.
+        let z = malloc(&p, 7.0);
+        assert_eq!(z.addr(), base + 8 * MIB);
+        assert_eq!(map_of(&b, base, 16), "################");
+        assert_eq!(p.stats().holes_punched, 0);
+        assert_eq!(
+            p.free_chunks(0),
+            [(base + MIB, 6 * MIB), (base + 15 * MIB, MIB)]
+        );
+        consistent(&b, &p);
+        for blk in [x, y, z] {
+            p.free(blk).unwrap();
+        }
+        consistent(&b, &p);
+    }
+
+    #[test]
     fn a_growth_maps_into_a_hole_when_that_maps_less_than_the_tail() {
         let (b, p) = pool();
         let (x, y, base) = gap_of_six(&p);
