@@ -99,7 +99,7 @@ impl CacheSecret {
     }
 
     /// The tag of `bytes`: BLAKE3 over `bytes` alone, keyed with a key derived from the
-    /// secret under [`TAG_CONTEXT`] (one compression, cheaper than keeping it). `bytes`
+    /// secret under a fixed context string (one compression, cheaper than keeping it). `bytes`
     /// hashed from the start of a chunk lets BLAKE3 hash all of its whole chunks side by
     /// side. Pure.
     pub fn tag(&self, bytes: &[u8]) -> [u8; TAG_LEN] {
