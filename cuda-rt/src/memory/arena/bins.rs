@@ -600,27 +600,13 @@ impl Bins {
         let p = self.c(i).prev;
         if p != NIL && self.c(p).state == State::Free {
             self.index_remove(p);
-            let c = *self.c(i);
-            let pc = self.cm(p);
-            pc.size += c.size;
-            pc.next = c.next;
-            if c.next != NIL {
-                self.cm(c.next).prev = p;
-            }
-            self.vacate(i);
+            self.absorb_next(p);
             i = p;
         }
         let n = self.c(i).next;
         if n != NIL && self.c(n).state == State::Free {
             self.index_remove(n);
-            let nc = *self.c(n);
-            let ci = self.cm(i);
-            ci.size += nc.size;
-            ci.next = nc.next;
-            if nc.next != NIL {
-                self.cm(nc.next).prev = i;
-            }
-            self.vacate(n);
+            self.absorb_next(i);
         }
         self.index_insert_hot(i);
         Ok(())

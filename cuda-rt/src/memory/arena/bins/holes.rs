@@ -136,8 +136,10 @@ impl Bins {
         Ok((mid, lower, up))
     }
 
-    /// Chunk `i` takes in its next neighbour (whose record goes; it is in no index).
-    fn absorb_next(&mut self, i: u32) {
+    /// Chunk `i` takes in its next neighbour (whose record goes; it is in no index):
+    /// the merge of the cached free and of holes alike.
+    #[inline]
+    pub(super) fn absorb_next(&mut self, i: u32) {
         let n = self.c(i).next;
         let nc = *self.c(n);
         let ci = self.cm(i);
