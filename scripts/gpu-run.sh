@@ -9,6 +9,7 @@
 #                                  bench` and the serving workloads (tests/python/serving.py,
 #                                  figures)
 #   ONLY=word bash gpu-bin/run.sh  only the test and example binaries named with `word`
+#   TEST_FILTER=name ...           passes `name` to each test binary (libtest's filter)
 #   SKIP=w1,w2 bash gpu-bin/run.sh all but the test binaries named with any of the words (e.g. the
 #                                  framework workloads under the sanitizer)
 # Ends with one line: `N passed, N failed`.
@@ -80,7 +81,9 @@ for bin in "$HERE"/tests/*${ONLY:-}*; do
   done
   if [ -n "$left_out" ]; then echo "$name: left out (SKIP=$SKIP)"; continue; fi
   log="$OUTDIR/test-$name.log"
-  run "$bin" --test-threads="${TEST_THREADS:-4}" >"$log" 2>&1
+  # TEST_FILTER: libtest's name filter (e.g. one test of a binary).
+  # shellcheck disable=SC2086
+  run "$bin" --test-threads="${TEST_THREADS:-4}" ${TEST_FILTER:-} >"$log" 2>&1
   rc=$?
   # A binary that never touches CUDA makes compute-sanitizer exit 255 after its tests pass.
   if [ "${SANITIZE:-0}" = 1 ] && [ $rc -eq 255 ] && grep -q "terminated before first instrumented API call" "$log"; then rc=0; fi
