@@ -23,7 +23,7 @@
 
 #![allow(non_camel_case_types)]
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -272,11 +272,11 @@ impl<T> Table<T> {
     /// [`insert`](Self::insert) into the slot `spare` holds when it is this table's
     /// (no free-list exchange; `spare` is then used up), else a free one.
     #[inline]
-    pub(crate) fn insert_spared(&'static self, value: T, spare: &mut Option<Spare<T>>) -> u64 {
+    pub(crate) fn insert_spared(&'static self, value: T, spare: &Cell<Option<Spare<T>>>) -> u64 {
         let (index, slot) = match spare.take() {
             Some(sp) if std::ptr::eq(sp.table, self) => (sp.index, sp.slot),
             other => {
-                *spare = other;
+                spare.set(other);
                 self.take_free()
             }
         };
@@ -438,28 +438,42 @@ impl<T> Table<T> {
         }
     }
 
-    /// [`remove`](Self::remove) without the message (`None` for a bad handle: see
-    /// [`refuse`](Self::refuse)) that keeps the freed slot in `spare` when that holds
-    /// none (for this thread's next [`insert_spared`](Self::insert_spared)).
+    /// [`remove`](Self::remove) without the message (false for a bad handle: see
+    /// [`refuse`](Self::refuse)) that drops the object where it lies (moving it out
+    /// first cost a copy through the stack that the drop then read back), then keeps
+    /// the freed slot in `spare` when `keep` and `spare` holds none (for this thread's
+    /// next [`insert_spared`](Self::insert_spared)), else puts it on the free list.
+    /// The slot is reused only after the drop: dropping may run code that inserts
+    /// through the same `spare` (a memory hook allocating through the C ABI). If the
+    /// drop panics, the slot is lost, nothing worse.
     #[inline]
-    pub(crate) fn take_spared(
+    pub(crate) fn remove_spared(
         &'static self,
         handle: u64,
-        spare: &mut Option<Spare<T>>,
-    ) -> Option<T> {
-        let (v, freed) = self.take(handle)?;
-        if let Some((index, slot)) = freed {
-            if spare.is_none() {
-                *spare = Some(Spare {
+        spare: &Cell<Option<Spare<T>>>,
+        keep: bool,
+    ) -> bool {
+        let Some((index, slot, reusable)) = self.claim(handle) else {
+            return false;
+        };
+        // SAFETY: `claim` took `LIVE` away from the handle's generation with no reader
+        // counted: the value is initialized and this call's alone; it is dropped once
+        // and the slot, not live, is never read as holding it again.
+        unsafe { (*slot.value.get()).assume_init_drop() };
+        if reusable {
+            match spare.take() {
+                None if keep => spare.set(Some(Spare {
                     table: self,
                     index,
                     slot,
-                });
-            } else {
-                self.give_back(index, slot);
+                })),
+                other => {
+                    spare.set(other);
+                    self.give_back(index, slot);
+                }
             }
         }
-        Some(v)
+        true
     }
 
     /// [`remove`](Self::remove) without the message (`None` for a bad handle) and
@@ -468,15 +482,24 @@ impl<T> Table<T> {
     #[inline]
     #[allow(clippy::type_complexity)]
     fn take(&self, handle: u64) -> Option<(T, Option<(u32, &Slot<T>)>)> {
+        let (index, slot, reusable) = self.claim(handle)?;
+        // SAFETY: `claim` took `LIVE` away from the handle's generation with no reader
+        // counted: the value is initialized and this call's alone to take.
+        let value = unsafe { (*slot.value.get()).assume_init_read() };
+        Some((value, reusable.then_some((index, slot))))
+    }
+
+    /// Makes `handle`'s slot not live (the handle dead for good), waiting for lookups
+    /// cloning its value: the slot, its index and whether it may be reused (a slot
+    /// whose generation was the last one is retired: the generation stays and the
+    /// slot stays empty, so no handle finds it again). The value is left initialized,
+    /// the caller's to read out. `None` for a bad handle.
+    #[inline]
+    fn claim(&self, handle: u64) -> Option<(u32, &Slot<T>, bool)> {
         let (slot, want) = self.find(handle)?;
         let generation = want >> 32;
-        // Retired: the generation stays at the last value and the slot stays empty, so
-        // no handle finds it again.
-        let next = if generation < GENERATION_MASK {
-            generation + 1
-        } else {
-            generation
-        };
+        let reusable = generation < GENERATION_MASK;
+        let next = if reusable { generation + 1 } else { generation };
         let mut s = slot.state.load(Ordering::Relaxed);
         let mut spins = 0u32;
         loop {
@@ -494,19 +517,13 @@ impl<T> Table<T> {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
+                // Only one exchange from a live state of this generation succeeds, and
+                // no reader counts itself on a slot that is not live.
                 Ok(_) => break,
                 Err(now) => s = now,
             }
         }
-        // SAFETY: this call took `LIVE` away (only one exchange from a live state of
-        // this generation succeeds) while no reader was counted, and no reader counts
-        // itself on a slot that is not live: the value is initialized and ours to take.
-        let value = unsafe { (*slot.value.get()).assume_init_read() };
-        let freed = (generation < GENERATION_MASK).then(|| {
-            let index = (handle & 0xffff_ffff) as u32 - 1;
-            (index, slot)
-        });
-        Some((value, freed))
+        Some(((handle & 0xffff_ffff) as u32 - 1, slot, reusable))
     }
 
     /// Moves the live object behind `handle` to `generation` of its slot (a test's
@@ -523,7 +540,7 @@ impl<T> Table<T> {
 }
 
 /// A free slot of a `'static` table held by one thread: freed by its
-/// [`take_spared`](Table::take_spared), empty and off the free list, kept for its
+/// [`remove_spared`](Table::remove_spared), empty and off the free list, kept for its
 /// next [`insert_spared`](Table::insert_spared), so that a remove + insert pair of one
 /// thread makes no free-list exchange. Neither `Clone` nor `Copy`: whoever holds it owns
 /// the slot. [`give_back`](Self::give_back) puts it on the free list; one dropped
@@ -708,29 +725,41 @@ mod tests {
     fn a_spare_slot_is_reused_by_its_holder_and_given_back() {
         static T: Table<Arc<u32>> = Table::new(15, "spared");
         static OTHER: Table<Arc<u32>> = Table::new(16, "other");
-        let mut spare = None;
-        let h = T.insert_spared(Arc::new(1), &mut spare);
-        assert_eq!(*T.take_spared(h, &mut spare).unwrap(), 1);
-        assert!(spare.is_some(), "the freed slot is kept");
+        let spare = Cell::new(None);
+        let kept = |spare: &Cell<Option<Spare<Arc<u32>>>>| {
+            let s = spare.take();
+            let some = s.is_some();
+            spare.set(s);
+            some
+        };
+        let one = Arc::new(1);
+        let h = T.insert_spared(one.clone(), &spare);
+        assert!(T.remove_spared(h, &spare, true));
+        assert_eq!(Arc::strong_count(&one), 1, "dropped by the removal");
+        assert!(kept(&spare), "the freed slot is kept");
         assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
-        assert!(T.take_spared(h, &mut spare).is_none(), "freed already");
+        assert!(!T.remove_spared(h, &spare, true), "freed already");
         assert_eq!(code(Err::<(), _>(T.refuse(h))), CURT_ERROR_INVALID_HANDLE);
         // Another table does not take it.
-        let o = OTHER.insert_spared(Arc::new(9), &mut spare);
-        assert!(spare.is_some());
+        let o = OTHER.insert_spared(Arc::new(9), &spare);
+        assert!(kept(&spare));
         assert_eq!(*OTHER.remove(o).unwrap(), 9);
         // Its own table does, with the next generation.
-        let h2 = T.insert_spared(Arc::new(2), &mut spare);
-        assert!(spare.is_none(), "used up");
+        let h2 = T.insert_spared(Arc::new(2), &spare);
+        assert!(!kept(&spare), "used up");
         assert_eq!(h2 & 0xffff_ffff, h & 0xffff_ffff, "the same slot");
         assert_ne!(h2, h);
         assert_eq!(*T.get(h2).unwrap(), 2);
         assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
         // A second free while one is kept goes to the free list.
         let h3 = T.insert(Arc::new(3));
-        assert_eq!(*T.take_spared(h2, &mut spare).unwrap(), 2);
-        assert_eq!(*T.take_spared(h3, &mut spare).unwrap(), 3);
+        assert!(T.remove_spared(h2, &spare, true));
+        assert!(T.remove_spared(h3, &spare, true));
         spare.take().unwrap().give_back();
+        // Not kept when told not to (a thread that is exiting): the free list has it.
+        let h4 = T.insert(Arc::new(6));
+        assert!(T.remove_spared(h4, &spare, false));
+        assert!(!kept(&spare));
         // Both slots are free again: two inserts take them, no fresh one.
         let (a, b) = (T.insert(Arc::new(4)), T.insert(Arc::new(5)));
         let mut slots = [a & 0xffff_ffff, b & 0xffff_ffff];
@@ -779,24 +808,28 @@ mod tests {
             for t in 0..THREADS {
                 let (shared, removed) = (&shared, &removed);
                 scope.spawn(move || {
-                    let mut spare = None;
+                    let spare = Cell::new(None);
                     for r in 0..ROUNDS {
                         let v = t << 32 | r;
-                        let h = T.insert_spared(Arc::new((v, v)), &mut spare);
+                        let h = T.insert_spared(Arc::new((v, v)), &spare);
                         if r % 2 == 0 {
                             shared.lock().unwrap().push((h, v));
                         } else {
-                            assert_eq!(T.take_spared(h, &mut spare).unwrap().0, v);
+                            // Only this thread removes `h`: the lookup sees its value.
+                            assert_eq!(T.get(h).unwrap().0, v);
+                            assert!(T.remove_spared(h, &spare, true));
                             removed.fetch_add(1, Ordering::Relaxed);
                         }
                         let theirs = shared.lock().unwrap().pop();
                         if let Some((h, v)) = theirs {
-                            assert_eq!(T.take_spared(h, &mut spare).unwrap().0, v);
+                            // Popped: this thread alone removes it now.
+                            assert_eq!(T.get(h).unwrap().0, v);
+                            assert!(T.remove_spared(h, &spare, true));
                             removed.fetch_add(1, Ordering::Relaxed);
                             assert_eq!(code(T.get(h)), CURT_ERROR_INVALID_HANDLE);
                         }
                     }
-                    if let Some(spare) = spare {
+                    if let Some(spare) = spare.take() {
                         spare.give_back();
                     }
                 });

@@ -67,37 +67,20 @@ thread_local! {
     static GIVE_BACK_AT_EXIT: GiveBackAtExit = const { GiveBackAtExit };
 }
 
-/// Takes this thread's spare slot out.
+/// Whether this thread may keep a spare slot: [`GIVE_BACK_AT_EXIT`] is registered
+/// (now, the first time), so the slot goes back to the table when the thread exits.
+/// False on a thread that is exiting, where nothing would give it back.
 #[inline]
-fn take_spare() -> Option<Spare<HeldMemory>> {
-    SPARE.with(|t| t.spare.take())
-}
-
-/// Keeps `spare` as this thread's spare slot, registering [`GIVE_BACK_AT_EXIT`] the
-/// first time.
-#[inline]
-fn keep_spare(spare: Option<Spare<HeldMemory>>) {
-    if let Some(spare) = spare {
-        SPARE.with(|t| {
-            if t.armed.get() {
-                t.spare.set(Some(spare));
-            } else {
-                arm(t, spare);
-            }
-        });
-    }
+fn may_keep(t: &ThreadSpare) -> bool {
+    t.armed.get() || arm(t)
 }
 
 #[cold]
 #[inline(never)]
-fn arm(t: &ThreadSpare, spare: Spare<HeldMemory>) {
-    if GIVE_BACK_AT_EXIT.try_with(|_| ()).is_ok() {
-        t.armed.set(true);
-        t.spare.set(Some(spare));
-    } else {
-        // The thread is exiting: nothing would give it back later.
-        spare.give_back();
-    }
+fn arm(t: &ThreadSpare) -> bool {
+    let armed = GIVE_BACK_AT_EXIT.try_with(|_| ()).is_ok();
+    t.armed.set(armed);
+    armed
 }
 
 /// A memory pool's statistics (`curt_pool_stats_t`).
@@ -192,9 +175,7 @@ pub unsafe extern "C" fn curt_malloc(
         };
         // Straight into the table (not through `put`, whose `Res` argument cost a
         // copy of the pointer and a check per call), into this thread's spare slot.
-        let mut spare = take_spare();
-        *slot = MEMORY.0.insert_spared(p, &mut spare) as curt_memory_t;
-        keep_spare(spare);
+        *slot = SPARE.with(|t| MEMORY.0.insert_spared(p, &t.spare)) as curt_memory_t;
         Ok(())
     })
 }
@@ -312,14 +293,13 @@ pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
         if mem.is_null() {
             return Ok(());
         }
-        let mut spare = take_spare();
-        let freed = MEMORY.0.take_spared(mem as u64, &mut spare);
-        keep_spare(spare);
-        match freed {
-            Some(m) => drop(m),
-            None => return Err(MEMORY.0.refuse(mem as u64)),
+        // The memory is dropped (back to its pool) before the slot is kept for this
+        // thread's next `curt_malloc`, in one visit to the thread's spare.
+        if SPARE.with(|t| MEMORY.0.remove_spared(mem as u64, &t.spare, may_keep(t))) {
+            Ok(())
+        } else {
+            Err(MEMORY.0.refuse(mem as u64))
         }
-        Ok(())
     })
 }
 
