@@ -2,10 +2,11 @@
 //! pair measured in the same run (its `raw`, so the ratio is the door's cost over the
 //! pool's): the caching pool's `MemoryPool::malloc` + drop pair (the reference),
 //! `cuda_rt::memory::alloc` + drop, a typed `DeviceBuffer::<f32>::empty` + drop, and
-//! the C entry points `curt_malloc` + `curt_free`, `curt_torch_alloc` +
+//! the C entry points `curt_malloc` + `curt_free`, `curt_malloc_ptr` + `curt_free`,
+//! `curt_torch_alloc` +
 //! `curt_torch_free` and `curt_cupy_malloc` + `curt_cupy_free` (what PyTorch and CuPy
 //! call per tensor), all of a cached 1 MiB.
-//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|torch|cupy|pool] N`: `all`
+//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|cmallocptr|torch|cupy|pool] N`: `all`
 //! (the default, what the GPU runner's `--bench` gets) prints every pair; one name
 //! runs that pair alone, for instruction counts under `valgrind --tool=callgrind`
 //! with a fake driver (`CUDA_RT_LIBCUDA`). Without a GPU (or fake driver) it prints a
@@ -16,8 +17,8 @@ use std::time::Instant;
 
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt_c::{
-    curt_cupy_free, curt_cupy_malloc, curt_free, curt_malloc, curt_memory_t, curt_torch_alloc,
-    curt_torch_free,
+    curt_cupy_free, curt_cupy_malloc, curt_free, curt_malloc, curt_malloc_ptr, curt_memory_t,
+    curt_torch_alloc, curt_torch_free,
 };
 
 #[path = "../cuda-rt/benches/common/mod.rs"]
@@ -56,6 +57,18 @@ fn cmalloc_pairs(n: usize) {
     }
 }
 
+fn cmallocptr_pairs(n: usize) {
+    for _ in 0..n {
+        let mut m: curt_memory_t = std::ptr::null_mut();
+        let mut p = 0u64;
+        // SAFETY: NULL is the current stream; `m` and `p` are valid out pointers.
+        let rc = unsafe { curt_malloc_ptr(black_box(SIZE), std::ptr::null_mut(), &mut m, &mut p) };
+        assert_eq!(rc, 0);
+        black_box(p);
+        assert_eq!(curt_free(black_box(m)), 0);
+    }
+}
+
 fn torch_pairs(n: usize) {
     for _ in 0..n {
         // SAFETY: the legacy default stream (0) of device 0.
@@ -87,7 +100,7 @@ fn batch(f: fn(usize), n: usize) -> f64 {
 type Door = (&'static str, &'static str, fn(usize), &'static str);
 
 /// The doors and their goals (ratio to the pool's pair).
-const DOORS: [Door; 5] = [
+const DOORS: [Door; 6] = [
     ("alloc", "alloc_drop_pair", alloc_pairs, "ratio <= 1.05"),
     (
         "typed",
@@ -99,6 +112,12 @@ const DOORS: [Door; 5] = [
         "cmalloc",
         "curt_malloc_free_pair",
         cmalloc_pairs,
+        "ratio <= 1.5",
+    ),
+    (
+        "cmallocptr",
+        "curt_malloc_ptr_free_pair",
+        cmallocptr_pairs,
         "ratio <= 1.5",
     ),
     (

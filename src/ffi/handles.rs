@@ -269,18 +269,21 @@ impl<T> Table<T> {
         self.fill(index, slot, value)
     }
 
-    /// [`insert`](Self::insert) into the slot `spare` holds when it is this table's
-    /// (no free-list exchange; `spare` is then used up), else a free one.
+    /// A slot for an insert: the one `spare` holds when it is this table's (no
+    /// free-list exchange; `spare` is then used up), else a free one. Two words, so
+    /// that taking it from a thread-local returns it in registers, and the value, put
+    /// in by [`Vacant::fill`] outside, is never moved through the thread-local's
+    /// closure (a copy through the stack that the processor could not forward).
     #[inline]
-    pub(crate) fn insert_spared(&'static self, value: T, spare: &Cell<Option<Spare<T>>>) -> u64 {
-        let (index, slot) = match spare.take() {
-            Some(sp) if std::ptr::eq(sp.table, self) => (sp.index, sp.slot),
+    pub(crate) fn vacant(&'static self, spare: &Cell<Option<Spare<T>>>) -> Vacant<T> {
+        let index = match spare.take() {
+            Some(sp) if std::ptr::eq(sp.table, self) => sp.index,
             other => {
                 spare.set(other);
-                self.take_free()
+                self.take_free().0
             }
         };
-        self.fill(index, slot, value)
+        Vacant { table: self, index }
     }
 
     /// Puts `value` in slot `index`, empty and off the free list (the caller's), and
@@ -442,7 +445,7 @@ impl<T> Table<T> {
     /// [`refuse`](Self::refuse)) that drops the object where it lies (moving it out
     /// first cost a copy through the stack that the drop then read back), then keeps
     /// the freed slot in `spare` when `keep` and `spare` holds none (for this thread's
-    /// next [`insert_spared`](Self::insert_spared)), else puts it on the free list.
+    /// next [`vacant`](Self::vacant)), else puts it on the free list.
     /// The slot is reused only after the drop: dropping may run code that inserts
     /// through the same `spare` (a memory hook allocating through the C ABI). If the
     /// drop panics, the slot is lost, nothing worse.
@@ -541,7 +544,7 @@ impl<T> Table<T> {
 
 /// A free slot of a `'static` table held by one thread: freed by its
 /// [`remove_spared`](Table::remove_spared), empty and off the free list, kept for its
-/// next [`insert_spared`](Table::insert_spared), so that a remove + insert pair of one
+/// next [`vacant`](Table::vacant), so that a remove + insert pair of one
 /// thread makes no free-list exchange. Neither `Clone` nor `Copy`: whoever holds it owns
 /// the slot. [`give_back`](Self::give_back) puts it on the free list; one dropped
 /// without that costs its slot for good, nothing worse.
@@ -556,6 +559,27 @@ impl<T> Spare<T> {
     /// Puts the slot on its table's free list.
     pub(crate) fn give_back(self) {
         self.table.give_back(self.index, self.slot);
+    }
+}
+
+/// A slot of a `'static` table taken for one insert ([`Table::vacant`]): empty, off
+/// the free list, the holder's. [`fill`](Self::fill) puts the value in.
+#[must_use = "a vacant slot dropped without `fill` is lost to its table"]
+pub(crate) struct Vacant<T: 'static> {
+    table: &'static Table<T>,
+    index: u32,
+}
+
+impl<T> Vacant<T> {
+    /// Puts `value` in the slot and returns its handle.
+    #[inline]
+    pub(crate) fn fill(self, value: T) -> u64 {
+        // The slot's segment exists: the slot was handed out (fresh or freed) before.
+        let slot = self
+            .table
+            .slot(self.index)
+            .expect("a vacant slot's segment exists");
+        self.table.fill(self.index, slot, value)
     }
 }
 
@@ -733,7 +757,7 @@ mod tests {
             some
         };
         let one = Arc::new(1);
-        let h = T.insert_spared(one.clone(), &spare);
+        let h = T.vacant(&spare).fill(one.clone());
         assert!(T.remove_spared(h, &spare, true));
         assert_eq!(Arc::strong_count(&one), 1, "dropped by the removal");
         assert!(kept(&spare), "the freed slot is kept");
@@ -741,11 +765,11 @@ mod tests {
         assert!(!T.remove_spared(h, &spare, true), "freed already");
         assert_eq!(code(Err::<(), _>(T.refuse(h))), CURT_ERROR_INVALID_HANDLE);
         // Another table does not take it.
-        let o = OTHER.insert_spared(Arc::new(9), &spare);
+        let o = OTHER.vacant(&spare).fill(Arc::new(9));
         assert!(kept(&spare));
         assert_eq!(*OTHER.remove(o).unwrap(), 9);
         // Its own table does, with the next generation.
-        let h2 = T.insert_spared(Arc::new(2), &spare);
+        let h2 = T.vacant(&spare).fill(Arc::new(2));
         assert!(!kept(&spare), "used up");
         assert_eq!(h2 & 0xffff_ffff, h & 0xffff_ffff, "the same slot");
         assert_ne!(h2, h);
@@ -811,7 +835,7 @@ mod tests {
                     let spare = Cell::new(None);
                     for r in 0..ROUNDS {
                         let v = t << 32 | r;
-                        let h = T.insert_spared(Arc::new((v, v)), &spare);
+                        let h = T.vacant(&spare).fill(Arc::new((v, v)));
                         if r % 2 == 0 {
                             shared.lock().unwrap().push((h, v));
                         } else {

@@ -29,8 +29,17 @@ impl MemoryTable {
     }
 
     /// Puts `p` in the table and returns its handle.
-    pub(crate) fn insert(&self, p: MemoryPointer) -> u64 {
-        self.0.insert(p.into())
+    pub(crate) fn insert(&'static self, p: MemoryPointer) -> u64 {
+        self.insert_held(p.into())
+    }
+
+    /// Puts `m` in the table, into this thread's spare slot when it has one (the slot
+    /// its last free emptied: no exchange on the table's free list), and returns its
+    /// handle. Every door that makes a handle comes here, so each pair with
+    /// `curt_free` costs the same.
+    #[inline(always)]
+    fn insert_held(&'static self, m: HeldMemory) -> u64 {
+        SPARE.with(|t| self.0.vacant(&t.spare)).fill(m)
     }
 }
 
@@ -154,29 +163,35 @@ pub unsafe extern "C" fn curt_malloc(
 ) -> c_int {
     guard(|| {
         let slot = out(mem, "mem")?;
-        let pool = get_default_memory_pool();
-        // Nothing is made current: the pool takes the arena from the stream it is
-        // given, and a new segment goes to the device's primary context (entering the
-        // device and the stream, and leaving them, were half of the pair's cost). A
-        // cached block comes bare (see `HeldMemory`).
-        let p = if stream.is_null() {
-            // The current stream of the current device: the arena `malloc` uses.
-            let device = cuda_rt::device::get_device_id();
-            match pool.malloc_block_on(device, size) {
-                Some(b) => HeldMemory::Block(b),
-                None => pool.malloc_on(device, size)?.into(),
-            }
-        } else {
-            let s = stream_or_current(stream)?;
-            match pool.malloc_block_on_stream(&s, size) {
-                Some(b) => HeldMemory::Block(b),
-                None => pool.malloc_on_stream(&s, size)?.into(),
-            }
-        };
+        let m = malloc_held(size, stream)?;
         // Straight into the table (not through `put`, whose `Res` argument cost a
-        // copy of the pointer and a check per call), into this thread's spare slot.
-        *slot = SPARE.with(|t| MEMORY.0.insert_spared(p, &t.spare)) as curt_memory_t;
+        // copy of the pointer and a check per call).
+        *slot = MEMORY.insert_held(m) as curt_memory_t;
         Ok(())
+    })
+}
+
+/// `size` bytes of the default pool on `stream`'s arena (NULL: the current stream of
+/// the current device), as the table holds them. Nothing is made current: the pool
+/// takes the arena from the stream it is given, and a new segment goes to the
+/// device's primary context (entering the device and the stream, and leaving them,
+/// were half of the pair's cost). A cached block comes bare (see `HeldMemory`).
+#[inline(always)]
+fn malloc_held(size: usize, stream: curt_stream_t) -> Res<HeldMemory> {
+    let pool = get_default_memory_pool();
+    Ok(if stream.is_null() {
+        // The current stream of the current device: the arena `malloc` uses.
+        let device = cuda_rt::device::get_device_id();
+        match pool.malloc_block_on(device, size) {
+            Some(b) => HeldMemory::Block(b),
+            None => pool.malloc_on(device, size)?.into(),
+        }
+    } else {
+        let s = stream_or_current(stream)?;
+        match pool.malloc_block_on_stream(&s, size) {
+            Some(b) => HeldMemory::Block(b),
+            None => pool.malloc_on_stream(&s, size)?.into(),
+        }
     })
 }
 
@@ -199,14 +214,9 @@ pub unsafe extern "C" fn curt_malloc_ptr(
         // Both out-pointers checked before anything is allocated: nothing to undo.
         let ptr = out(ptr, "ptr")?;
         let slot = out(mem, "mem")?;
-        let pool = get_default_memory_pool();
-        let p = if stream.is_null() {
-            pool.malloc_on(cuda_rt::device::get_device_id(), size)?
-        } else {
-            pool.malloc_on_stream(&stream_or_current(stream)?, size)?
-        };
-        let addr = p.ptr();
-        *slot = MEMORY.insert(p) as curt_memory_t;
+        let m = malloc_held(size, stream)?;
+        let addr = m.ptr();
+        *slot = MEMORY.insert_held(m) as curt_memory_t;
         *ptr = addr;
         Ok(())
     })
