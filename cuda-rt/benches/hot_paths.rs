@@ -10,7 +10,7 @@
 //! (a fresh `KernelCache` per iteration, `compile` answered from disk: the folder's
 //! secret, the key, the entry's read and its tag; needs NVRTC once to fill the cache),
 //! and reports the median of the iterations rather than their mean.
-//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|disk_lookup] N`
+//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|disk_lookup] N [FOLDER]`
 //! times it; for instruction counts run the binary that `cargo bench --no-run` names
 //! under `valgrind --tool=callgrind` with the same arguments. Prints one figure (the
 //! shared reporter of `common`: a JSON line, then a table), named after the path;
@@ -61,7 +61,7 @@ fn main() {
         return;
     }
     if what == "disk_lookup" {
-        disk_lookup(n);
+        disk_lookup(n, args.get(2).map(std::path::PathBuf::from));
         return;
     }
     let t = Instant::now();
@@ -170,13 +170,17 @@ fn main() {
 
 /// `n` warm disk lookups, each by a fresh cache over one folder (what a new process
 /// does), as `benches/launch.rs`'s `warm_disk_lookup_only` measures them: the median.
-fn disk_lookup(n: usize) {
+/// The folder is `kept` when given (filled by an earlier run, so that a run under
+/// callgrind needs no compile), else a temporary one.
+fn disk_lookup(n: usize, kept: Option<std::path::PathBuf>) {
     use cuda_rt::compiler::{KernelCache, Program, Target};
     const SRC: &str = r#"
 extern "C" __global__ void empty1(int a) {}
 extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
 "#;
-    let dir = std::env::temp_dir().join(format!("cuda-rt-hot-disk-{}", std::process::id()));
+    let dir = kept.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("cuda-rt-hot-disk-{}", std::process::id()))
+    });
     let program = Program::new(SRC);
     let warm = KernelCache::new(Some(dir.clone()));
     if let Err(e) = Target::for_device(0).and_then(|t| warm.compile(&program, t)) {
@@ -192,7 +196,9 @@ extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, 
         black_box(c.unwrap());
         assert_eq!(fresh.stats().disk_hits, 1, "a warm disk hit");
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if kept.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     let mut report = Report::new(format!(
         "hot path `disk_lookup` ({n} iterations, host time)"
     ));
