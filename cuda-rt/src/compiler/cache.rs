@@ -354,10 +354,10 @@ impl KernelCache {
     }
 
     fn load_from(&self, disk: &DiskInUse, key: &CacheKey) -> Option<Compiled> {
-        let read = super::cache_dir::read_private(&disk.dir.join(key.file_name()), disk.euid);
+        let read = super::cache_dir::read_private(&key.path_in(&disk.dir), disk.euid);
         let decoded = match read {
             Ok(None) => return None,
-            Ok(Some(bytes)) => decode(&disk.secret, &bytes, key).ok(),
+            Ok(Some(bytes)) => entry::decode_owned(&disk.secret, bytes, key).ok(),
             Err(_) => None,
         };
         match decoded {

@@ -41,8 +41,22 @@ const TAG_CONTEXT: &[u8] = b"cuda-rt kernel cache entry v3\0";
 
 /// The per-user secret keying the cache entries' tags (BLAKE3 in keyed mode). Its
 /// `Debug` does not show it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct CacheSecret([u8; SECRET_LEN]);
+#[derive(Clone)]
+pub struct CacheSecret {
+    bytes: [u8; SECRET_LEN],
+    /// The tags' key, derived from `bytes` on first use and kept: the secrets this
+    /// process reads are made with it derived, so every cache's copy carries it and a
+    /// new cache's lookup derives nothing.
+    tag_key: OnceLock<[u8; 32]>,
+}
+
+impl PartialEq for CacheSecret {
+    fn eq(&self, other: &CacheSecret) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for CacheSecret {}
 
 impl std::fmt::Debug for CacheSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,7 +67,25 @@ impl std::fmt::Debug for CacheSecret {
 impl CacheSecret {
     /// A secret from its bytes (tests and tools; the cache makes its own).
     pub const fn from_bytes(bytes: [u8; SECRET_LEN]) -> CacheSecret {
-        CacheSecret(bytes)
+        CacheSecret {
+            bytes,
+            tag_key: OnceLock::new(),
+        }
+    }
+
+    /// A secret from its bytes with its tags' key derived now, for secrets that are
+    /// kept and copied (see `tag_key`).
+    fn derived(bytes: [u8; SECRET_LEN]) -> CacheSecret {
+        let secret = CacheSecret::from_bytes(bytes);
+        secret.tag_key();
+        secret
+    }
+
+    /// The key of the tags: BLAKE3 keyed with the secret over a fixed context string,
+    /// derived once per secret.
+    fn tag_key(&self) -> &[u8; 32] {
+        self.tag_key
+            .get_or_init(|| *blake3::keyed_hash(&self.bytes, TAG_CONTEXT).as_bytes())
     }
 
     /// The secret of the cache folder `dir`: read from [`SECRET_FILE`], or made from
@@ -87,7 +119,7 @@ impl CacheSecret {
             // Published only if the name is free, whatever is there (a file, a link):
             // the secret appears whole, once. On failure the temporary is removed.
             match tmp.persist_noclobber(&path) {
-                Ok(_) => return Ok(CacheSecret(bytes)),
+                Ok(_) => return Ok(CacheSecret::derived(bytes)),
                 Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(tempfile::PersistError { error: e, .. }) => {
                     return Err(format!(
@@ -104,12 +136,11 @@ impl CacheSecret {
     }
 
     /// The tag of `bytes`: BLAKE3 over `bytes` alone, keyed with a key derived from the
-    /// secret under a fixed context string (one compression, cheaper than keeping it). `bytes`
-    /// hashed from the start of a chunk lets BLAKE3 hash all of its whole chunks side by
-    /// side. Pure.
+    /// secret under a fixed context string (derived once per secret). `bytes` hashed
+    /// from the start of a chunk lets BLAKE3 hash all of its whole chunks side by side.
+    /// Pure.
     pub fn tag(&self, bytes: &[u8]) -> [u8; TAG_LEN] {
-        let key = blake3::keyed_hash(&self.0, TAG_CONTEXT);
-        *blake3::keyed_hash(key.as_bytes(), bytes).as_bytes()
+        *blake3::keyed_hash(self.tag_key(), bytes).as_bytes()
     }
 
     /// Whether `tag` is the tag of `bytes` (compared in constant time). Pure.
@@ -330,7 +361,7 @@ fn read_secret(path: &Path, me: u32) -> Result<Option<CacheSecret>, String> {
     let mut bytes = [0u8; SECRET_LEN];
     f.read_exact(&mut bytes)
         .map_err(|e| refuse(e.to_string()))?;
-    let secret = CacheSecret(bytes);
+    let secret = CacheSecret::derived(bytes);
     remember_secret(&m, &secret);
     Ok(Some(secret))
 }
