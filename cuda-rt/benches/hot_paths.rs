@@ -5,8 +5,12 @@
 //! kernel launches of a one-`int` kernel on the current stream (`launch`:
 //! `Function::launch`; `launch_raw`: a bare `cuLaunchKernel` of the same kernel);
 //! `lock` times an uncontended lock + unlock (a compare-exchange and a release store),
-//! the host's cost of one locked instruction, with no driver at all.
-//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock] N`
+//! the host's cost of one locked instruction, with no driver at all; `disk_lookup`
+//! times a new process's first kernel from a warm disk cache without the module load
+//! (a fresh `KernelCache` per iteration, `compile` answered from disk: the folder's
+//! secret, the key, the entry's read and its tag; needs NVRTC once to fill the cache),
+//! and reports the median of the iterations rather than their mean.
+//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|disk_lookup] N [FOLDER]`
 //! times it; for instruction counts run the binary that `cargo bench --no-run` names
 //! under `valgrind --tool=callgrind` with the same arguments. Prints one figure (the
 //! shared reporter of `common`: a JSON line, then a table), named after the path;
@@ -54,6 +58,10 @@ fn main() {
     }
     if let Err(e) = cuda_rt::device::set_device_id(0) {
         common::skip("hot_paths", &format!("device 0: {e}"));
+        return;
+    }
+    if what == "disk_lookup" {
+        disk_lookup(n, args.get(2).map(std::path::PathBuf::from));
         return;
     }
     let t = Instant::now();
@@ -157,6 +165,64 @@ fn main() {
         "per pair"
     };
     report.push(Figure::new(what, ns, "ns").note(per));
+    report.finish();
+}
+
+/// `n` warm disk lookups, each by a fresh cache over one folder (what a new process
+/// does), as `benches/launch.rs`'s `warm_disk_lookup_only` measures them: the median.
+/// The folder is `kept` when given (filled by an earlier run, so that a run under
+/// callgrind needs no compile), else a temporary one.
+fn disk_lookup(n: usize, kept: Option<std::path::PathBuf>) {
+    use cuda_rt::compiler::{KernelCache, Program, Target};
+    const SRC: &str = r#"
+extern "C" __global__ void empty1(int a) {}
+extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
+"#;
+    let dir = kept.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("cuda-rt-hot-disk-{}", std::process::id()))
+    });
+    let program = Program::new(SRC);
+    let warm = KernelCache::new(Some(dir.clone()));
+    // With a folder filled before, the process's first lookup is a new process's first
+    // kernel: it also pays what is done once per process (the secret's read, the NVRTC
+    // facts, the toolkit's include folders and their stamp).
+    // The device's architecture first, apart: it opens the driver.
+    let target = match Target::for_device(0) {
+        Ok(t) => t,
+        Err(e) => return common::skip("hot_paths", &format!("no device architecture: {e}")),
+    };
+    let t = Instant::now();
+    if let Err(e) = warm.compile(&program, target) {
+        common::skip("hot_paths", &format!("no compile to fill the cache: {e}"));
+        return;
+    }
+    let first = t.elapsed().as_nanos() as f64 / 1e3;
+    let first_was_hit = warm.stats().disk_hits == 1;
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let fresh = KernelCache::new(Some(dir.clone()));
+        let t = Instant::now();
+        let c = fresh.compile(&program, Target::for_device(0).unwrap());
+        times.push(t.elapsed().as_nanos() as f64 / 1e3);
+        black_box(c.unwrap());
+        assert_eq!(fresh.stats().disk_hits, 1, "a warm disk hit");
+    }
+    if kept.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let mut report = Report::new(format!(
+        "hot path `disk_lookup` ({n} iterations, host time)"
+    ));
+    report.push(
+        Figure::new("disk_lookup", common::median(times), "us")
+            .note("median; fresh cache, warm disk entry"),
+    );
+    if first_was_hit {
+        report.push(
+            Figure::new("disk_lookup_first_in_process", first, "us")
+                .note("one run: the process's first lookup"),
+        );
+    }
     report.finish();
 }
 

@@ -172,10 +172,13 @@ struct Disk {
     state: Option<std::result::Result<CacheSecret, String>>,
 }
 
-/// The disk folder in use and its secret.
+/// The disk folder in use and its secret, for one use of the disk part.
 struct DiskInUse {
     dir: PathBuf,
     secret: CacheSecret,
+    /// The effective user, asked once for this use: the folder's first check and the
+    /// entry's read check against it.
+    euid: u32,
 }
 
 /// Why the cache is in memory only when no folder is configured.
@@ -267,8 +270,9 @@ impl KernelCache {
     fn disk(&self) -> Option<DiskInUse> {
         let mut d = self.lock_disk();
         let dir = d.dir.clone()?;
+        let euid = super::cache_dir::euid();
         let state = d.state.get_or_insert_with(|| {
-            CacheSecret::load_or_create(&dir).map_err(|why| {
+            CacheSecret::load_or_create_as(&dir, euid).map_err(|why| {
                 let reason = format!(
                     "kernels are cached in memory only: {why} (the folder must be owned by this user and writable by nobody else; set {CACHE_DIR_VAR} to such a folder)"
                 );
@@ -280,6 +284,7 @@ impl KernelCache {
             Ok(secret) => Some(DiskInUse {
                 dir,
                 secret: secret.clone(),
+                euid,
             }),
             Err(_) => None,
         }
@@ -349,10 +354,10 @@ impl KernelCache {
     }
 
     fn load_from(&self, disk: &DiskInUse, key: &CacheKey) -> Option<Compiled> {
-        let read = super::cache_dir::read_private(&disk.dir.join(key.file_name()));
+        let read = super::cache_dir::read_private(&key.path_in(&disk.dir), disk.euid);
         let decoded = match read {
             Ok(None) => return None,
-            Ok(Some(bytes)) => decode(&disk.secret, &bytes, key).ok(),
+            Ok(Some(bytes)) => entry::decode_owned(&disk.secret, bytes, key).ok(),
             Err(_) => None,
         };
         match decoded {

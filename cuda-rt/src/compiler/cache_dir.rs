@@ -41,8 +41,22 @@ const TAG_CONTEXT: &[u8] = b"cuda-rt kernel cache entry v3\0";
 
 /// The per-user secret keying the cache entries' tags (BLAKE3 in keyed mode). Its
 /// `Debug` does not show it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct CacheSecret([u8; SECRET_LEN]);
+#[derive(Clone)]
+pub struct CacheSecret {
+    bytes: [u8; SECRET_LEN],
+    /// The tags' key, derived from `bytes` on first use and kept: the secrets this
+    /// process reads are made with it derived, so every cache's copy carries it and a
+    /// new cache's lookup derives nothing.
+    tag_key: OnceLock<[u8; 32]>,
+}
+
+impl PartialEq for CacheSecret {
+    fn eq(&self, other: &CacheSecret) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for CacheSecret {}
 
 impl std::fmt::Debug for CacheSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,7 +67,25 @@ impl std::fmt::Debug for CacheSecret {
 impl CacheSecret {
     /// A secret from its bytes (tests and tools; the cache makes its own).
     pub const fn from_bytes(bytes: [u8; SECRET_LEN]) -> CacheSecret {
-        CacheSecret(bytes)
+        CacheSecret {
+            bytes,
+            tag_key: OnceLock::new(),
+        }
+    }
+
+    /// A secret from its bytes with its tags' key derived now, for secrets that are
+    /// kept and copied (see `tag_key`).
+    fn derived(bytes: [u8; SECRET_LEN]) -> CacheSecret {
+        let secret = CacheSecret::from_bytes(bytes);
+        secret.tag_key();
+        secret
+    }
+
+    /// The key of the tags: BLAKE3 keyed with the secret over a fixed context string,
+    /// derived once per secret.
+    fn tag_key(&self) -> &[u8; 32] {
+        self.tag_key
+            .get_or_init(|| *blake3::keyed_hash(&self.bytes, TAG_CONTEXT).as_bytes())
     }
 
     /// The secret of the cache folder `dir`: read from [`SECRET_FILE`], or made from
@@ -62,12 +94,17 @@ impl CacheSecret {
     /// (see [what the disk cache trusts](super#what-the-disk-cache-trusts)) or cannot be
     /// read or written.
     pub fn load_or_create(dir: &Path) -> Result<CacheSecret, String> {
-        check_dir(dir)?;
+        Self::load_or_create_as(dir, euid())
+    }
+
+    /// [`load_or_create`](Self::load_or_create) for the effective user `me`.
+    pub(super) fn load_or_create_as(dir: &Path, me: u32) -> Result<CacheSecret, String> {
+        check_dir_as(dir, me)?;
         let path = dir.join(SECRET_FILE);
         // Read; else create and publish; if another process published first, read
         // theirs. Two rounds are enough: a published secret is never removed by us.
         for _ in 0..2 {
-            if let Some(secret) = read_secret(&path)? {
+            if let Some(secret) = read_secret(&path, me)? {
                 return Ok(secret);
             }
             let mut bytes = [0u8; SECRET_LEN];
@@ -82,7 +119,7 @@ impl CacheSecret {
             // Published only if the name is free, whatever is there (a file, a link):
             // the secret appears whole, once. On failure the temporary is removed.
             match tmp.persist_noclobber(&path) {
-                Ok(_) => return Ok(CacheSecret(bytes)),
+                Ok(_) => return Ok(CacheSecret::derived(bytes)),
                 Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(tempfile::PersistError { error: e, .. }) => {
                     return Err(format!(
@@ -99,12 +136,11 @@ impl CacheSecret {
     }
 
     /// The tag of `bytes`: BLAKE3 over `bytes` alone, keyed with a key derived from the
-    /// secret under a fixed context string (one compression, cheaper than keeping it). `bytes`
-    /// hashed from the start of a chunk lets BLAKE3 hash all of its whole chunks side by
-    /// side. Pure.
+    /// secret under a fixed context string (derived once per secret). `bytes` hashed
+    /// from the start of a chunk lets BLAKE3 hash all of its whole chunks side by side.
+    /// Pure.
     pub fn tag(&self, bytes: &[u8]) -> [u8; TAG_LEN] {
-        let key = blake3::keyed_hash(&self.0, TAG_CONTEXT);
-        *blake3::keyed_hash(key.as_bytes(), bytes).as_bytes()
+        *blake3::keyed_hash(self.tag_key(), bytes).as_bytes()
     }
 
     /// Whether `tag` is the tag of `bytes` (compared in constant time). Pure.
@@ -116,16 +152,17 @@ impl CacheSecret {
     }
 }
 
-/// The effective user id.
-fn euid() -> u32 {
+/// The effective user id. Asked once per use of the cache's folder (a lookup, the
+/// folder's first check) and handed to every check of that use: each call is a
+/// system call, and a lookup makes three checks.
+pub(super) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
 
-/// Why a file or folder with metadata `m` must not be trusted, if it must not: owned
-/// by another user, or writable by group or others.
-fn untrusted_owner_or_mode(m: &Metadata) -> Option<String> {
-    let me = euid();
+/// Why a file or folder with metadata `m` must not be trusted by the effective user
+/// `me`, if it must not: owned by another user, or writable by group or others.
+fn untrusted_owner_or_mode(m: &Metadata, me: u32) -> Option<String> {
     if m.uid() != me {
         return Some(format!(
             "it is owned by user {}, not by this user ({me})",
@@ -145,6 +182,11 @@ fn untrusted_owner_or_mode(m: &Metadata) -> Option<String> {
 /// can be trusted: a folder owned by the effective user, writable by nobody else. The
 /// error says which folder and why, in words.
 pub fn check_dir(dir: &Path) -> Result<(), String> {
+    check_dir_as(dir, euid())
+}
+
+/// [`check_dir`] for the effective user `me`.
+pub(super) fn check_dir_as(dir: &Path, me: u32) -> Result<(), String> {
     let shown = dir.display();
     let unreadable = |e: io::Error| format!("the kernel cache folder {shown} cannot be read: {e}");
     // Asked first, created only when missing: the folder exists on every use but the
@@ -166,7 +208,7 @@ pub fn check_dir(dir: &Path) -> Result<(), String> {
     if !m.is_dir() {
         return Err(format!("the kernel cache folder {shown} is not a folder"));
     }
-    match untrusted_owner_or_mode(&m) {
+    match untrusted_owner_or_mode(&m, me) {
         Some(why) => Err(format!(
             "the kernel cache folder {shown} is not trusted: {why}"
         )),
@@ -176,8 +218,8 @@ pub fn check_dir(dir: &Path) -> Result<(), String> {
 
 /// Opens `path` for reading without following a link at its last component and
 /// without blocking (a FIFO), and checks that it is a regular file owned by the user
-/// and writable by nobody else. `Ok(None)` when there is no such file.
-fn open_private(path: &Path) -> io::Result<Option<(File, Metadata)>> {
+/// `me` and writable by nobody else. `Ok(None)` when there is no such file.
+fn open_private(path: &Path, me: u32) -> io::Result<Option<(File, Metadata)>> {
     let f = match OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -194,7 +236,7 @@ fn open_private(path: &Path) -> io::Result<Option<(File, Metadata)>> {
     if !m.is_file() {
         return Err(io::Error::other("it is not a regular file"));
     }
-    if let Some(why) = untrusted_owner_or_mode(&m) {
+    if let Some(why) = untrusted_owner_or_mode(&m, me) {
         return Err(io::Error::other(why));
     }
     Ok(Some((f, m)))
@@ -202,9 +244,9 @@ fn open_private(path: &Path) -> io::Result<Option<(File, Metadata)>> {
 
 /// Reads the file at `path` in a trusted folder as [`open_private`] opens it:
 /// `Ok(None)` when missing, an error when it is a link, not a regular file, or not
-/// the user's alone to write.
-pub fn read_private(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    let Some((mut f, m)) = open_private(path)? else {
+/// the user `me`'s alone to write.
+pub fn read_private(path: &Path, me: u32) -> io::Result<Option<Vec<u8>>> {
+    let Some((mut f, m)) = open_private(path, me)? else {
         return Ok(None);
     };
     // One read of the length fstat gave: entries are replaced by rename, never
@@ -259,11 +301,11 @@ fn secrets_read() -> &'static Mutex<Vec<(SecretFileId, CacheSecret)>> {
 /// Why the secret file with metadata `m` (not followed through a link) must not be
 /// used, if it must not: the rules of [`open_private`], readable by group or others,
 /// or not [`SECRET_LEN`] bytes long.
-fn untrusted_secret(m: &Metadata) -> Option<String> {
+fn untrusted_secret(m: &Metadata, me: u32) -> Option<String> {
     if !m.is_file() {
         return Some("it is not a regular file".to_owned());
     }
-    if let Some(why) = untrusted_owner_or_mode(m) {
+    if let Some(why) = untrusted_owner_or_mode(m, me) {
         return Some(why);
     }
     if m.mode() & 0o077 != 0 {
@@ -282,9 +324,9 @@ fn untrusted_secret(m: &Metadata) -> Option<String> {
 /// there unchanged and passes every check a read makes: one `lstat` instead of an
 /// open, `fstat`, read and close. `None` otherwise (then the file is opened and
 /// checked as usual, which also words any refusal).
-fn known_secret(path: &Path) -> Option<CacheSecret> {
+fn known_secret(path: &Path, me: u32) -> Option<CacheSecret> {
     let m = std::fs::symlink_metadata(path).ok()?;
-    if untrusted_secret(&m).is_some() {
+    if untrusted_secret(&m, me).is_some() {
         return None;
     }
     let id = SecretFileId::of(&m);
@@ -300,8 +342,8 @@ fn remember_secret(m: &Metadata, secret: &CacheSecret) {
     }
 }
 
-fn read_secret(path: &Path) -> Result<Option<CacheSecret>, String> {
-    if let Some(secret) = known_secret(path) {
+fn read_secret(path: &Path, me: u32) -> Result<Option<CacheSecret>, String> {
+    if let Some(secret) = known_secret(path, me) {
         return Ok(Some(secret));
     }
     let refuse = |why: String| {
@@ -310,16 +352,16 @@ fn read_secret(path: &Path) -> Result<Option<CacheSecret>, String> {
             path.display()
         )
     };
-    let Some((mut f, m)) = open_private(path).map_err(|e| refuse(e.to_string()))? else {
+    let Some((mut f, m)) = open_private(path, me).map_err(|e| refuse(e.to_string()))? else {
         return Ok(None);
     };
-    if let Some(why) = untrusted_secret(&m) {
+    if let Some(why) = untrusted_secret(&m, me) {
         return Err(refuse(why));
     }
     let mut bytes = [0u8; SECRET_LEN];
     f.read_exact(&mut bytes)
         .map_err(|e| refuse(e.to_string()))?;
-    let secret = CacheSecret(bytes);
+    let secret = CacheSecret::derived(bytes);
     remember_secret(&m, &secret);
     Ok(Some(secret))
 }
@@ -440,7 +482,7 @@ mod tests {
         let m = std::fs::metadata(dir.0.join("entry")).unwrap();
         assert_eq!(m.mode() & 0o777, 0o600);
         assert_eq!(
-            read_private(&dir.0.join("entry")).unwrap().unwrap(),
+            read_private(&dir.0.join("entry"), euid()).unwrap().unwrap(),
             b"bytes"
         );
     }
@@ -462,7 +504,7 @@ mod tests {
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: `c` is a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let err = read_private(&p).unwrap_err();
+        let err = read_private(&p, euid()).unwrap_err();
         assert_eq!(err.to_string(), "it is not a regular file");
     }
 
@@ -520,7 +562,10 @@ mod tests {
         let path = dir.0.join(SECRET_FILE);
         let a = CacheSecret::load_or_create(&dir.0).unwrap();
         assert_eq!(CacheSecret::load_or_create(&dir.0).unwrap(), a);
-        assert!(known_secret(&path).is_some(), "read once, then known");
+        assert!(
+            known_secret(&path, euid()).is_some(),
+            "read once, then known"
+        );
         std::fs::set_permissions(&path, Permissions::from_mode(0o644)).unwrap();
         let e = CacheSecret::load_or_create(&dir.0).unwrap_err();
         assert!(e.contains("others may read it (mode 644"), "{e}");

@@ -42,16 +42,26 @@ impl Default for StableHash {
     }
 }
 
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
 /// `bytes` in lowercase hex, in one allocation (the kernel cache names a file this way
 /// on every disk lookup; `format!` per byte cost more than the lookup's `open`).
 pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(2 * bytes.len());
     for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
+        s.push(char::from(HEX_DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(HEX_DIGITS[usize::from(b & 15)]));
     }
     s
+}
+
+/// `bytes` in lowercase hex (ASCII) into the start of `out`, two digits a byte, as
+/// far as `out` reaches: no allocation.
+pub fn hex_to(out: &mut [u8], bytes: &[u8]) {
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX_DIGITS[usize::from(b >> 4)];
+        pair[1] = HEX_DIGITS[usize::from(b & 15)];
+    }
 }
 
 /// A fast, non-cryptographic hasher that eats eight bytes per step (FxHash's

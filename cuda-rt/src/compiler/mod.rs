@@ -191,6 +191,14 @@ impl<'a> Program<'a> {
         }
     }
 
+    /// What the kernel-cache key takes of [`include_set`](Program::include_set)
+    /// ([`toolkit::IncludeSet::key_bytes`]), worked out once per process: every disk
+    /// lookup needs it.
+    pub(crate) fn include_key(&self) -> Option<&'static [u8]> {
+        self.include_set()?;
+        toolkit::toolkit_include_key()
+    }
+
     /// With these NVRTC options.
     pub fn options(mut self, options: &'a [&'a str]) -> Program<'a> {
         self.options = options;

@@ -350,6 +350,13 @@ pub fn toolkit_includes() -> Option<&'static IncludeSet> {
     S.get_or_init(|| toolkit_search().include_set()).as_ref()
 }
 
+/// [`IncludeSet::key_bytes`] of [`toolkit_includes`], worked out once.
+pub(crate) fn toolkit_include_key() -> Option<&'static [u8]> {
+    static S: OnceLock<Option<Vec<u8>>> = OnceLock::new();
+    S.get_or_init(|| toolkit_includes().map(IncludeSet::key_bytes))
+        .as_deref()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

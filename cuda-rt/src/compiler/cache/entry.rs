@@ -4,10 +4,13 @@
 //! payload (image, log, lowered names) and a tag, BLAKE3 in keyed mode over everything
 //! before it. Pure functions: no file, no NVRTC.
 
+use std::ffi::OsStr;
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 use super::super::cache_dir::{CacheSecret, TAG_LEN};
-use super::super::hash::{hex, StableHash};
+use super::super::hash::{hex, hex_to, StableHash};
 use super::super::toolkit::IncludeSet;
 use super::super::{Compiled, Output, Program, Target};
 
@@ -24,17 +27,34 @@ impl CacheKey {
 
     /// The cache file's name: `<hex>.kcache`.
     pub fn file_name(&self) -> String {
-        let mut name = self.to_hex();
-        name.push_str(".kcache");
+        self.name_bytes().iter().map(|&b| char::from(b)).collect()
+    }
+
+    /// The path of the cache file in `dir`, built in one allocation (every disk lookup
+    /// names its file; `dir.join(file_name())` made four).
+    pub(crate) fn path_in(&self, dir: &Path) -> PathBuf {
+        let name = self.name_bytes();
+        let mut path = PathBuf::with_capacity(dir.as_os_str().len() + 1 + name.len());
+        path.push(dir);
+        path.push(OsStr::from_bytes(&name));
+        path
+    }
+
+    /// [`file_name`](Self::file_name)'s bytes (ASCII).
+    fn name_bytes(&self) -> [u8; NAME_LEN] {
+        let mut name = [0u8; NAME_LEN];
+        hex_to(&mut name[..2 * self.0.len()], &self.0);
+        name[2 * self.0.len()..].copy_from_slice(FILE_SUFFIX.as_bytes());
         name
     }
 }
 
 /// The key of `program` compiled for `target` by NVRTC `nvrtc_version`, with the
 /// toolkit include folders it gets in this process ([`Program::include_set`], found
-/// once): [`cache_key_with_includes`] of those.
+/// once): [`cache_key_with_includes`] of those, with what the key takes of the folders
+/// ([`IncludeSet::key_bytes`]) also worked out once per process.
 pub fn cache_key(program: &Program<'_>, target: Target, nvrtc_version: (i32, i32)) -> CacheKey {
-    cache_key_with_includes(program, target, nvrtc_version, program.include_set())
+    key_of(program, target, nvrtc_version, program.include_key())
 }
 
 /// The key of `program` compiled for `target` by NVRTC `nvrtc_version` with the toolkit
@@ -49,6 +69,21 @@ pub fn cache_key_with_includes(
     target: Target,
     nvrtc_version: (i32, i32),
     includes: Option<&IncludeSet>,
+) -> CacheKey {
+    key_of(
+        program,
+        target,
+        nvrtc_version,
+        includes.map(IncludeSet::key_bytes).as_deref(),
+    )
+}
+
+/// [`cache_key_with_includes`] given the include set's [`IncludeSet::key_bytes`].
+fn key_of(
+    program: &Program<'_>,
+    target: Target,
+    nvrtc_version: (i32, i32),
+    include_key: Option<&[u8]>,
 ) -> CacheKey {
     let mut h = StableHash::new();
     // v2: BLAKE3 (v1, FNV-1a, keys no longer match: those entries are never looked up).
@@ -67,9 +102,9 @@ pub fn cache_key_with_includes(
     h.write(&[output_byte(target.output)]);
     h.write(&nvrtc_version.0.to_le_bytes());
     h.write(&nvrtc_version.1.to_le_bytes());
-    if let Some(set) = includes {
+    if let Some(set_key) = include_key {
         h.field(b"toolkit include folders");
-        h.field(&set.key_bytes());
+        h.field(set_key);
     }
     // NVRTC programs keep the key they had before backends; nvcc's adds its identity.
     if program.backend == super::super::Backend::Nvcc {
@@ -80,6 +115,11 @@ pub fn cache_key_with_includes(
     }
     CacheKey(h.finish())
 }
+
+/// What ends a cache file's name, after the key's hex digits.
+const FILE_SUFFIX: &str = ".kcache";
+/// Length of a cache file's name.
+const NAME_LEN: usize = 32 + FILE_SUFFIX.len();
 
 /// First bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"CURTKC\r\n";
@@ -141,6 +181,50 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 /// (keyed with `secret`) before anything of the payload is used. Never panics,
 /// whatever the bytes. Pure.
 pub fn decode(secret: &CacheSecret, bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
+    let (image, rest) = checked_parts(secret, bytes, key)?;
+    Ok(rest.with_image(bytes[image].to_vec()))
+}
+
+/// [`decode`] of a file's bytes read into `bytes`: the image is moved to the front of
+/// that buffer and kept there, rather than copied into a new one.
+pub(crate) fn decode_owned(
+    secret: &CacheSecret,
+    mut bytes: Vec<u8>,
+    key: &CacheKey,
+) -> Result<Compiled, DecodeError> {
+    let (image, rest) = checked_parts(secret, &bytes, key)?;
+    let len = image.len();
+    bytes.copy_within(image, 0);
+    bytes.truncate(len);
+    Ok(rest.with_image(bytes))
+}
+
+/// A decoded entry but for its image.
+struct Parts {
+    output: Output,
+    arch: u32,
+    log: String,
+    lowered_names: Vec<(String, String)>,
+}
+
+impl Parts {
+    fn with_image(self, image: Vec<u8>) -> Compiled {
+        Compiled {
+            image,
+            output: self.output,
+            arch: self.arch,
+            log: self.log,
+            lowered_names: self.lowered_names,
+        }
+    }
+}
+
+/// [`decode`]'s checks and parse: where the image is in `bytes`, and the rest.
+fn checked_parts(
+    secret: &CacheSecret,
+    bytes: &[u8],
+    key: &CacheKey,
+) -> Result<(std::ops::Range<usize>, Parts), DecodeError> {
     if bytes.len() < HEADER_LEN + TAG_LEN {
         return Err(DecodeError("shorter than its header (truncated)"));
     }
@@ -175,7 +259,9 @@ pub fn decode(secret: &CacheSecret, bytes: &[u8], key: &CacheKey) -> Result<Comp
     let mut r = Reader {
         b: &bytes[HEADER_LEN..body_end],
     };
-    let image = r.bytes()?.to_vec();
+    let image_len = r.bytes()?.len();
+    // The image's length field is eight bytes after the header: the image follows it.
+    let image_start = HEADER_LEN + 8;
     let log = r.string()?;
     let n = r.u64()?;
     let mut lowered_names = Vec::new();
@@ -185,13 +271,13 @@ pub fn decode(secret: &CacheSecret, bytes: &[u8], key: &CacheKey) -> Result<Comp
     if !r.b.is_empty() {
         return Err(DecodeError("trailing bytes in the payload"));
     }
-    Ok(Compiled {
-        image,
+    let parts = Parts {
         output,
         arch,
         log,
         lowered_names,
-    })
+    };
+    Ok((image_start..image_start + image_len, parts))
 }
 
 struct Reader<'a> {
@@ -231,7 +317,7 @@ mod tests {
     use super::*;
     use crate::compiler::cache_dir::SECRET_LEN;
 
-    const SECRET: CacheSecret = CacheSecret::from_bytes([0x5a; SECRET_LEN]);
+    static SECRET: CacheSecret = CacheSecret::from_bytes([0x5a; SECRET_LEN]);
 
     fn sample() -> Compiled {
         Compiled {
@@ -332,6 +418,28 @@ mod tests {
             k(&base.options(&["ab"]), Target::cubin(90), (13, 0)),
             k(&base.options(&["a", "b"]), Target::cubin(90), (13, 0))
         );
+    }
+
+    #[test]
+    fn path_in_is_the_file_name_joined_to_the_folder() {
+        let k = CacheKey([0xa7; 16]);
+        for dir in ["/c/kernels", "/c/kernels/", "rel", "", "/"] {
+            assert_eq!(
+                k.path_in(Path::new(dir)),
+                Path::new(dir).join(k.file_name())
+            );
+        }
+    }
+
+    #[test]
+    fn decode_owned_is_decode() {
+        let key = CacheKey([7; 16]);
+        let bytes = encode(&SECRET, &key, &sample());
+        assert_eq!(
+            decode_owned(&SECRET, bytes.clone(), &key),
+            decode(&SECRET, &bytes, &key)
+        );
+        assert_eq!(decode_owned(&SECRET, bytes, &key), Ok(sample()));
     }
 
     #[test]
