@@ -15,7 +15,9 @@
 //! options, name expressions, architecture, output kind and NVRTC version, each
 //! length-prefixed, and of the toolkit include folders the compile gets with a stamp
 //! of their headers' state ([`super::toolkit`]), so installing, upgrading or moving
-//! the toolkit's headers compiles again. A file ([`encode`] / [`decode`]) is a header (magic, format
+//! the toolkit's headers compiles again (for a program that can read a header: one
+//! whose source and options never name `include` is keyed without the folders, which
+//! then need not be found or stamped for a warm lookup). A file ([`encode`] / [`decode`]) is a header (magic, format
 //! version, key, architecture, output kind, payload length), the payload (image, log,
 //! lowered names) and a tag: BLAKE3 in keyed mode over everything before it, keyed
 //! with the user's secret ([`CacheSecret`], 32 random bytes in [`SECRET_FILE`] in the

@@ -194,9 +194,26 @@ impl<'a> Program<'a> {
     /// What the kernel-cache key takes of [`include_set`](Program::include_set)
     /// ([`toolkit::IncludeSet::key_bytes`]), worked out once per process: every disk
     /// lookup needs it.
+    ///
+    /// `None` also for a program that reads no header ([`may_include`](Self::may_include)):
+    /// then the folders cannot change what it compiles to, and a warm lookup need not
+    /// find or stamp them (a process's first lookup otherwise spent most of its time
+    /// listing the toolkit's folders).
     pub(crate) fn include_key(&self) -> Option<&'static [u8]> {
+        if !self.may_include() {
+            return None;
+        }
         self.include_set()?;
         toolkit::toolkit_include_key()
+    }
+
+    /// Whether the program may read a header from an include folder: its source or an
+    /// option names `include` (an `#include` or `#include_next` directive, a
+    /// `__has_include` test, a `-include` or `--pre-include` option). A preprocessor
+    /// directive cannot come out of a macro, so a source without the word holds none.
+    /// Conservative: the word in a comment or a string counts too.
+    pub(crate) fn may_include(&self) -> bool {
+        self.source.contains("include") || self.options.iter().any(|o| o.contains("include"))
     }
 
     /// With these NVRTC options.

@@ -63,7 +63,9 @@ pub fn cache_key(program: &Program<'_>, target: Target, nvrtc_version: (i32, i32
 /// expressions, architecture, output kind and NVRTC version, each length-prefixed
 /// (little-endian `u64`) where its length varies. With an include set, the folders and
 /// their stamp ([`IncludeSet::key_bytes`]) are hashed in too, so the key changes when
-/// the folders, or the headers in them, change. Pure.
+/// the folders, or the headers in them, change; not for a program that reads no header
+/// (neither its source nor an option names `include`), which the folders cannot
+/// change. Pure.
 pub fn cache_key_with_includes(
     program: &Program<'_>,
     target: Target,
@@ -102,7 +104,9 @@ fn key_of(
     h.write(&[output_byte(target.output)]);
     h.write(&nvrtc_version.0.to_le_bytes());
     h.write(&nvrtc_version.1.to_le_bytes());
-    if let Some(set_key) = include_key {
+    // A program that reads no header compiles the same with any folders: they are
+    // left out, as `Program::include_key` leaves them out for the warm lookup.
+    if let Some(set_key) = include_key.filter(|_| program.may_include()) {
         h.field(b"toolkit include folders");
         h.field(set_key);
     }
@@ -380,6 +384,53 @@ mod tests {
         );
         // Turned off on the program: the key of no include set.
         assert_eq!(cache_key(&p.toolkit_includes(false), t, (13, 0)), none);
+    }
+
+    #[test]
+    fn a_program_that_reads_no_header_is_keyed_without_the_include_folders() {
+        use super::super::super::toolkit::PlaceSource;
+        let t = Target::cubin(90);
+        let set = IncludeSet {
+            dirs: vec!["/tk/include".into()],
+            source: PlaceSource::CudaPath,
+            stamp: 7,
+        };
+        let plain = Program::new("extern \"C\" __global__ void k(float* x) { x[0] = 1; }");
+        assert!(!plain.may_include());
+        // The folders cannot change it: the same key with or without them, and the
+        // warm lookup's key neither finds nor stamps them.
+        assert_eq!(
+            cache_key_with_includes(&plain, t, (13, 0), Some(&set)),
+            cache_key_with_includes(&plain, t, (13, 0), None)
+        );
+        assert_eq!(plain.include_key(), None);
+        assert_eq!(
+            cache_key(&plain, t, (13, 0)),
+            cache_key_with_includes(&plain, t, (13, 0), None)
+        );
+        // Each way of reading a header keeps them in the key.
+        for src in [
+            "#include <cuda_fp16.h>",
+            "#  include_next <x.h>",
+            "#if __has_include(<x.h>)\n#endif",
+        ] {
+            let p = Program::new(src);
+            assert!(p.may_include(), "{src}");
+            assert_ne!(
+                cache_key_with_includes(&p, t, (13, 0), Some(&set)),
+                cache_key_with_includes(&p, t, (13, 0), None),
+                "{src}"
+            );
+        }
+        for opts in [&["-include=x.h"][..], &["--pre-include=x.h"][..]] {
+            let p = plain.options(opts);
+            assert!(p.may_include(), "{opts:?}");
+            assert_ne!(
+                cache_key_with_includes(&p, t, (13, 0), Some(&set)),
+                cache_key_with_includes(&p, t, (13, 0), None),
+                "{opts:?}"
+            );
+        }
     }
 
     #[test]
