@@ -207,13 +207,17 @@ impl<'a> Program<'a> {
         toolkit::toolkit_include_key()
     }
 
-    /// Whether the program may read a header from an include folder: its source or an
-    /// option names `include` (an `#include` or `#include_next` directive, a
-    /// `__has_include` test, a `-include` or `--pre-include` option). A preprocessor
-    /// directive cannot come out of a macro, so a source without the word holds none.
-    /// Conservative: the word in a comment or a string counts too.
+    /// Whether the program may read a file from an include folder: its source names
+    /// `include`, `import` or `embed` (an `#include` or `#include_next` directive, a
+    /// `__has_include` test, the `#import` and `#embed` extensions), or an option names
+    /// `include` (`-include`, `--pre-include`). A preprocessor directive cannot come
+    /// out of a macro, so a source without the words holds none. Conservative: a word
+    /// in a comment, a string or a name counts too.
     pub(crate) fn may_include(&self) -> bool {
-        self.source.contains("include") || self.options.iter().any(|o| o.contains("include"))
+        ["include", "import", "embed"]
+            .iter()
+            .any(|w| self.source.contains(w))
+            || self.options.iter().any(|o| o.contains("include"))
     }
 
     /// With these NVRTC options.

@@ -413,6 +413,8 @@ mod tests {
             "#include <cuda_fp16.h>",
             "#  include_next <x.h>",
             "#if __has_include(<x.h>)\n#endif",
+            "#import <x.h>",
+            "const char d[] = {\n#embed \"d.bin\"\n};",
         ] {
             let p = Program::new(src);
             assert!(p.may_include(), "{src}");
