@@ -18,6 +18,8 @@ use common::{median, Figure, Report};
 
 const LAUNCHES: usize = 100_000;
 const REPS: usize = 5;
+/// Module loads are short and vary more: their medians take more runs.
+const MODULE_REPS: usize = 15;
 
 const SRC: &str = r#"
 extern "C" __global__ void empty1(int a) {}
@@ -182,8 +184,10 @@ fn run() -> cuda_rt::Result<()> {
     let mut firsts = Vec::new();
     let mut raws = Vec::new();
     let load = sys::api()?.cuModuleLoadData()?;
+    let load_ex = sys::api()?.cuModuleLoadDataEx()?;
     let unload = sys::api()?.cuModuleUnload()?;
-    for _ in 0..REPS {
+    let mut raws_logged = Vec::new();
+    for _ in 0..MODULE_REPS {
         let fresh = KernelCache::new(Some(dir.clone()));
         let t = Instant::now();
         let m = RawModule::from_program(&program, Output::Cubin, &fresh)?;
@@ -202,11 +206,33 @@ fn run() -> cuda_rt::Result<()> {
         assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
         // SAFETY: loaded above, unloaded once.
         unsafe { unload(h) };
+        // The same load with a JIT error log (what a load with options costs).
+        let mut log = vec![0u8; 8192];
+        let mut options = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        let mut values: [*mut std::ffi::c_void; 2] = [log.as_mut_ptr().cast(), 8192 as *mut _];
+        let t = Instant::now();
+        // SAFETY: a complete cubin image; the log buffer holds the size passed with it.
+        let rc = unsafe {
+            load_ex(
+                &mut h,
+                compiled.image.as_ptr().cast(),
+                2,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+            )
+        };
+        raws_logged.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
+        // SAFETY: loaded above, unloaded once.
+        unsafe { unload(h) };
     }
     // Where the first use's time goes: a fresh cache's disk lookup alone (the
     // folder's secret, the key, the entry's read and its tag), against the load.
     let mut lookups = Vec::new();
-    for _ in 0..REPS {
+    for _ in 0..MODULE_REPS {
         let fresh = KernelCache::new(Some(dir.clone()));
         let t = Instant::now();
         let c = fresh.compile(&program, cuda_rt::compiler::Target::for_device(0)?)?;
@@ -218,6 +244,11 @@ fn run() -> cuda_rt::Result<()> {
     report.push(
         Figure::new("raw_module_warm_disk_first_use", median(firsts), "ms")
             .raw(raw_load, "cuModuleLoadData"),
+    );
+    report.push(
+        Figure::new("load_with_jit_log", median(raws_logged), "ms")
+            .raw(raw_load, "cuModuleLoadData")
+            .note("cuModuleLoadDataEx with an error log buffer: what the options cost"),
     );
     report.push(
         Figure::new("warm_disk_lookup_only", median(lookups), "ms")
