@@ -634,6 +634,18 @@ where
 {
     let mut c = captures();
     let device = s.device_id();
+    // The module's address is unique while an entry keeps it.
+    let identity = Arc::as_ptr(module).cast::<()>() as usize;
+    // Every capture of the device keeps it already (a recorded step's kernels come
+    // from a few modules): whichever capture took the launch, there is nothing to
+    // add, so the driver is not asked which (a call per captured launch).
+    if c.entries
+        .iter()
+        .filter(|e| e.device == device)
+        .all(|e| e.used.contains(&identity))
+    {
+        return;
+    }
     let id = match info(s) {
         Ok((CaptureStatus::Active { id }, _)) => Some(id),
         // Not capturing: the kernel runs once, now, as any launch. Invalidated: the
@@ -648,8 +660,7 @@ where
         .iter_mut()
         .filter(|e| e.device == device && (id.is_none() || id == Some(e.id)))
     {
-        // The module's address is unique while the entry keeps it.
-        e.keep_once(Arc::as_ptr(module).cast::<()>() as usize, || {
+        e.keep_once(identity, || {
             Arc::clone(module) as Arc<dyn Any + Send + Sync>
         });
     }
