@@ -304,31 +304,6 @@ fn run() -> cuda_rt::Result<()> {
             .note("capture + cuGraphExecUpdate + launch"),
     );
 
-    // Where an update's host time goes: the capture alone (begin, the step's 100
-    // launches into the capture, end, the graph dropped), against the eager step.
-    let (value, raw) = interleaved(
-        REPS,
-        || {
-            b.host_us(&mut |i| {
-                b.s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-                // SAFETY: nothing captured is launched; the graph is dropped at once.
-                let queued = unsafe { b.step.enqueue(&b.s, &b.rec_bufs[i % 2]) };
-                let graph = b.s.end_capture().unwrap();
-                queued.unwrap();
-                drop(graph);
-            })
-        },
-        || b.host_us(&mut |i| b.eager(i)),
-    );
-    report.push(
-        Figure::new("capture_host_per_step", value, "us")
-            .raw(raw, "eager_100_launch_on")
-            .note(
-                "the capture alone (begin, 100 launches, end, graph dropped): the part of \
-                 update_host_per_step the driver's capture costs",
-            ),
-    );
-
     // A new key every time: capture, instantiate, launch, synchronized.
     let mut key = 0;
     let (value, raw) = interleaved(
