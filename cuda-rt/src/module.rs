@@ -646,28 +646,9 @@ const JIT_LOG_BYTES: usize = 8192;
 /// Loads a PTX, cubin or fatbin image in the current context (`cuModuleLoadDataEx`).
 /// On failure the JIT error log, if any, is appended to the message.
 ///
-/// The first attempt passes no JIT options: a load that succeeds (nearly all of
-/// them: a warm kernel cache loads its cubins here) pays neither for a zeroed log
-/// buffer nor for the driver's option handling. Only a failed load is tried again
-/// with the error log, to say why.
-///
 /// # Safety
 /// `image` is a complete image: PTX ending with a NUL byte, or a whole cubin or fatbin.
 unsafe fn load_image(image: &[u8]) -> Result<sys::CUmodule> {
-    // SAFETY: the image is complete (caller); no options.
-    match unsafe { result::module::load_data_ex(image.as_ptr().cast(), &mut [], &mut []) } {
-        Ok(module) => Ok(module),
-        // SAFETY: as above (caller).
-        Err(result::Error::Driver(_)) => unsafe { load_image_with_log(image) },
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// [`load_image`]'s second attempt, with the JIT error log.
-///
-/// # Safety
-/// As [`load_image`].
-unsafe fn load_image_with_log(image: &[u8]) -> Result<sys::CUmodule> {
     let mut log = vec![0u8; JIT_LOG_BYTES];
     let mut options = [
         sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
