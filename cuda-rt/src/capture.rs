@@ -624,6 +624,18 @@ where
     Ok(r)
 }
 
+/// Keeps `module` for the capture cuda-rt began that `s` is in, if any (a launch
+/// that was noted rather than queued, for a recorder's update).
+pub(crate) fn keep_module<S, T>(s: &S, module: &Arc<T>)
+where
+    S: AsStream + ?Sized,
+    T: Any + Send + Sync,
+{
+    if any_capture_active() {
+        keep_module_slow(s, module);
+    }
+}
+
 /// [`launch_keeping`]'s note while some capture is active: keeps `module` for the
 /// capture `s` is in, if cuda-rt began it.
 #[cold]

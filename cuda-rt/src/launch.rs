@@ -105,7 +105,7 @@ impl Dim3 {
     }
 
     #[inline]
-    fn to_array(self) -> [u32; 3] {
+    pub(crate) fn to_array(self) -> [u32; 3] {
         [self.x, self.y, self.z]
     }
 }
@@ -411,7 +411,7 @@ impl LaunchAttribute {
 /// Most attributes one [`Function::launch_ex`] takes.
 pub const MAX_LAUNCH_ATTRIBUTES: usize = 8;
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Plain,
     Cooperative,
@@ -610,6 +610,14 @@ impl Function {
         let mut params = ParamArray::new();
         let ptrs = params.fill(self, args)?;
         self.check_stream(stream)?;
+        // A recorder updating a recording in place takes the launches on its capture
+        // stream instead (one relaxed load here when no capture is under way).
+        if crate::capture::any_capture_active()
+            && kind == Kind::Plain
+            && crate::graph::arguments::takes(stream.as_raw() as usize)
+        {
+            return self.taken_for_update(stream, config, args);
+        }
         make_current(self.device_id())?;
         let (grid, block) = (config.grid.to_array(), config.block.to_array());
         self.enqueue_launch(stream, || {
@@ -641,6 +649,20 @@ impl Function {
                 }
             }?)
         })
+    }
+
+    /// A launch a recorder's update takes (see `graph::recorder::arguments`): noted,
+    /// not queued, its module kept by the update's capture as a queued launch's is.
+    #[cold]
+    fn taken_for_update(
+        &self,
+        stream: &impl AsStream,
+        config: &LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<()> {
+        crate::graph::arguments::take(self, config, args);
+        self.keep_module_for_capture(stream);
+        Ok(())
     }
 
     #[inline]

@@ -325,6 +325,12 @@ impl Function {
         crate::capture::launch_keeping(stream, &self.inner.module, launch)
     }
 
+    /// Keeps the function's module for the capture cuda-rt began that `stream` is in,
+    /// as a launch captured there would (see [`crate::capture::launch_keeping`]).
+    pub(crate) fn keep_module_for_capture<S: crate::stream::AsStream + ?Sized>(&self, stream: &S) {
+        crate::capture::keep_module(stream, &self.inner.module);
+    }
+
     /// The module the function belongs to.
     pub fn module(&self) -> Module {
         Module {

@@ -687,3 +687,149 @@ fn without_a_gpu_a_call_fails_cleanly() {
     assert_eq!(rec.stats().failures, 1);
     assert!(rec.is_empty());
 }
+
+/// `add_one` and `axpy` of `kernels::PTX` loaded through cuda-rt: typed launches,
+/// which an update of a chain of kernels takes without a capture.
+struct Typed {
+    add_one: cuda_rt::Function,
+    axpy: cuda_rt::Function,
+}
+
+fn typed() -> Typed {
+    cuda_rt::device::set_device_id(0).unwrap();
+    let m = cuda_rt::Module::load_data(kernels::PTX.as_bytes()).unwrap();
+    Typed {
+        add_one: m.get_function("add_one").unwrap(),
+        axpy: m.get_function("axpy").unwrap(),
+    }
+}
+
+/// `n` threads in blocks of 256.
+fn shape(n: usize) -> cuda_rt::LaunchConfig {
+    cuda_rt::LaunchConfig::new(kernels::blocks(n), 256)
+}
+
+gpu_test!(
+    an_update_of_kernels_alone_sets_their_arguments_without_a_capture,
+    {
+        let _serial = serial();
+        let k = typed();
+        let s = Stream::non_blocking().unwrap();
+        let x = cuda_rt::alloc(N * 4).unwrap();
+        let bufs: Vec<MemoryPointer> = (0..3).map(|_| cuda_rt::alloc(N * 4).unwrap()).collect();
+        write(&x, &vec![2.0; N]);
+        for b in &bufs {
+            write(b, &vec![0.0; N]);
+        }
+        let mut rec = Recorder::new();
+        let mut want = [0f32; 3];
+        let mut outcomes = Vec::new();
+        let mut runs = 0;
+        let n = N as i32;
+        // No synchronize between the updates: launches queued before each update keep
+        // the arguments they were launched with (every buffer's sum says so).
+        for i in 0..9 {
+            let (y, a) = (bufs[i % 3].ptr(), i as f32);
+            let o = rec
+                .update(&"typed axpy+1", &s, |cs| {
+                    runs += 1;
+                    let xp = x.ptr();
+                    // SAFETY: axpy(float* y, const float* x, float a, int n) and
+                    // add_one(float* x, int n) get buffers of n f32 on device 0 that
+                    // outlive the recorder.
+                    unsafe {
+                        k.axpy.launch_on(cs, &shape(N), &[&y, &xp, &a, &n])?;
+                        k.add_one.launch_on(cs, &shape(N), &[&y, &n])
+                    }
+                })
+                .unwrap();
+            outcomes.push(o);
+            want[i % 3] += 2.0 * a + 1.0;
+        }
+        assert_eq!(outcomes[0], Outcome::Recorded);
+        assert!(
+            outcomes[1..].iter().all(|&o| o == Outcome::Updated),
+            "{outcomes:?}"
+        );
+        assert_eq!(runs, 9, "the closure ran once per call");
+        // A replay runs the last update's arguments.
+        assert_eq!(
+            rec.run(&"typed axpy+1", &s, |_| unreachable!()).unwrap(),
+            Outcome::Replayed
+        );
+        want[8 % 3] += 2.0 * 8.0 + 1.0;
+        s.synchronize().unwrap();
+        for (b, w) in bufs.iter().zip(want) {
+            assert!(read(b).iter().all(|&v| v == w), "want {w}");
+        }
+        let st = rec.stats();
+        assert_eq!(
+            (st.updates, st.argument_updates, st.update_fallbacks),
+            (8, 8, 0),
+            "{st:?}"
+        );
+        assert_eq!(
+            (st.captures, st.instantiations, st.hits),
+            (1, 1, 1),
+            "{st:?}"
+        );
+    }
+);
+
+gpu_test!(
+    an_update_with_other_shapes_or_other_work_is_captured_and_gives_the_right_results,
+    {
+        let _serial = serial();
+        let k = typed();
+        let s = Stream::non_blocking().unwrap();
+        let (y, z) = (
+            cuda_rt::alloc(N * 4).unwrap(),
+            cuda_rt::alloc(N * 4).unwrap(),
+        );
+        write(&y, &vec![0.0; N]);
+        write(&z, &vec![5.0; N]);
+        let mut rec = Recorder::new();
+        let runs = std::cell::Cell::new(0);
+        // add_one over the first `n` floats of `p`, then (with `clear`) z set to 0.
+        let call = |rec: &mut Recorder<u8>, p: u64, n: usize, clear: bool| {
+            rec.update(&1, &s, |cs| {
+                runs.set(runs.get() + 1);
+                let m = n as i32;
+                // SAFETY: add_one(float* x, int n) gets a buffer of N >= n f32 on
+                // device 0 that outlives the recorder.
+                unsafe { k.add_one.launch_on(cs, &shape(n), &[&p, &m]) }?;
+                if clear {
+                    z.memset_async(0, N * 4, Some(cs))?;
+                }
+                Ok(())
+            })
+            .unwrap()
+        };
+        assert_eq!(call(&mut rec, y.ptr(), N, false), Outcome::Recorded);
+        // Another launch shape: captured, the executable updated by cuGraphExecUpdate.
+        assert_eq!(call(&mut rec, y.ptr(), N / 2, false), Outcome::Updated);
+        assert_eq!(rec.stats().argument_updates, 0);
+        // The same shape on another buffer: by arguments alone again.
+        assert_eq!(call(&mut rec, z.ptr(), N / 2, false), Outcome::Updated);
+        assert_eq!(rec.stats().argument_updates, 1);
+        // Other work besides the kernel: captured (the topology changed).
+        let o = call(&mut rec, y.ptr(), N, true);
+        assert!(matches!(o, Outcome::Reinstantiated { .. }), "{o:?}");
+        s.synchronize().unwrap();
+        let (yv, zv) = (read(&y), read(&z));
+        assert!(yv[..N / 2].iter().all(|&v| v == 3.0), "{}", yv[0]);
+        assert!(yv[N / 2..].iter().all(|&v| v == 2.0), "{}", yv[N / 2]);
+        assert!(zv.iter().all(|&v| v == 0.0), "z was cleared last");
+        // Recorded once, each shape or work change ran the closure twice, the update
+        // by arguments once.
+        assert_eq!(runs.get(), 1 + 2 + 1 + 2);
+        let st = rec.stats();
+        assert_eq!((st.updates, st.update_fallbacks), (2, 1), "{st:?}");
+        // The recording with a memset updates by capture, the closure running once.
+        let before = runs.get();
+        let o = call(&mut rec, z.ptr(), N, true);
+        assert!(matches!(o, Outcome::Updated), "{o:?}");
+        assert_eq!(runs.get(), before + 1);
+        s.synchronize().unwrap();
+    }
+);

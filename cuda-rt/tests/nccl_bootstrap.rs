@@ -75,8 +75,8 @@ fn a_rank_gives_up_when_rank_zero_never_listens() {
 #[test]
 fn rank_zero_names_the_ranks_that_never_came() {
     let port = free_port();
-    let came = thread::spawn(move || bootstrap::share_bytes(&cfg(2, 4, port, 5_000), None));
-    let e = bootstrap::share_bytes(&cfg(0, 4, port, 700), Some(b"id")).unwrap_err();
+    let came = thread::spawn(move || bootstrap::share_bytes(&cfg(2, 4, port, 8_000), None));
+    let e = bootstrap::share_bytes(&cfg(0, 4, port, 3_000), Some(b"id")).unwrap_err();
     assert_eq!(kind(&e), Some(BootstrapKind::MissingRanks), "{e}");
     assert!(
         e.to_string().contains("rank(s) 1, 3 of 4 never came"),

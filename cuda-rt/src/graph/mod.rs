@@ -79,6 +79,7 @@
 mod memory_usage;
 mod node;
 mod recorder;
+pub(crate) use recorder::arguments;
 mod stream_capture;
 
 use std::any::Any;
@@ -510,6 +511,16 @@ impl Graph {
                 reason: update_reason(reason),
             }),
         }
+    }
+
+    /// Makes `new` what the graph keeps alive, and returns what it kept before (for a
+    /// caller that gave its executable parameters that use only `new`'s objects, and
+    /// lets the old ones go once the launches before are done).
+    pub(crate) fn replace_kept(&mut self, new: Kept) -> Kept {
+        let old = self.take_kept();
+        *self.keep.get_mut() = new.items;
+        self.forked_uses = new.forked_uses;
+        old
     }
 
     /// Takes out what the graph keeps alive, for a caller that lets it go once the

@@ -2,6 +2,7 @@
 //! replayed, updated in place, in a bounded cache ([`lru`]) whose retired entries let
 //! go of what they kept once their launches are done ([`retired`]).
 
+pub(crate) mod arguments;
 mod lru;
 mod retired;
 
@@ -15,6 +16,7 @@ use crate::capture::{self, any_capture_active, CaptureStatus};
 use crate::device::{get_device_id, Device, DeviceScope};
 use crate::error::{CaptureKind, Error, Result};
 use crate::stream::{AsStream, Stream, StreamRef};
+use arguments::KernelNodes;
 use lru::Lru;
 use retired::Retired;
 
@@ -51,8 +53,13 @@ pub struct RecorderStats {
     pub captures: u64,
     /// Executables made (`cuGraphInstantiate`): misses and refused updates.
     pub instantiations: u64,
-    /// Executables updated in place (`cuGraphExecUpdate`).
+    /// Executables updated in place: by `cuGraphExecUpdate` after a capture, or by
+    /// setting kernel arguments alone ([`argument_updates`](Self::argument_updates)).
     pub updates: u64,
+    /// Updates in place made by setting the kernel nodes' arguments alone, without
+    /// capturing the work (a part of [`updates`](Self::updates); see
+    /// [`Recorder::update`]).
+    pub argument_updates: u64,
     /// Updates that could not be made, replaced by a new instantiation.
     pub update_fallbacks: u64,
     /// Executables evicted to keep within the capacity (not counting
@@ -88,10 +95,11 @@ impl RecorderStats {
 
 /// What an update replaced.
 enum Replaced {
-    /// The executable's old parameters: what they kept, and the old graph.
-    Parameters(super::Kept, Graph),
+    /// The executable's old parameters: what they kept, and the old graph (unless the
+    /// recording keeps it, see `ArgUpdates`).
+    Parameters(super::Kept, Option<Graph>),
     /// The whole recording (the update was refused).
-    Recording(Recording),
+    Recording(Box<Recording>),
 }
 
 /// One key's executable, and the stream of its last launch.
@@ -102,6 +110,83 @@ struct Recording {
     /// Where a fence after its launches goes (launches of one executable run in
     /// order, whatever their streams).
     last: Option<StreamRef>,
+    /// Whether and how it takes new kernel arguments without a capture.
+    args: ArgUpdates,
+}
+
+impl Recording {
+    fn new(graph: Graph) -> Recording {
+        Recording {
+            graph,
+            last: None,
+            args: ArgUpdates::default(),
+        }
+    }
+}
+
+/// A recording's updates by kernel arguments alone (see [`arguments`]).
+#[derive(Debug, Default)]
+struct ArgUpdates {
+    /// The graph the executable was instantiated from, once an update by capture gave
+    /// the recording another (no executable, nothing kept): its nodes name the
+    /// executable's.
+    origin: Option<Graph>,
+    state: ArgState,
+}
+
+#[derive(Debug, Default)]
+enum ArgState {
+    /// Not looked at yet.
+    #[default]
+    Unknown,
+    /// Not a chain of kernel nodes (or the driver could not say): updates capture.
+    Refused,
+    /// A chain of kernel nodes.
+    Nodes(KernelNodes),
+}
+
+impl ArgUpdates {
+    /// Whether the recording (whose graph is `graph`) takes arguments alone: looked at
+    /// once, on the first update.
+    fn ready(&mut self, graph: &Graph) -> bool {
+        if let ArgState::Unknown = self.state {
+            let from = self.origin.as_ref().unwrap_or(graph);
+            // SAFETY: `from` is the live graph the executable was instantiated from,
+            // kept while the nodes are (this value or `graph`, which the recording
+            // keeps as long as it keeps this value).
+            self.state = match unsafe { KernelNodes::of_chain(from.as_raw()) } {
+                Some(n) => ArgState::Nodes(n),
+                None => ArgState::Refused,
+            };
+            if let ArgState::Refused = self.state {
+                self.origin = None;
+            }
+        }
+        matches!(self.state, ArgState::Nodes(_))
+    }
+
+    /// Updates by arguments alone are not tried again for this recording.
+    fn refuse(&mut self) {
+        self.state = ArgState::Refused;
+        self.origin = None;
+    }
+
+    /// An update by capture replaced the recording's graph with another, `old` being
+    /// the one before; returns what to drop. The graph the executable was
+    /// instantiated from is kept while its nodes may be used, and the arguments the
+    /// nodes hold are forgotten (the update gave them others).
+    fn captured_update(&mut self, old: Graph) -> Option<Graph> {
+        if let ArgState::Nodes(n) = &mut self.state {
+            n.forget();
+        }
+        match (&self.state, &self.origin) {
+            (ArgState::Refused, _) | (_, Some(_)) => Some(old),
+            _ => {
+                self.origin = Some(old);
+                None
+            }
+        }
+    }
 }
 
 impl Recording {
@@ -352,17 +437,38 @@ impl<K: Hash + Eq> Recorder<K> {
     /// without running it) and a pass over the executable's nodes, a fraction of a new
     /// instantiation. Errors are those of [`run`](Self::run); on an error the key's
     /// executable, if any, is unchanged.
-    pub fn update<Q, S, F>(&mut self, key: &Q, stream: &S, f: F) -> Result<Outcome>
+    ///
+    /// # Kernels alone: no capture of the work
+    /// When the recording is a chain of kernels (the closure launched kernels one
+    /// after another on the capture stream, through cuda-rt's typed launches:
+    /// [`launch!`](crate::launch!), [`Function::launch`](crate::Function::launch) or
+    /// [`launch_on`](crate::Function::launch_on), a [`RawKernel`](crate::RawKernel)),
+    /// an update takes those launches as the closure makes them, without queueing or
+    /// capturing them, and gives only the kernel nodes whose arguments changed their
+    /// new ones (`cuGraphExecKernelNodeSetParams`): no capture of the kernels and no
+    /// `cuGraphExecUpdate` over the whole graph ([`RecorderStats::argument_updates`]
+    /// counts them). The capture stream is capturing meanwhile, so anything else the
+    /// closure queues is captured, never run; if it queued anything else, or other
+    /// kernels, launch shapes or a different number of them, the closure runs a
+    /// second time under a capture and the update is made as above. That is why `f`
+    /// is `FnMut`: it may run twice in one update (it queues work only, which runs
+    /// once, at the launch). A recording whose closure once queued other work (a
+    /// copy, a memset, a kernel launched through the raw driver) is updated by
+    /// capture from then on, its closure running once per update.
+    pub fn update<Q, S, F>(&mut self, key: &Q, stream: &S, mut f: F) -> Result<Outcome>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         S: AsStream + ?Sized,
-        F: FnOnce(&Stream) -> Result<()>,
+        F: FnMut(&Stream) -> Result<()>,
     {
         if !self.retired.is_empty() {
             self.retired.poll();
         }
         let device = stream.device_id();
+        if let Some(outcome) = self.update_arguments(key, stream, &mut f)? {
+            return Ok(outcome);
+        }
         let fresh = self.capture(device, f)?;
         let Some(rec) = self
             .cache
@@ -375,6 +481,7 @@ impl<K: Hash + Eq> Recorder<K> {
         // or an executable then overlaps with the device running the new one.
         let (outcome, old) = match rec.graph.update_from(fresh) {
             Ok(Updated::Made { old, old_graph }) => {
+                let old_graph = rec.args.captured_update(old_graph);
                 (Outcome::Updated, Replaced::Parameters(old, old_graph))
             }
             Ok(Updated::Refused { fresh, reason }) => {
@@ -382,8 +489,12 @@ impl<K: Hash + Eq> Recorder<K> {
                 let old = Recording {
                     graph: std::mem::replace(&mut rec.graph, graph),
                     last: rec.last.take(),
+                    args: std::mem::take(&mut rec.args),
                 };
-                (Outcome::Reinstantiated { reason }, Replaced::Recording(old))
+                (
+                    Outcome::Reinstantiated { reason },
+                    Replaced::Recording(Box::new(old)),
+                )
             }
             Err(e) => {
                 self.stats.failures += 1;
@@ -402,9 +513,85 @@ impl<K: Hash + Eq> Recorder<K> {
                 drop(old_graph);
                 self.retired.retire(kept, device, rec.last.as_ref());
             }
-            Replaced::Recording(old) => retire(old, &mut self.retired),
+            Replaced::Recording(old) => retire(*old, &mut self.retired),
         }
         launched.map(|()| outcome)
+    }
+
+    /// [`update`](Self::update) by kernel arguments alone, when `key`'s recording is a
+    /// chain of kernels (see [`arguments`]): `f` runs once on the capture stream, which
+    /// captures whatever `f` queues there other than cuda-rt's typed launches, and
+    /// those launches are taken rather than queued. When nothing else was queued and
+    /// the launches match the recording's kernel nodes, the nodes whose arguments
+    /// changed get the new ones and the executable is launched: `Some(Updated)`.
+    /// `None` when that cannot be done (no such recording, other work, other kernels
+    /// or shapes, a refusal of the driver): nothing was launched or changed but the
+    /// arguments of some nodes (which an update by capture gives again), and the
+    /// caller updates by capture.
+    fn update_arguments<Q, S, F>(
+        &mut self,
+        key: &Q,
+        stream: &S,
+        f: &mut F,
+    ) -> Result<Option<Outcome>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        S: AsStream + ?Sized,
+        F: FnMut(&Stream) -> Result<()>,
+    {
+        let device = stream.device_id();
+        if arguments::busy() {
+            // An update inside another's closure: that one takes the launches.
+            return Ok(None);
+        }
+        let Some(rec) = self.cache.get_mut(key) else {
+            return Ok(None);
+        };
+        if rec.graph.device_id() != device || !rec.args.ready(&rec.graph) {
+            return Ok(None);
+        }
+        let handle = self.capture_stream(device)?.as_raw() as usize;
+        let captured = arguments::taking(handle, || self.capture(device, &mut *f))?;
+        let Some(rec) = self.cache.get_mut(key) else {
+            return Ok(None);
+        };
+        // Anything captured is work the nodes do not hold: a closure that queues
+        // other work (or launches kernels another way) is updated by capture from
+        // now on, without running twice each time.
+        if captured.node_count().map_or(true, |n| n != 0) {
+            rec.args.refuse();
+            return Ok(None);
+        }
+        let ArgState::Nodes(nodes) = &mut rec.args.state else {
+            return Ok(None);
+        };
+        let Some(exec) = rec.graph.exec_raw() else {
+            return Ok(None);
+        };
+        let _on = enter_device(device)?;
+        let set = arguments::with_taken(|taken| {
+            // SAFETY: `exec` is the recording's live executable, instantiated from the
+            // graph the nodes belong to (kept by the recording: `ArgUpdates`); the
+            // launches were checked as any launch is, and what their arguments name is
+            // valid for every run of the executable: the `# Safety` of the launches
+            // the closure made (which promise it for every replay of a recording).
+            nodes.matches(taken) && unsafe { nodes.set(exec, taken) }.is_ok()
+        });
+        if !set {
+            return Ok(None);
+        }
+        // What the capture kept (the kernels' modules, what the closure tied to it)
+        // is the recording's from now on; what it kept before goes after the launches
+        // that may use it.
+        let mut captured = captured;
+        let old = rec.graph.replace_kept(captured.take_kept());
+        drop(captured);
+        self.stats.updates += 1;
+        self.stats.argument_updates += 1;
+        let launched = rec.launch(stream);
+        self.retired.retire(old, device, rec.last.as_ref());
+        launched.map(|()| Some(Outcome::Updated))
     }
 
     /// Whether an executable is cached for `key` (not counted as a use).
@@ -537,7 +724,7 @@ impl<K: Hash + Eq> Recorder<K> {
         stream: &S,
     ) -> Result<Outcome> {
         let graph = instantiate(fresh, &mut self.retired, &mut self.stats)?;
-        let mut rec = Recording { graph, last: None };
+        let mut rec = Recording::new(graph);
         // Cached even when this launch fails: the executable is good.
         let launched = rec.launch(stream);
         let displaced = self.cache.insert(key, rec);
@@ -583,7 +770,13 @@ fn instantiate(mut g: Graph, retired: &mut Retired, stats: &mut RecorderStats) -
 /// Drops `rec`'s executable and graph now (queued launches still run), and lets go of
 /// what it kept once they are done.
 fn retire(rec: Recording, retired: &mut Retired) {
-    let Recording { mut graph, last } = rec;
+    let Recording {
+        mut graph,
+        last,
+        args,
+    } = rec;
+    // The graph the executable came from, if kept apart: nothing kept, no executable.
+    drop(args);
     let device = graph.device_id();
     let kept = graph.take_kept();
     // The graph and its executable go first (what they kept is out of them, so their
@@ -640,6 +833,7 @@ mod tests {
                 captures: 3,
                 instantiations: 2,
                 updates: 1,
+                argument_updates: 0,
                 update_fallbacks: 1,
                 evictions: 0,
                 failures: 0,

@@ -254,6 +254,41 @@ pub unsafe fn node_dependent_count(node: CUgraphNode) -> Result<usize> {
     Ok(n)
 }
 
+/// The parameters of kernel node `node` (`cuGraphKernelNodeGetParams_v2`): its
+/// function, launch shape and shared memory; `kernelParams` points into the driver's
+/// copy, valid only until the node changes or its graph is destroyed.
+///
+/// # Safety
+/// `node` is a kernel node of a live graph.
+pub unsafe fn kernel_node_get_params(node: CUgraphNode) -> Result<CUDA_KERNEL_NODE_PARAMS> {
+    let f = api()?.cuGraphKernelNodeGetParams_v2()?;
+    let mut p = CUDA_KERNEL_NODE_PARAMS::default();
+    // SAFETY: `node` is a live kernel node (caller); `p` is a valid out pointer.
+    check(unsafe { f(node, &mut p) }, "cuGraphKernelNodeGetParams_v2")?;
+    Ok(p)
+}
+
+/// Gives kernel node `node` of executable `exec` the parameters `params` for its later
+/// launches (`cuGraphExecKernelNodeSetParams_v2`); launches queued before keep theirs.
+///
+/// # Safety
+/// `exec` is live and was instantiated from the live graph `node` belongs to;
+/// `params.kernelParams` holds one pointer per parameter of `params.func`, each to a
+/// readable value of that parameter's size (the driver copies them); the memory the
+/// kernel reaches through them is valid whenever `exec` runs.
+pub unsafe fn exec_kernel_node_set_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: &CUDA_KERNEL_NODE_PARAMS,
+) -> Result<()> {
+    let f = api()?.cuGraphExecKernelNodeSetParams_v2()?;
+    // SAFETY: the caller's guarantees (see `# Safety`).
+    check(
+        unsafe { f(exec, node, params) },
+        "cuGraphExecKernelNodeSetParams_v2",
+    )
+}
+
 // ---------------------------------------------------------------------------
 // Explicit nodes. Each takes the graph, its dependencies (nodes of the same graph) and
 // the node's parameters, which the driver copies.
