@@ -440,6 +440,8 @@ typedef struct curt_recorder_stats_t {
     uint64_t failures;         /* calls that failed: nothing cached */
     uint64_t entries;          /* executables cached now */
     uint64_t capacity;         /* executables kept at most */
+    uint64_t argument_updates; /* updates by kernel arguments alone, no capture (part
+                                  of updates) */
 } curt_recorder_stats_t;
 
 /* A recorder keeping up to `capacity` executables (0: 32), capturing in `mode` (a

@@ -571,12 +571,26 @@ impl Function {
         config: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        if let Some(expected) = self.known_param_sizes() {
+        let known = self.known_param_sizes();
+        if let Some(expected) = known {
             if expected.len() != params.len() {
                 return Err(self.arity_error(expected, params.len(), None));
             }
         }
         self.check_stream(stream)?;
+        // Taken by a recorder's update, as a typed launch is, when the parameters'
+        // sizes are known (their count was checked above).
+        if crate::capture::any_capture_active()
+            && crate::graph::arguments::takes(stream.as_raw() as usize)
+        {
+            if let Some(sizes) = known {
+                // SAFETY: `params[i]` points at a value of the kernel's i-th parameter
+                // type (this function's `# Safety`), whose size is `sizes[i]`.
+                unsafe { crate::graph::arguments::take_raw(self, config, params, sizes) };
+                self.keep_module_for_capture(stream);
+                return Ok(());
+            }
+        }
         make_current(self.device_id())?;
         self.enqueue_launch(stream, || {
             // SAFETY: the module is alive (self holds it, and a capture cuda-rt began

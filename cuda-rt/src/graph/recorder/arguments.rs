@@ -75,21 +75,48 @@ impl Launches {
     fn push(&mut self, f: &Function, config: &LaunchConfig, args: &[&dyn KernelArg]) {
         let first = self.args.len() as u32;
         for a in args {
-            let size = a.param_size();
-            let start = self.slots.len();
-            self.slots.resize(start + size.div_ceil(16).max(1), 0);
             // SAFETY: `param_ptr` points at the argument's value, `param_size` bytes
-            // readable for the call (`KernelArg`'s contract); the slots just added
-            // hold at least that many bytes and do not overlap the value.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    a.param_ptr().cast::<u8>().cast_const(),
-                    self.slots.as_mut_ptr().add(start).cast::<u8>(),
-                    size,
-                )
-            };
-            self.args.push((start as u32, size as u32));
+            // readable for the call (`KernelArg`'s contract).
+            unsafe { self.push_arg(a.param_ptr(), a.param_size()) };
         }
+        self.end_launch(first, f, config);
+    }
+
+    /// # Safety
+    /// `params[i]` points at `sizes[i]` readable bytes, for each `i`.
+    unsafe fn push_raw(
+        &mut self,
+        f: &Function,
+        config: &LaunchConfig,
+        params: &[*mut c_void],
+        sizes: &[usize],
+    ) {
+        let first = self.args.len() as u32;
+        for (&p, &size) in params.iter().zip(sizes) {
+            // SAFETY: the caller's promise.
+            unsafe { self.push_arg(p, size) };
+        }
+        self.end_launch(first, f, config);
+    }
+
+    /// # Safety
+    /// `value` points at `size` readable bytes.
+    unsafe fn push_arg(&mut self, value: *mut c_void, size: usize) {
+        let start = self.slots.len();
+        self.slots.resize(start + size.div_ceil(16).max(1), 0);
+        // SAFETY: `value` holds `size` readable bytes (caller); the slots just added
+        // hold at least that many bytes and do not overlap the value.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                value.cast::<u8>().cast_const(),
+                self.slots.as_mut_ptr().add(start).cast::<u8>(),
+                size,
+            )
+        };
+        self.args.push((start as u32, size as u32));
+    }
+
+    fn end_launch(&mut self, first: u32, f: &Function, config: &LaunchConfig) {
         self.ranges.push((first, self.args.len() as u32));
         self.shapes.push(Shape {
             func: f.as_raw() as usize,
@@ -122,6 +149,23 @@ pub(crate) fn takes(stream: usize) -> bool {
 #[cold]
 pub(crate) fn take(f: &Function, config: &LaunchConfig, args: &[&dyn KernelArg]) {
     TAKEN.with(|t| t.borrow_mut().push(f, config, args));
+}
+
+/// Takes a launch of `f` with raw parameter pointers (their count checked against
+/// `sizes`, the kernel's parameter sizes) instead of queueing it.
+///
+/// # Safety
+/// `params[i]` points at a readable value of `sizes[i]` bytes (the launch's own
+/// `# Safety`: a value of the kernel's i-th parameter type).
+#[cold]
+pub(crate) unsafe fn take_raw(
+    f: &Function,
+    config: &LaunchConfig,
+    params: &[*mut c_void],
+    sizes: &[usize],
+) {
+    // SAFETY: the caller's promise.
+    TAKEN.with(|t| unsafe { t.borrow_mut().push_raw(f, config, params, sizes) });
 }
 
 /// Whether this thread takes launches for an update now (a closure that updates
