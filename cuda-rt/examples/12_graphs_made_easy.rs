@@ -215,8 +215,14 @@ fn run() -> cuda_rt::Result<()> {
     );
     let st = recorder.stats();
     println!(
-        "recorder: {} hits, {} captures, {} instantiations, {} updates, {} update fallbacks",
-        st.hits, st.captures, st.instantiations, st.updates, st.update_fallbacks
+        "recorder: {} hits, {} captures, {} instantiations, {} updates ({} by kernel \
+         arguments alone, no capture), {} update fallbacks",
+        st.hits,
+        st.captures,
+        st.instantiations,
+        st.updates,
+        st.argument_updates,
+        st.update_fallbacks
     );
     drop(recorder);
     println!("ok");
