@@ -239,15 +239,21 @@ impl KernelNodes {
             }
         }
         // A chain: one root, and every node the parent of at most one other.
+        let mut child = std::collections::HashMap::with_capacity(nodes.len());
+        for (i, p) in parent.iter().enumerate() {
+            if child.insert(p.map(|n| n as usize), i).is_some() {
+                return None;
+            }
+        }
         let mut order = Vec::with_capacity(nodes.len());
         let mut at = None;
-        for _ in 0..nodes.len() {
-            let children: Vec<usize> = (0..nodes.len()).filter(|&i| parent[i] == at).collect();
-            let [i] = children.as_slice() else {
-                return None;
-            };
-            order.push(nodes[*i]);
-            at = Some(nodes[*i]);
+        while order.len() < nodes.len() {
+            let Some(&i) = child.get(&at) else { break };
+            order.push(nodes[i]);
+            at = Some(nodes[i] as usize);
+        }
+        if order.len() != nodes.len() {
+            return None;
         }
         let mut shapes = Vec::with_capacity(order.len());
         for &n in &order {
