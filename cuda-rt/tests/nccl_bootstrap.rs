@@ -9,6 +9,17 @@ use std::time::{Duration, Instant};
 use cuda_rt::nccl::bootstrap::{self, Config};
 use cuda_rt::{BootstrapKind, Error};
 
+/// The tests of this file run one at a time: each picks a free port and lets it go
+/// before a rank binds it, and a test whose rank keeps knocking on its own "free"
+/// port (a rank 0 that never listens) reached another test's rank 0 when the system
+/// handed that port out again (in the full GPU suite, 2 runs of 3).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -37,6 +48,7 @@ fn kind(e: &Error) -> Option<BootstrapKind> {
 
 #[test]
 fn every_rank_gets_rank_zeros_bytes_even_when_it_starts_first() {
+    let _serial = serial();
     let port = free_port();
     let payload: Vec<u8> = (0..128u32).map(|i| (i * 7) as u8).collect();
     let world = 5;
@@ -56,6 +68,7 @@ fn every_rank_gets_rank_zeros_bytes_even_when_it_starts_first() {
 
 #[test]
 fn a_rank_gives_up_when_rank_zero_never_listens() {
+    let _serial = serial();
     let port = free_port();
     let t = Instant::now();
     let e = bootstrap::share_bytes(&cfg(1, 2, port, 300), None).unwrap_err();
@@ -74,6 +87,7 @@ fn a_rank_gives_up_when_rank_zero_never_listens() {
 
 #[test]
 fn rank_zero_names_the_ranks_that_never_came() {
+    let _serial = serial();
     let port = free_port();
     let came = thread::spawn(move || bootstrap::share_bytes(&cfg(2, 4, port, 8_000), None));
     let e = bootstrap::share_bytes(&cfg(0, 4, port, 3_000), Some(b"id")).unwrap_err();
@@ -87,6 +101,7 @@ fn rank_zero_names_the_ranks_that_never_came() {
 
 #[test]
 fn a_rank_of_another_job_size_is_refused_and_told_why() {
+    let _serial = serial();
     let port = free_port();
     let root = thread::spawn(move || bootstrap::share_bytes(&cfg(0, 2, port, 1_500), Some(b"x")));
     let e = bootstrap::share_bytes(&cfg(1, 3, port, 3_000), None).unwrap_err();
@@ -99,6 +114,7 @@ fn a_rank_of_another_job_size_is_refused_and_told_why() {
 
 #[test]
 fn a_single_rank_job_needs_no_network() {
+    let _serial = serial();
     let port = free_port();
     assert_eq!(
         bootstrap::share_bytes(&cfg(0, 1, port, 100), Some(b"solo")).unwrap(),
@@ -150,6 +166,7 @@ fn hex(b: &[u8]) -> String {
 
 #[test]
 fn ranks_as_processes_exchange_rank_zeros_bytes() {
+    let _serial = serial();
     let port = free_port();
     let world = 4;
     // Rank 3 starts first and waits for rank 0; rank 0 comes last.
@@ -171,6 +188,7 @@ fn ranks_as_processes_exchange_rank_zeros_bytes() {
 
 #[test]
 fn a_rank_process_that_never_comes_is_named_and_rank_zero_gives_up() {
+    let _serial = serial();
     let port = free_port();
     let t = Instant::now();
     let r0 = spawn_rank(0, 3, port, "1.5");
@@ -191,6 +209,7 @@ fn a_rank_process_that_never_comes_is_named_and_rank_zero_gives_up() {
 
 #[test]
 fn a_rank_process_gives_up_when_rank_zero_never_comes() {
+    let _serial = serial();
     let port = free_port();
     let t = Instant::now();
     let (ok, text) = finish(spawn_rank(1, 2, port, "1"));
