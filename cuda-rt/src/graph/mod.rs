@@ -64,10 +64,12 @@
 //! microseconds per launch; one graph launch costs about as much as one kernel launch.
 //! [`Recorder::run`] takes a key and a closure that queues the step on a stream: the
 //! first call for a key captures it, instantiates and launches; later calls launch the
-//! same executable without running the closure. [`Recorder::update`] captures the
-//! closure again and updates the executable in place (`cuGraphExecUpdate`) when only
-//! kernel arguments changed, falling back to a new instantiation when the driver
-//! refuses. A bounded cache keeps the least recently used keys' executables, with
+//! same executable without running the closure. [`Recorder::update`] runs the
+//! closure again and updates the executable in place when only kernel arguments
+//! changed: for a chain of kernels by setting the changed nodes' arguments alone
+//! (`cuGraphExecKernelNodeSetParams`, no capture of the kernels), otherwise by a new
+//! capture and `cuGraphExecUpdate`, falling back to a new instantiation when the
+//! driver refuses. A bounded cache keeps the least recently used keys' executables, with
 //! [`RecorderStats`]. See the [`Recorder`] docs and the `12_graphs_made_easy` example.
 //!
 //! # Nodes and threads
