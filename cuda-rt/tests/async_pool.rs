@@ -12,20 +12,7 @@ use cuda_rt::memory::{
 };
 use cuda_rt::{ArgumentKind, AsStream, Error, Stream};
 
-/// The tests of this file run one at a time. Several hold a stream at a gate (a host
-/// function, run on the driver's one callback thread per context) while another of
-/// their threads waits on the host for the whole context; run side by side (8 test
-/// threads), one test's gate or context-wide wait held up another's until its gate
-/// timed out, or hung the binary once.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 cuda_rt::gpu_test!(malloc_async_rounds_to_512_and_round_trips, {
-    let _serial = serial();
     let p = malloc_async(1000).unwrap();
     assert_eq!(p.size(), 1024);
     assert_eq!(ROUND_SIZE, 512);
@@ -37,7 +24,6 @@ cuda_rt::gpu_test!(malloc_async_rounds_to_512_and_round_trips, {
 });
 
 cuda_rt::gpu_test!(memory_async_keeps_its_stream_alive_until_freed_on_it, {
-    let _serial = serial();
     let s = Stream::new().unwrap();
     let raw = s.as_raw() as usize;
     let m = MemoryAsync::new_on(4096, &s).unwrap();
@@ -56,7 +42,6 @@ cuda_rt::gpu_test!(memory_async_keeps_its_stream_alive_until_freed_on_it, {
 
 // CuPy's order: allocate under a stream, drop the stream, free the memory later.
 cuda_rt::gpu_test!(malloc_async_under_a_dropped_stream_frees_cleanly, {
-    let _serial = serial();
     let s = Stream::non_blocking().unwrap();
     let p = {
         let _scope = s.enter().unwrap();
@@ -76,7 +61,6 @@ cuda_rt::gpu_test!(malloc_async_under_a_dropped_stream_frees_cleanly, {
 });
 
 cuda_rt::gpu_test!(pool_malloc_on_a_dropped_stream_round_trips, {
-    let _serial = serial();
     let pool = MemoryAsyncPool::create(0).unwrap();
     let s = Stream::new().unwrap();
     let p = pool.malloc_on(1000, &s).unwrap();
@@ -90,7 +74,6 @@ cuda_rt::gpu_test!(pool_malloc_on_a_dropped_stream_round_trips, {
 });
 
 cuda_rt::gpu_test!(memory_async_on_a_borrowed_stream_is_freed_on_it, {
-    let _serial = serial();
     let s = Stream::new().unwrap();
     let m = MemoryAsync::new_on(4096, &s).unwrap();
     assert_eq!(m.stream().handle(), s.as_raw() as usize);
@@ -101,7 +84,6 @@ cuda_rt::gpu_test!(memory_async_on_a_borrowed_stream_is_freed_on_it, {
 });
 
 cuda_rt::gpu_test!(pool_reports_used_and_total_bytes, {
-    let _serial = serial();
     let pool = MemoryAsyncPool::create(0).unwrap();
     let s = Stream::new().unwrap();
     assert_eq!(pool.used_bytes().unwrap(), 0);
@@ -119,7 +101,6 @@ cuda_rt::gpu_test!(pool_reports_used_and_total_bytes, {
 });
 
 cuda_rt::gpu_test!(pool_limit_is_the_release_threshold, {
-    let _serial = serial();
     let pool = MemoryAsyncPool::create(0).unwrap();
     pool.set_limit(64 << 20).unwrap();
     assert_eq!(pool.limit().unwrap(), 64 << 20);
@@ -148,7 +129,6 @@ cuda_rt::gpu_test!(pool_limit_is_the_release_threshold, {
 cuda_rt::gpu_test!(
     a_limit_of_zero_and_the_default_read_as_no_limit_as_in_cupy,
     {
-        let _serial = serial();
         // CUDA_RT_GPU_MEMORY_LIMIT would set the default: this test reads the unset case.
         if std::env::var_os(cuda_rt::memory::pool::LIMIT_ENV).is_some() {
             eprintln!("skipped: {} is set", cuda_rt::memory::pool::LIMIT_ENV);
@@ -177,7 +157,6 @@ cuda_rt::gpu_test!(
 );
 
 cuda_rt::gpu_test!(device_current_pool_is_the_default, {
-    let _serial = serial();
     let a = MemoryAsyncPool::new().unwrap();
     let b = MemoryAsyncPool::current(0).unwrap();
     assert!(a.same_as(&b));
@@ -188,7 +167,6 @@ cuda_rt::gpu_test!(device_current_pool_is_the_default, {
 });
 
 cuda_rt::gpu_test!(pool_on_an_invalid_device_is_an_error, {
-    let _serial = serial();
     let n = cuda_rt::device_count().unwrap();
     assert!(matches!(
         MemoryAsyncPool::create(n),
@@ -202,7 +180,6 @@ cuda_rt::gpu_test!(pool_on_an_invalid_device_is_an_error, {
 });
 
 cuda_rt::gpu_test!(pool_out_of_memory_says_requested_size, {
-    let _serial = serial();
     let pool = MemoryAsyncPool::create(0).unwrap();
     let total = cuda_rt::Device::new(0).unwrap().total_memory().unwrap();
     let e = pool.malloc(total + (1 << 30)).unwrap_err();
@@ -213,8 +190,7 @@ cuda_rt::gpu_test!(pool_out_of_memory_says_requested_size, {
     pool.malloc(1 << 20).unwrap();
 });
 
-cuda_rt::gpu_test!(pool_freed_memory_is_reused_in_stream_order, {
-    let _serial = serial();
+cuda_rt::gpu_test!(alone pool_freed_memory_is_reused_in_stream_order, {
     let pool = MemoryAsyncPool::create(0).unwrap();
     let s = Stream::new().unwrap();
     let first = pool.malloc_on(1 << 16, &s).unwrap();
@@ -291,18 +267,16 @@ fn another_streams_write_is_ordered_before_reuse(alloc: impl Fn(&Stream) -> Memo
 }
 
 cuda_rt::gpu_test!(
-    pool_memory_used_by_another_stream_is_reused_only_after_that_use,
+    alone pool_memory_used_by_another_stream_is_reused_only_after_that_use,
     {
-        let _serial = serial();
         let pool = MemoryAsyncPool::create(0).unwrap();
         another_streams_write_is_ordered_before_reuse(|s| pool.malloc_on(N, s).unwrap());
     }
 );
 
 cuda_rt::gpu_test!(
-    malloc_async_memory_used_by_another_stream_is_reused_only_after_that_use,
+    alone malloc_async_memory_used_by_another_stream_is_reused_only_after_that_use,
     {
-        let _serial = serial();
         another_streams_write_is_ordered_before_reuse(|s| {
             let _in = s.enter().unwrap();
             malloc_async(N).unwrap()
@@ -321,9 +295,8 @@ fn open_later(opener: std::sync::mpsc::Sender<()>) -> std::thread::JoinHandle<()
 }
 
 cuda_rt::gpu_test!(
-    malloc_async_on_a_per_thread_stream_freed_on_another_thread_waits_for_the_allocating_thread,
+    alone malloc_async_on_a_per_thread_stream_freed_on_another_thread_waits_for_the_allocating_thread,
     {
-        let _serial = serial();
         cuda_rt::device::set_device_id(0).unwrap();
         let before = MemoryAsync::host_waits();
         let (to_main, from_a) = std::sync::mpsc::channel();
@@ -365,9 +338,8 @@ cuda_rt::gpu_test!(
 );
 
 cuda_rt::gpu_test!(
-    a_use_by_another_threads_per_thread_stream_is_waited_for_at_the_free,
+    alone a_use_by_another_threads_per_thread_stream_is_waited_for_at_the_free,
     {
-        let _serial = serial();
         cuda_rt::device::set_device_id(0).unwrap();
         let before = MemoryAsync::host_waits();
         let pool = MemoryAsyncPool::create(0).unwrap();

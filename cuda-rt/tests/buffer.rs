@@ -16,17 +16,6 @@ use cuda_rt::compiler::RawKernel;
 use cuda_rt::memory::{Bf16, Pod, F16};
 use cuda_rt::{gpu_test, AsStream, LaunchConfig, Stream};
 
-/// The tests of this file run one at a time. Several hold a stream at a gate while
-/// others allocate or free pinned memory (`cuMemFreeHost` waits for the whole device):
-/// side by side (8 test threads), a test's copies waited behind another test's gate
-/// until it timed out, and "returned at once" failed (once in three full GPU runs).
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[repr(C)]
 struct Pair {
@@ -43,7 +32,6 @@ fn round_trip<T: Pod + PartialEq + std::fmt::Debug>(data: &[T]) {
 }
 
 gpu_test!(buffers_round_trip_elements_of_every_kind, {
-    let _serial = serial();
     round_trip(&pattern(1001, 1));
     round_trip(&(0..4097).map(|i| i as f32 * 0.5).collect::<Vec<_>>());
     round_trip(&(0..333).map(|i| i as f64 / 3.0).collect::<Vec<_>>());
@@ -68,7 +56,6 @@ gpu_test!(buffers_round_trip_elements_of_every_kind, {
 });
 
 gpu_test!(zeros_empty_and_zero_lengths, {
-    let _serial = serial();
     let z = DeviceBuffer::<u64>::zeros(1000).unwrap();
     assert!(z.to_vec().unwrap().iter().all(|&x| x == 0));
     let e = DeviceBuffer::<f32>::empty(10).unwrap();
@@ -85,7 +72,6 @@ gpu_test!(zeros_empty_and_zero_lengths, {
 });
 
 gpu_test!(views_slice_split_and_refuse_bad_ranges, {
-    let _serial = serial();
     let data: Vec<u32> = (0..100).collect();
     let mut b = DeviceBuffer::from_slice(&data).unwrap();
     assert_eq!(b.slice(10..20).unwrap().to_vec().unwrap(), &data[10..20]);
@@ -117,7 +103,6 @@ gpu_test!(views_slice_split_and_refuse_bad_ranges, {
 });
 
 gpu_test!(fill_writes_every_element_of_any_width, {
-    let _serial = serial();
     fn check<T: Pod + PartialEq + std::fmt::Debug>(v: T, len: usize) {
         let mut b = DeviceBuffer::<T>::zeros(len + 7).unwrap();
         b.slice_mut(3..3 + len).unwrap().fill(v).unwrap();
@@ -139,7 +124,6 @@ gpu_test!(fill_writes_every_element_of_any_width, {
 });
 
 gpu_test!(device_copies_and_untyped_pointers, {
-    let _serial = serial();
     let src = DeviceBuffer::from_slice(&pattern(4096, 3)).unwrap();
     let mut dst = DeviceBuffer::<u8>::zeros(4096).unwrap();
     src.copy_to(&mut dst).unwrap();
@@ -161,7 +145,6 @@ gpu_test!(device_copies_and_untyped_pointers, {
 });
 
 gpu_test!(async_pinned_round_trip_on_two_streams, {
-    let _serial = serial();
     let n = 1 << 20;
     let data: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let (s1, s2) = (
@@ -183,8 +166,7 @@ gpu_test!(async_pinned_round_trip_on_two_streams, {
     assert!(dev.copy_to_pinned_async(&mut short, &s1).is_err());
 });
 
-gpu_test!(async_copies_return_at_once_and_wait_for_nothing, {
-    let _serial = serial();
+gpu_test!(alone async_copies_return_at_once_and_wait_for_nothing, {
     let n = 4 << 20;
     let stream = Stream::non_blocking().unwrap();
     let host = PinnedBuffer::from_slice(&pattern(n, 4)).unwrap();
@@ -210,8 +192,7 @@ gpu_test!(async_copies_return_at_once_and_wait_for_nothing, {
     drop(gate);
 });
 
-gpu_test!(a_device_buffer_dropped_under_a_copy_is_not_reused, {
-    let _serial = serial();
+gpu_test!(alone a_device_buffer_dropped_under_a_copy_is_not_reused, {
     let n = 1 << 20;
     let stream = Stream::non_blocking().unwrap();
     let dev = DeviceBuffer::from_slice(&pattern(n, 5)).unwrap();
@@ -241,8 +222,7 @@ gpu_test!(a_device_buffer_dropped_under_a_copy_is_not_reused, {
     drop(gate);
 });
 
-gpu_test!(a_pinned_buffer_dropped_under_a_copy_is_not_reused, {
-    let _serial = serial();
+gpu_test!(alone a_pinned_buffer_dropped_under_a_copy_is_not_reused, {
     let n = 1 << 20;
     let stream = Stream::non_blocking().unwrap();
     let host = PinnedBuffer::from_slice(&pattern(n, 6)).unwrap();
@@ -278,8 +258,7 @@ gpu_test!(a_pinned_buffer_dropped_under_a_copy_is_not_reused, {
     drop(gate);
 });
 
-gpu_test!(a_dropped_transfer_still_guards_the_views, {
-    let _serial = serial();
+gpu_test!(alone a_dropped_transfer_still_guards_the_views, {
     let n = 1 << 20;
     let stream = Stream::non_blocking().unwrap();
     let dev = DeviceBuffer::from_slice(&pattern(n, 7)).unwrap();
@@ -301,7 +280,6 @@ gpu_test!(a_dropped_transfer_still_guards_the_views, {
 });
 
 gpu_test!(saxpy_on_typed_buffers, {
-    let _serial = serial();
     if !common_kernel::nvrtc_or_skip("saxpy_on_typed_buffers") {
         return;
     }
@@ -326,7 +304,6 @@ gpu_test!(saxpy_on_typed_buffers, {
 });
 
 gpu_test!(synchronous_forms_are_complete_for_other_streams, {
-    let _serial = serial();
     // A non-blocking stream does not wait for the legacy default stream: what it
     // reads right after a "synchronous" call must already be there.
     let n = 8 << 20;
@@ -351,7 +328,6 @@ gpu_test!(synchronous_forms_are_complete_for_other_streams, {
 });
 
 gpu_test!(stream_ordered_forms_follow_their_stream, {
-    let _serial = serial();
     let n = 1 << 20;
     let s = Stream::non_blocking().unwrap();
     let mut a = DeviceBuffer::<f64>::empty(n).unwrap();
@@ -368,8 +344,7 @@ gpu_test!(stream_ordered_forms_follow_their_stream, {
     assert!(v[..10].iter().all(|&x| x == 0.0) && v[10..].iter().all(|&x| x == 2.5));
 });
 
-gpu_test!(memory_under_a_kernel_is_not_handed_to_another_stream, {
-    let _serial = serial();
+gpu_test!(alone memory_under_a_kernel_is_not_handed_to_another_stream, {
     let k = kernels::Kernels::load();
     let n = 1 << 20;
     let (a, b) = (
@@ -405,7 +380,6 @@ gpu_test!(memory_under_a_kernel_is_not_handed_to_another_stream, {
 
 #[cfg(feature = "half")]
 gpu_test!(half_crate_elements_round_trip, {
-    let _serial = serial();
     let data: Vec<half::f16> = (0..1000).map(|i| half::f16::from_f32(i as f32)).collect();
     round_trip(&data);
     let data: Vec<half::bf16> = (0..1000).map(|i| half::bf16::from_f32(i as f32)).collect();
@@ -413,9 +387,8 @@ gpu_test!(half_crate_elements_round_trip, {
 });
 
 gpu_test!(
-    on_stream_forms_follow_their_stream_and_leave_the_thread_state,
+    alone on_stream_forms_follow_their_stream_and_leave_the_thread_state,
     {
-        let _serial = serial();
         let stream = Stream::non_blocking().unwrap();
         let before = cuda_rt::stream::get_current_stream().handle();
         // Small (the driver's copy) and large (staged through pinned buffers) alike.

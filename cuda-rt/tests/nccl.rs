@@ -289,7 +289,7 @@ fn zz_nccl_rank_process_entry() {
 // collective ran, and the new owners keep their own values. Inside a group, the
 // buffer dropped before `group_end` (NCCL queues the work only there) is held until
 // the group has launched.
-gpu_test!(a_buffer_dropped_under_a_collective_is_not_reused, {
+gpu_test!(alone a_buffer_dropped_under_a_collective_is_not_reused, {
     let comm = single_rank();
     let side = Stream::non_blocking().unwrap();
     let n = 1 << 18;

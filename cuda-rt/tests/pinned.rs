@@ -156,7 +156,7 @@ gpu_test!(async_round_trip_through_the_device_is_byte_exact, {
     assert!(dev.read(0, n) == data);
 });
 
-gpu_test!(view_waits_for_a_device_to_host_copy_in_flight, {
+gpu_test!(alone view_waits_for_a_device_to_host_copy_in_flight, {
     let n = 1 << 20;
     let dev = Arc::new(DevBuf::new(n));
     dev.fill(0xAB);
@@ -344,7 +344,7 @@ gpu_test!(
 );
 
 gpu_test!(
-    async_copy_keeps_both_dropped_handles_alive_until_it_completes,
+    alone async_copy_keeps_both_dropped_handles_alive_until_it_completes,
     {
         let n = 1 << 20;
         // Private pools: no other test takes their blocks.
@@ -414,7 +414,7 @@ gpu_test!(
     }
 );
 
-gpu_test!(async_copy_from_a_dropped_memory_pointer_reads_it_intact, {
+gpu_test!(alone async_copy_from_a_dropped_memory_pointer_reads_it_intact, {
     let n = 1 << 20;
     let pool = MemoryPool::new();
     let stream = Stream::non_blocking().unwrap();
@@ -446,7 +446,7 @@ gpu_test!(async_copy_from_a_dropped_memory_pointer_reads_it_intact, {
 });
 
 gpu_test!(
-    overlapping_async_copies_keep_every_dropped_destination_alive,
+    alone overlapping_async_copies_keep_every_dropped_destination_alive,
     {
         let n = 256 << 10;
         let pool = MemoryPool::new();

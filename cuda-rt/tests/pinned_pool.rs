@@ -80,7 +80,7 @@ gpu_test!(free_all_blocks_gives_memory_back_to_the_driver, {
 });
 
 gpu_test!(
-    buffer_freed_during_its_async_copy_is_not_handed_out_until_the_copy_ends,
+    alone buffer_freed_during_its_async_copy_is_not_handed_out_until_the_copy_ends,
     {
         let n = 1 << 20;
         let pool = PinnedMemoryPool::new();
@@ -122,7 +122,7 @@ gpu_test!(
     }
 );
 
-gpu_test!(free_all_blocks_waits_for_copies_in_flight, {
+gpu_test!(alone free_all_blocks_waits_for_copies_in_flight, {
     let n = 1 << 20;
     let pool = PinnedMemoryPool::new();
     let dev = Arc::new(DevBuf::new(n));
