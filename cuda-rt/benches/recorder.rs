@@ -390,19 +390,7 @@ fn run() -> cuda_rt::Result<()> {
     b.s.synchronize()?;
     drop(floor);
     let st = b.rec.borrow().stats();
-    report.info(
-        "recorder_stats",
-        format!(
-            "{} hits, {} captures, {} instantiations, {} updates ({} by kernel arguments \
-             alone), {} update fallbacks",
-            st.hits,
-            st.captures,
-            st.instantiations,
-            st.updates,
-            st.argument_updates,
-            st.update_fallbacks
-        ),
-    );
+    report.info("recorder_stats", st.to_string());
     report.finish();
     Ok(())
 }

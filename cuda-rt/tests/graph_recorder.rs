@@ -193,9 +193,15 @@ gpu_test!(a_changed_key_records_a_new_graph, {
     assert_eq!(rec.len(), 2);
 });
 
-gpu_test!(an_update_with_other_buffers_and_scalars_is_made_in_place, {
-    let _serial = serial();
-    let k = Kernels::load();
+/// Nine updates of one key over three buffers of `N` floats, no synchronize between
+/// them: each step `enqueue(stream, y, x, a)` queues y += a x, then y += 1, with `a`
+/// the step's number, on another buffer `y` in turn; then a replay. Checks every
+/// buffer's sum (launches queued before an update keep their arguments; the replay
+/// runs the last update's) and returns the recorder's statistics and how many times
+/// the closure ran.
+fn nine_updates_over_three_buffers(
+    mut enqueue: impl FnMut(&Stream, u64, u64, f32) -> cuda_rt::Result<()>,
+) -> (cuda_rt::graph::RecorderStats, usize) {
     let s = Stream::non_blocking().unwrap();
     let x = cuda_rt::alloc(N * 4).unwrap();
     let bufs: Vec<MemoryPointer> = (0..3).map(|_| cuda_rt::alloc(N * 4).unwrap()).collect();
@@ -206,17 +212,13 @@ gpu_test!(an_update_with_other_buffers_and_scalars_is_made_in_place, {
     let mut rec = Recorder::new();
     let mut want = [0f32; 3];
     let mut outcomes = Vec::new();
+    let mut runs = 0;
     for i in 0..9 {
-        let (b, a) = (&bufs[i % 3], i as f32);
-        // Same shape, other buffer and scalar: y += a x, then y += 1.
+        let (y, a) = (bufs[i % 3].ptr(), i as f32);
         let o = rec
             .update(&"axpy+1", &s, |cs| {
-                // SAFETY: b and x hold N f32 and outlive the recorder.
-                unsafe {
-                    axpy(&k, cs, b.ptr(), x.ptr(), a, N);
-                    add_one(&k, cs, b.ptr(), N);
-                }
-                Ok(())
+                runs += 1;
+                enqueue(cs, y, x.ptr(), a)
             })
             .unwrap();
         outcomes.push(o);
@@ -227,7 +229,6 @@ gpu_test!(an_update_with_other_buffers_and_scalars_is_made_in_place, {
         outcomes[1..].iter().all(|&o| o == Outcome::Updated),
         "{outcomes:?}"
     );
-    // A replay runs the last update's parameters.
     assert_eq!(
         rec.run(&"axpy+1", &s, |_| unreachable!()).unwrap(),
         Outcome::Replayed
@@ -237,13 +238,31 @@ gpu_test!(an_update_with_other_buffers_and_scalars_is_made_in_place, {
     for (b, w) in bufs.iter().zip(want) {
         assert!(read(b).iter().all(|&v| v == w), "want {w}");
     }
-    let st = rec.stats();
+    (rec.stats(), runs)
+}
+
+gpu_test!(an_update_with_other_buffers_and_scalars_is_made_in_place, {
+    let _serial = serial();
+    let k = Kernels::load();
+    // Launched through the raw driver: the updates capture the closure again.
+    let (st, _) = nine_updates_over_three_buffers(|cs, y, x, a| {
+        // SAFETY: y and x hold N f32 on device 0 and outlive the recorder.
+        unsafe {
+            axpy(&k, cs, y, x, a, N);
+            add_one(&k, cs, y, N);
+        }
+        Ok(())
+    });
     assert_eq!(
-        (st.updates, st.update_fallbacks, st.instantiations),
-        (8, 0, 1),
+        (st.updates, st.argument_updates, st.update_fallbacks),
+        (8, 0, 0),
         "{st:?}"
     );
-    assert_eq!((st.captures, st.hits), (9, 1));
+    assert_eq!(
+        (st.captures, st.instantiations, st.hits),
+        (9, 1, 1),
+        "{st:?}"
+    );
 });
 
 gpu_test!(
@@ -714,55 +733,16 @@ gpu_test!(
     {
         let _serial = serial();
         let k = typed();
-        let s = Stream::non_blocking().unwrap();
-        let x = cuda_rt::alloc(N * 4).unwrap();
-        let bufs: Vec<MemoryPointer> = (0..3).map(|_| cuda_rt::alloc(N * 4).unwrap()).collect();
-        write(&x, &vec![2.0; N]);
-        for b in &bufs {
-            write(b, &vec![0.0; N]);
-        }
-        let mut rec = Recorder::new();
-        let mut want = [0f32; 3];
-        let mut outcomes = Vec::new();
-        let mut runs = 0;
         let n = N as i32;
-        // No synchronize between the updates: launches queued before each update keep
-        // the arguments they were launched with (every buffer's sum says so).
-        for i in 0..9 {
-            let (y, a) = (bufs[i % 3].ptr(), i as f32);
-            let o = rec
-                .update(&"typed axpy+1", &s, |cs| {
-                    runs += 1;
-                    let xp = x.ptr();
-                    // SAFETY: axpy(float* y, const float* x, float a, int n) and
-                    // add_one(float* x, int n) get buffers of n f32 on device 0 that
-                    // outlive the recorder.
-                    unsafe {
-                        k.axpy.launch_on(cs, &shape(N), &[&y, &xp, &a, &n])?;
-                        k.add_one.launch_on(cs, &shape(N), &[&y, &n])
-                    }
-                })
-                .unwrap();
-            outcomes.push(o);
-            want[i % 3] += 2.0 * a + 1.0;
-        }
-        assert_eq!(outcomes[0], Outcome::Recorded);
-        assert!(
-            outcomes[1..].iter().all(|&o| o == Outcome::Updated),
-            "{outcomes:?}"
-        );
+        let (st, runs) = nine_updates_over_three_buffers(|cs, y, x, a| {
+            // SAFETY: axpy(float* y, const float* x, float a, int n) and add_one(float* x,
+            // int n) get buffers of n f32 on device 0 that outlive the recorder.
+            unsafe {
+                k.axpy.launch_on(cs, &shape(N), &[&y, &x, &a, &n])?;
+                k.add_one.launch_on(cs, &shape(N), &[&y, &n])
+            }
+        });
         assert_eq!(runs, 9, "the closure ran once per call");
-        // A replay runs the last update's arguments.
-        assert_eq!(
-            rec.run(&"typed axpy+1", &s, |_| unreachable!()).unwrap(),
-            Outcome::Replayed
-        );
-        want[8 % 3] += 2.0 * 8.0 + 1.0;
-        s.synchronize().unwrap();
-        for (b, w) in bufs.iter().zip(want) {
-            assert!(read(b).iter().all(|&v| v == w), "want {w}");
-        }
-        let st = rec.stats();
         assert_eq!(
             (st.updates, st.argument_updates, st.update_fallbacks),
             (8, 8, 0),

@@ -70,6 +70,26 @@ pub struct RecorderStats {
     pub failures: u64,
 }
 
+/// One line: `3 hits, 1 captures, 1 instantiations, 2 updates (2 by kernel arguments
+/// alone), 0 update fallbacks, 0 evictions, 0 failures`.
+impl std::fmt::Display for RecorderStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} hits, {} captures, {} instantiations, {} updates ({} by kernel arguments \
+             alone), {} update fallbacks, {} evictions, {} failures",
+            self.hits,
+            self.captures,
+            self.instantiations,
+            self.updates,
+            self.argument_updates,
+            self.update_fallbacks,
+            self.evictions,
+            self.failures
+        )
+    }
+}
+
 impl RecorderStats {
     /// Counts a call that ended with `outcome`.
     fn count(&mut self, outcome: Outcome) {
@@ -838,6 +858,23 @@ mod tests {
                 evictions: 0,
                 failures: 0,
             }
+        );
+    }
+
+    #[test]
+    fn stats_read_as_one_line() {
+        let s = RecorderStats {
+            hits: 3,
+            captures: 1,
+            instantiations: 1,
+            updates: 2,
+            argument_updates: 2,
+            ..Default::default()
+        };
+        assert_eq!(
+            s.to_string(),
+            "3 hits, 1 captures, 1 instantiations, 2 updates (2 by kernel arguments alone), \
+             0 update fallbacks, 0 evictions, 0 failures"
         );
     }
 
