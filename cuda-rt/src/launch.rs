@@ -586,8 +586,9 @@ impl Function {
             if let Some(sizes) = known {
                 // SAFETY: `params[i]` points at a value of the kernel's i-th parameter
                 // type (this function's `# Safety`), whose size is `sizes[i]`.
-                unsafe { crate::graph::arguments::take_raw(self, config, params, sizes) };
-                self.keep_module_for_capture(stream);
+                if unsafe { crate::graph::arguments::take_raw(self, config, params, sizes) } {
+                    self.keep_module_for_capture(stream);
+                }
                 return Ok(());
             }
         }
@@ -674,8 +675,9 @@ impl Function {
         config: &LaunchConfig,
         args: &[&dyn KernelArg],
     ) -> Result<()> {
-        crate::graph::arguments::take(self, config, args);
-        self.keep_module_for_capture(stream);
+        if crate::graph::arguments::take(self, config, args) {
+            self.keep_module_for_capture(stream);
+        }
         Ok(())
     }
 

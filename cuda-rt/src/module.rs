@@ -331,6 +331,11 @@ impl Function {
         crate::capture::keep_module(stream, &self.inner.module);
     }
 
+    /// The identity of the function's module (its address, unique while it is loaded).
+    pub(crate) fn module_identity(&self) -> usize {
+        Arc::as_ptr(&self.inner.module) as usize
+    }
+
     /// The module the function belongs to.
     pub fn module(&self) -> Module {
         Module {

@@ -234,6 +234,53 @@ gpu_test!(
 );
 
 gpu_test!(
+    an_update_by_kernel_arguments_alone_keeps_the_module_for_the_recording,
+    {
+        let _serial = serial();
+        let (f, watch) = add_one_alone();
+        let s = Stream::non_blocking().unwrap();
+        let mut x = DeviceBuffer::<f32>::zeros(N).unwrap();
+        let mut y = DeviceBuffer::<f32>::zeros(N).unwrap();
+        let n = N as i32;
+        let mut rec: Recorder<u32> = Recorder::new();
+        let first = rec
+            .update(&1, &s, |cs| {
+                // SAFETY: add_one(float* x, int n) gets x, n floats on device 0 that
+                // outlive the recorder.
+                unsafe { cuda_rt::launch!(f, &cfg(), cs, (&mut x, n)) }
+            })
+            .unwrap();
+        assert_eq!(first, Outcome::Recorded);
+        // The same kernel on another buffer: its argument alone is set.
+        let second = rec
+            .update(&1, &s, |cs| {
+                // SAFETY: as above, with y.
+                unsafe { cuda_rt::launch!(f, &cfg(), cs, (&mut y, n)) }
+            })
+            .unwrap();
+        assert_eq!(second, Outcome::Updated);
+        assert_eq!(rec.stats().argument_updates, 1);
+        drop(f);
+        s.synchronize().unwrap();
+        // The first parameters' launches are done: this call lets go of what they
+        // kept. The module must stay: the executable's node still runs its kernel.
+        assert_eq!(
+            rec.run(&1, &s, |_| unreachable!("replayed")).unwrap(),
+            Outcome::Replayed
+        );
+        s.synchronize().unwrap();
+        assert!(
+            watch.is_loaded(),
+            "the recording keeps its module after an update by arguments"
+        );
+        assert_eq!(x.to_vec().unwrap(), vec![1.0f32; N]);
+        assert_eq!(y.to_vec().unwrap(), vec![2.0f32; N]);
+        drop(rec);
+        assert!(!watch.is_loaded(), "and lets it go with the recorder");
+    }
+);
+
+gpu_test!(
     a_launch_on_a_stream_outside_the_capture_is_not_kept_by_its_graph,
     {
         let _serial = serial();

@@ -62,6 +62,9 @@ pub(crate) struct Launches {
     /// Per argument, its first slot and its size in bytes.
     args: Vec<(u32, u32)>,
     slots: Vec<u128>,
+    /// The modules of the launches taken so far (their identities): each is kept by
+    /// the update's capture once.
+    modules: Vec<usize>,
 }
 
 impl Launches {
@@ -70,6 +73,17 @@ impl Launches {
         self.ranges.clear();
         self.args.clear();
         self.slots.clear();
+        self.modules.clear();
+    }
+
+    /// Notes `f`'s module; `true` the first time in this update.
+    fn new_module(&mut self, f: &Function) -> bool {
+        let id = f.module_identity();
+        if self.modules.contains(&id) {
+            return false;
+        }
+        self.modules.push(id);
+        true
     }
 
     fn push(&mut self, f: &Function, config: &LaunchConfig, args: &[&dyn KernelArg]) {
@@ -145,14 +159,21 @@ pub(crate) fn takes(stream: usize) -> bool {
     stream != 0 && TAKING.with(Cell::get) == stream
 }
 
-/// Takes a typed launch of `f` (its arguments checked already) instead of queueing it.
+/// Takes a typed launch of `f` (its arguments checked already) instead of queueing it;
+/// `true` when `f`'s module is new to this update (the caller has the update's
+/// capture keep it, once per module rather than once per launch).
 #[cold]
-pub(crate) fn take(f: &Function, config: &LaunchConfig, args: &[&dyn KernelArg]) {
-    TAKEN.with(|t| t.borrow_mut().push(f, config, args));
+pub(crate) fn take(f: &Function, config: &LaunchConfig, args: &[&dyn KernelArg]) -> bool {
+    TAKEN.with(|t| {
+        let mut t = t.borrow_mut();
+        t.push(f, config, args);
+        t.new_module(f)
+    })
 }
 
 /// Takes a launch of `f` with raw parameter pointers (their count checked against
-/// `sizes`, the kernel's parameter sizes) instead of queueing it.
+/// `sizes`, the kernel's parameter sizes) instead of queueing it; `true` as for
+/// [`take`].
 ///
 /// # Safety
 /// `params[i]` points at a readable value of `sizes[i]` bytes (the launch's own
@@ -163,9 +184,13 @@ pub(crate) unsafe fn take_raw(
     config: &LaunchConfig,
     params: &[*mut c_void],
     sizes: &[usize],
-) {
-    // SAFETY: the caller's promise.
-    TAKEN.with(|t| unsafe { t.borrow_mut().push_raw(f, config, params, sizes) });
+) -> bool {
+    TAKEN.with(|t| {
+        let mut t = t.borrow_mut();
+        // SAFETY: the caller's promise.
+        unsafe { t.push_raw(f, config, params, sizes) };
+        t.new_module(f)
+    })
 }
 
 /// Whether this thread takes launches for an update now (a closure that updates
