@@ -440,8 +440,6 @@ typedef struct curt_recorder_stats_t {
     uint64_t failures;         /* calls that failed: nothing cached */
     uint64_t entries;          /* executables cached now */
     uint64_t capacity;         /* executables kept at most */
-    uint64_t argument_updates; /* updates by kernel arguments alone, no capture (part
-                                  of updates) */
 } curt_recorder_stats_t;
 
 /* A recorder keeping up to `capacity` executables (0: 32), capturing in `mode` (a
@@ -460,7 +458,11 @@ int curt_graph_record(curt_recorder_t recorder, const void *key, size_t key_len,
 /* Record fn again and launch it as the key's recording: the executable is updated in
  * place when only kernel arguments and other parameters changed (other buffers of the
  * same sizes, other scalars), else replaced by a new instantiation (counted in
- * update_fallbacks). Launches queued before keep their parameters. */
+ * update_fallbacks). Launches queued before keep their parameters. When the recording
+ * is only kernels launched one after another with curt_launch (and the driver reports
+ * their parameter sizes, CUDA 12.4+), the update sets the changed kernels' arguments
+ * without capturing them (not counted in captures); fn may then be called twice in
+ * one update when it queues anything else (it queues work only: nothing runs twice). */
 int curt_graph_record_update(curt_recorder_t recorder, const void *key, size_t key_len,
                              curt_stream_t stream, curt_record_fn fn, void *user_data);
 

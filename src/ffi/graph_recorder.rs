@@ -54,9 +54,6 @@ pub struct curt_recorder_stats_t {
     pub entries: u64,
     /// Executables kept at most.
     pub capacity: u64,
-    /// Updates made by setting kernel arguments alone, without a capture (a part of
-    /// `updates`).
-    pub argument_updates: u64,
 }
 
 impl curt_recorder_stats_t {
@@ -72,7 +69,6 @@ impl curt_recorder_stats_t {
             failures: s.failures,
             entries: entries as u64,
             capacity: capacity as u64,
-            argument_updates: s.argument_updates,
         }
     }
 }
