@@ -618,14 +618,13 @@ where
 {
     let _steady = TRANSITION.read().unwrap_or_else(|e| e.into_inner());
     let r = launch()?;
-    if any_capture_active() {
-        keep_module_slow(s, module);
-    }
+    keep_module(s, module);
     Ok(r)
 }
 
-/// Keeps `module` for the capture cuda-rt began that `s` is in, if any (a launch
-/// that was noted rather than queued, for a recorder's update).
+/// Keeps `module` for the capture cuda-rt began that `s` is in, if any: after a launch
+/// queued on `s`, or one a recorder's update took instead.
+#[inline]
 pub(crate) fn keep_module<S, T>(s: &S, module: &Arc<T>)
 where
     S: AsStream + ?Sized,

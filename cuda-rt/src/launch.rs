@@ -586,9 +586,7 @@ impl Function {
             if let Some(sizes) = known {
                 // SAFETY: `params[i]` points at a value of the kernel's i-th parameter
                 // type (this function's `# Safety`), whose size is `sizes[i]`.
-                if unsafe { crate::graph::arguments::take_raw(self, config, params, sizes) } {
-                    self.keep_module_for_capture(stream);
-                }
+                unsafe { crate::graph::arguments::take_raw(self, stream, config, params, sizes) };
                 return Ok(());
             }
         }
@@ -631,7 +629,8 @@ impl Function {
             && kind == Kind::Plain
             && crate::graph::arguments::takes(stream.as_raw() as usize)
         {
-            return self.taken_for_update(stream, config, args);
+            crate::graph::arguments::take(self, stream, config, args);
+            return Ok(());
         }
         make_current(self.device_id())?;
         let (grid, block) = (config.grid.to_array(), config.block.to_array());
@@ -664,21 +663,6 @@ impl Function {
                 }
             }?)
         })
-    }
-
-    /// A launch a recorder's update takes (see `graph::recorder::arguments`): noted,
-    /// not queued, its module kept by the update's capture as a queued launch's is.
-    #[cold]
-    fn taken_for_update(
-        &self,
-        stream: &impl AsStream,
-        config: &LaunchConfig,
-        args: &[&dyn KernelArg],
-    ) -> Result<()> {
-        if crate::graph::arguments::take(self, config, args) {
-            self.keep_module_for_capture(stream);
-        }
-        Ok(())
     }
 
     #[inline]

@@ -24,6 +24,7 @@ use cuda_sys::result;
 use crate::error::Result;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::module::Function;
+use crate::stream::AsStream;
 
 thread_local! {
     /// The handle of the stream whose typed launches this thread takes (0: none).
@@ -34,7 +35,7 @@ thread_local! {
 
 /// What identifies a kernel node apart from its arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Shape {
+struct Shape {
     func: usize,
     grid: [u32; 3],
     block: [u32; 3],
@@ -159,38 +160,49 @@ pub(crate) fn takes(stream: usize) -> bool {
     stream != 0 && TAKING.with(Cell::get) == stream
 }
 
-/// Takes a typed launch of `f` (its arguments checked already) instead of queueing it;
-/// `true` when `f`'s module is new to this update (the caller has the update's
-/// capture keep it, once per module rather than once per launch).
+/// Takes a typed launch of `f` on `stream` (its arguments checked already) instead of
+/// queueing it; the update's capture keeps `f`'s module, as a captured launch's (once
+/// per module and update).
 #[cold]
-pub(crate) fn take(f: &Function, config: &LaunchConfig, args: &[&dyn KernelArg]) -> bool {
-    TAKEN.with(|t| {
+pub(crate) fn take<S: AsStream + ?Sized>(
+    f: &Function,
+    stream: &S,
+    config: &LaunchConfig,
+    args: &[&dyn KernelArg],
+) {
+    let new_module = TAKEN.with(|t| {
         let mut t = t.borrow_mut();
         t.push(f, config, args);
         t.new_module(f)
-    })
+    });
+    if new_module {
+        f.keep_module_for_capture(stream);
+    }
 }
 
-/// Takes a launch of `f` with raw parameter pointers (their count checked against
-/// `sizes`, the kernel's parameter sizes) instead of queueing it; `true` as for
-/// [`take`].
+/// [`take`] for a launch with raw parameter pointers (their count checked against
+/// `sizes`, the kernel's parameter sizes).
 ///
 /// # Safety
 /// `params[i]` points at a readable value of `sizes[i]` bytes (the launch's own
 /// `# Safety`: a value of the kernel's i-th parameter type).
 #[cold]
-pub(crate) unsafe fn take_raw(
+pub(crate) unsafe fn take_raw<S: AsStream + ?Sized>(
     f: &Function,
+    stream: &S,
     config: &LaunchConfig,
     params: &[*mut c_void],
     sizes: &[usize],
-) -> bool {
-    TAKEN.with(|t| {
+) {
+    let new_module = TAKEN.with(|t| {
         let mut t = t.borrow_mut();
         // SAFETY: the caller's promise.
         unsafe { t.push_raw(f, config, params, sizes) };
         t.new_module(f)
-    })
+    });
+    if new_module {
+        f.keep_module_for_capture(stream);
+    }
 }
 
 /// Whether this thread takes launches for an update now (a closure that updates
