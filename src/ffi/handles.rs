@@ -276,14 +276,18 @@ impl<T> Table<T> {
     /// closure (a copy through the stack that the processor could not forward).
     #[inline]
     pub(crate) fn vacant(&'static self, spare: &Cell<Option<Spare<T>>>) -> Vacant<T> {
-        let index = match spare.take() {
-            Some(sp) if std::ptr::eq(sp.table, self) => sp.index,
+        let (index, slot) = match spare.take() {
+            Some(sp) if std::ptr::eq(sp.table, self) => (sp.index, sp.slot),
             other => {
                 spare.set(other);
-                self.take_free().0
+                self.take_free()
             }
         };
-        Vacant { table: self, index }
+        Vacant {
+            table: self,
+            index,
+            slot,
+        }
     }
 
     /// Puts `value` in slot `index`, empty and off the free list (the caller's), and
@@ -464,19 +468,32 @@ impl<T> Table<T> {
         // and the slot, not live, is never read as holding it again.
         unsafe { (*slot.value.get()).assume_init_drop() };
         if reusable {
-            match spare.take() {
-                None if keep => spare.set(Some(Spare {
-                    table: self,
-                    index,
-                    slot,
-                })),
-                other => {
-                    spare.set(other);
-                    self.give_back(index, slot);
-                }
-            }
+            self.spare_or_give_back(index, slot, spare, keep);
         }
         true
+    }
+
+    /// Keeps the empty slot `index` (off the free list, the caller's) in `spare` when
+    /// `keep` and `spare` holds none, else puts it on the free list.
+    #[inline]
+    fn spare_or_give_back(
+        &'static self,
+        index: u32,
+        slot: &'static Slot<T>,
+        spare: &Cell<Option<Spare<T>>>,
+        keep: bool,
+    ) {
+        match spare.take() {
+            None if keep => spare.set(Some(Spare {
+                table: self,
+                index,
+                slot,
+            })),
+            other => {
+                spare.set(other);
+                self.give_back(index, slot);
+            }
+        }
     }
 
     /// [`remove`](Self::remove) without the message (`None` for a bad handle) and
@@ -563,23 +580,28 @@ impl<T> Spare<T> {
 }
 
 /// A slot of a `'static` table taken for one insert ([`Table::vacant`]): empty, off
-/// the free list, the holder's. [`fill`](Self::fill) puts the value in.
-#[must_use = "a vacant slot dropped without `fill` is lost to its table"]
+/// the free list, the holder's. [`fill`](Self::fill) puts the value in;
+/// [`keep`](Self::keep) hands it back unfilled.
+#[must_use = "a vacant slot dropped without `fill` or `keep` is lost to its table"]
 pub(crate) struct Vacant<T: 'static> {
     table: &'static Table<T>,
     index: u32,
+    slot: &'static Slot<T>,
 }
 
 impl<T> Vacant<T> {
     /// Puts `value` in the slot and returns its handle.
     #[inline]
     pub(crate) fn fill(self, value: T) -> u64 {
-        // The slot's segment exists: the slot was handed out (fresh or freed) before.
-        let slot = self
-            .table
-            .slot(self.index)
-            .expect("a vacant slot's segment exists");
-        self.table.fill(self.index, slot, value)
+        self.table.fill(self.index, self.slot, value)
+    }
+
+    /// Gives the slot back unfilled: kept in `spare` when `keep` and `spare` holds
+    /// none (as [`Table::remove_spared`] keeps a freed one), else on the free list.
+    #[inline]
+    pub(crate) fn keep(self, spare: &Cell<Option<Spare<T>>>, keep: bool) {
+        self.table
+            .spare_or_give_back(self.index, self.slot, spare, keep);
     }
 }
 
@@ -743,6 +765,37 @@ mod tests {
             removed.fetch_add(1, Ordering::Relaxed);
         }
         assert_eq!(removed.into_inner() as u64, THREADS * ROUNDS);
+    }
+
+    #[test]
+    fn a_vacant_slot_given_back_unfilled_is_taken_again_and_never_live() {
+        static T: Table<Arc<u32>> = Table::new(19, "unfilled");
+        let spare = Cell::new(None);
+        // Taken for an insert that then failed (a malloc's error): kept as the spare.
+        let v = T.vacant(&spare);
+        let index = v.index;
+        v.keep(&spare, true);
+        let s = spare.take().expect("kept as the spare");
+        assert_eq!(s.index, index);
+        spare.set(Some(s));
+        // The next insert takes that slot, and a handle made up for it with its
+        // generation was never live meanwhile.
+        let h = T.vacant(&spare).fill(Arc::new(7));
+        assert_eq!((h & 0xffff_ffff) as u32, index + 1);
+        assert!(spare.take().is_none(), "used up");
+        assert_eq!(*T.get(h).unwrap(), 7);
+        // Not kept when told not to, nor when a spare is held already: the free list
+        // has it, and the next inserts take it before any fresh slot.
+        let v = T.vacant(&spare);
+        let other = v.index;
+        v.keep(&spare, false);
+        assert!(spare.take().is_none());
+        let fresh_before = T.fresh.load(Ordering::Relaxed);
+        let h2 = T.insert(Arc::new(8));
+        assert_eq!((h2 & 0xffff_ffff) as u32, other + 1);
+        assert_eq!(T.fresh.load(Ordering::Relaxed), fresh_before);
+        assert_eq!(*T.remove(h).unwrap(), 7);
+        assert_eq!(*T.remove(h2).unwrap(), 8);
     }
 
     #[test]

@@ -5,11 +5,11 @@ use std::cell::Cell;
 use std::ffi::{c_char, c_int};
 use std::sync::Arc;
 
-use cuda_rt::memory::{Memory, MemoryAsyncPool};
+use cuda_rt::memory::{Memory, MemoryAsyncPool, PooledBlock};
 use cuda_rt::prelude::*;
 use cuda_rt::{get_default_memory_pool, MemoryPointer};
 
-use super::handles::{curt_memory_t, curt_stream_t, Spare, Table};
+use super::handles::{curt_memory_t, curt_stream_t, Spare, Table, Vacant};
 use super::held::HeldMemory;
 use super::status::{guard, out, Fail, Res};
 use super::stream::stream_or_current;
@@ -39,7 +39,43 @@ impl MemoryTable {
     /// `curt_free` costs the same.
     #[inline(always)]
     fn insert_held(&'static self, m: HeldMemory) -> u64 {
-        SPARE.with(|t| self.0.vacant(&t.spare)).fill(m)
+        self.vacant().fill(m)
+    }
+
+    /// A slot for an insert: this thread's spare when it has one, else a free one.
+    #[inline(always)]
+    fn vacant(&'static self) -> Vacant<HeldMemory> {
+        SPARE.with(|t| self.0.vacant(&t.spare))
+    }
+
+    /// Gives `v` back unfilled (to this thread's spare when it may keep one).
+    #[cold]
+    fn unfill(&'static self, v: Vacant<HeldMemory>) {
+        SPARE.with(|t| v.keep(&t.spare, may_keep(t)))
+    }
+
+    /// The handle of `size` bytes on `stream`'s arena (see [`curt_malloc`]) and their
+    /// address. The slot is taken first and the steady pair's cached block written
+    /// straight into it: built after the slot is known, it goes from the pool's
+    /// registers to the table, never through a `Res` or a copy on the stack (each a
+    /// load waiting on stores, which was a third of the C pair's extra cost).
+    #[inline(always)]
+    fn malloc(&'static self, size: usize, stream: curt_stream_t) -> Res<(u64, u64)> {
+        let v = self.vacant();
+        if let Some(b) = cached_block(size, stream) {
+            let addr = b.ptr();
+            return Ok((v.fill(HeldMemory::Block(b)), addr));
+        }
+        match malloc_held(size, stream) {
+            Ok(m) => {
+                let addr = m.ptr();
+                Ok((v.fill(m), addr))
+            }
+            Err(e) => {
+                self.unfill(v);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -163,29 +199,41 @@ pub unsafe extern "C" fn curt_malloc(
 ) -> c_int {
     guard(|| {
         let slot = out(mem, "mem")?;
-        let m = malloc_held(size, stream)?;
-        // Straight into the table (not through `put`, whose `Res` argument cost a
-        // copy of the pointer and a check per call).
-        *slot = MEMORY.insert_held(m) as curt_memory_t;
+        *slot = MEMORY.malloc(size, stream)?.0 as curt_memory_t;
         Ok(())
     })
 }
 
-/// `size` bytes of the default pool on `stream`'s arena (NULL: the current stream of
-/// the current device), as the table holds them. Nothing is made current: the pool
-/// takes the arena from the stream it is given, and a new segment goes to the
-/// device's primary context (entering the device and the stream, and leaving them,
-/// were half of the pair's cost). A cached block comes bare (see `HeldMemory`).
+/// The block this thread's last free of `size` bytes on `stream`'s arena (NULL: the
+/// current stream of the current device) parked, when a malloc of `size` gets it
+/// back: the steady pair's malloc, with nothing to fail. Nothing is made current:
+/// the pool takes the arena from the stream it is given (entering the device and the
+/// stream, and leaving them, were half of the pair's cost).
 #[inline(always)]
+fn cached_block(size: usize, stream: curt_stream_t) -> Option<PooledBlock> {
+    if stream.is_null() {
+        // The current stream of the current device: the arena `malloc` uses.
+        let device = cuda_rt::device::get_device_id();
+        get_default_memory_pool().malloc_block_on(device, size)
+    } else {
+        // A stream handle is looked up on the general path (a table read and a
+        // reference count), where a bad handle gets its error.
+        None
+    }
+}
+
+/// `size` bytes of the default pool on `stream`'s arena (NULL: the current stream of
+/// the current device), as the table holds them, when [`cached_block`] had none: a
+/// cached block comes bare (see `HeldMemory`), else a pointer; a new segment goes to
+/// the device's primary context. Out of line, so that the steady pair carries none of
+/// its frame.
+#[inline(never)]
 fn malloc_held(size: usize, stream: curt_stream_t) -> Res<HeldMemory> {
     let pool = get_default_memory_pool();
     Ok(if stream.is_null() {
-        // The current stream of the current device: the arena `malloc` uses.
-        let device = cuda_rt::device::get_device_id();
-        match pool.malloc_block_on(device, size) {
-            Some(b) => HeldMemory::Block(b),
-            None => pool.malloc_on(device, size)?.into(),
-        }
+        // `cached_block` found no parked block for this size.
+        pool.malloc_on(cuda_rt::device::get_device_id(), size)?
+            .into()
     } else {
         let s = stream_or_current(stream)?;
         match pool.malloc_block_on_stream(&s, size) {
@@ -214,9 +262,8 @@ pub unsafe extern "C" fn curt_malloc_ptr(
         // Both out-pointers checked before anything is allocated: nothing to undo.
         let ptr = out(ptr, "ptr")?;
         let slot = out(mem, "mem")?;
-        let m = malloc_held(size, stream)?;
-        let addr = m.ptr();
-        *slot = MEMORY.insert_held(m) as curt_memory_t;
+        let (handle, addr) = MEMORY.malloc(size, stream)?;
+        *slot = handle as curt_memory_t;
         *ptr = addr;
         Ok(())
     })
