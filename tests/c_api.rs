@@ -1176,8 +1176,12 @@ fn gpu_record_stream_through_the_shim_and_the_torch_hook() {
 /// The snapshot JSON through a buffer: too small (or NULL) says the length needed and
 /// fails; large enough gets the text. The pinned pool's needs no GPU; a device's
 /// snapshot is an error where the device does not exist (without a GPU, device 0).
+/// Run one at a time with the tests that allocate.
 #[test]
 fn snapshots_come_back_as_json_through_a_sized_buffer() {
+    // The pools' snapshots change with every allocation: with another test allocating
+    // meanwhile, the length one call asks for may no longer be the next call's.
+    let _serial = serial();
     type Snap = unsafe extern "C" fn(*mut std::ffi::c_char, usize, *mut usize) -> i32;
     unsafe extern "C" fn device0(b: *mut std::ffi::c_char, cap: usize, len: *mut usize) -> i32 {
         // SAFETY: this function's caller passes what curt_pool_snapshot_json takes.
