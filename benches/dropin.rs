@@ -2,11 +2,12 @@
 //! pair measured in the same run (its `raw`, so the ratio is the door's cost over the
 //! pool's): the caching pool's `MemoryPool::malloc` + drop pair (the reference),
 //! `cuda_rt::memory::alloc` + drop, a typed `DeviceBuffer::<f32>::empty` + drop, and
-//! the C entry points `curt_malloc` + `curt_free`, `curt_malloc_ptr` + `curt_free`,
-//! `curt_torch_alloc` +
+//! the C entry points `curt_malloc` + `curt_free` (on the current stream, and on a
+//! stream handle: `curt_stream_wrap` of the per-thread default stream),
+//! `curt_malloc_ptr` + `curt_free`, `curt_torch_alloc` +
 //! `curt_torch_free` and `curt_cupy_malloc` + `curt_cupy_free` (what PyTorch and CuPy
 //! call per tensor), all of a cached 1 MiB.
-//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|cmallocptr|torch|cupy|pool] N`: `all`
+//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|cmallocstream|cmallocptr|torch|cupy|pool] N`: `all`
 //! (the default, what the GPU runner's `--bench` gets) prints every pair; one name
 //! runs that pair alone, for instruction counts under `valgrind --tool=callgrind`
 //! with a fake driver (`CUDA_RT_LIBCUDA`). Without a GPU (or fake driver) it prints a
@@ -18,7 +19,7 @@ use std::time::Instant;
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt_c::{
     curt_cupy_free, curt_cupy_malloc, curt_free, curt_malloc, curt_malloc_ptr, curt_memory_t,
-    curt_torch_alloc, curt_torch_free,
+    curt_stream_t, curt_stream_wrap, curt_torch_alloc, curt_torch_free,
 };
 
 #[path = "../cuda-rt/benches/common/mod.rs"]
@@ -52,6 +53,36 @@ fn cmalloc_pairs(n: usize) {
         let mut m: curt_memory_t = std::ptr::null_mut();
         // SAFETY: NULL is the current stream; `m` is a valid out pointer.
         let rc = unsafe { curt_malloc(black_box(SIZE), std::ptr::null_mut(), &mut m) };
+        assert_eq!(rc, 0);
+        assert_eq!(curt_free(black_box(m)), 0);
+    }
+}
+
+/// A stream handle for the `cmallocstream` door: the per-thread default stream
+/// (`CU_STREAM_PER_THREAD`) of the current device, wrapped once per thread.
+fn stream_handle() -> curt_stream_t {
+    thread_local! {
+        static HANDLE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    HANDLE.with(|h| {
+        if h.get() == 0 {
+            let mut s: curt_stream_t = std::ptr::null_mut();
+            // SAFETY: CU_STREAM_PER_THREAD is a live stream for the process's life;
+            // `s` is a valid out pointer.
+            let rc = unsafe { curt_stream_wrap(2 as *mut _, -1, &mut s) };
+            assert_eq!(rc, 0);
+            h.set(s as usize);
+        }
+        h.get() as curt_stream_t
+    })
+}
+
+fn cmallocstream_pairs(n: usize) {
+    let stream = stream_handle();
+    for _ in 0..n {
+        let mut m: curt_memory_t = std::ptr::null_mut();
+        // SAFETY: a live stream handle; `m` is a valid out pointer.
+        let rc = unsafe { curt_malloc(black_box(SIZE), black_box(stream), &mut m) };
         assert_eq!(rc, 0);
         assert_eq!(curt_free(black_box(m)), 0);
     }
@@ -100,7 +131,7 @@ fn batch(f: fn(usize), n: usize) -> f64 {
 type Door = (&'static str, &'static str, fn(usize), &'static str);
 
 /// The doors and their goals (ratio to the pool's pair).
-const DOORS: [Door; 6] = [
+const DOORS: [Door; 7] = [
     ("alloc", "alloc_drop_pair", alloc_pairs, "ratio <= 1.05"),
     (
         "typed",
@@ -112,6 +143,12 @@ const DOORS: [Door; 6] = [
         "cmalloc",
         "curt_malloc_free_pair",
         cmalloc_pairs,
+        "ratio <= 1.5",
+    ),
+    (
+        "cmallocstream",
+        "curt_malloc_stream_free_pair",
+        cmallocstream_pairs,
         "ratio <= 1.5",
     ),
     (

@@ -1639,6 +1639,16 @@ fn gpu_steady_pairs_hold_bare_blocks_and_every_lookup_still_works() {
         assert!(back.iter().all(|&b| b == 0x3c));
         let mut s = null_mut();
         ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        // The pair on a stream handle: the steady one takes its block back.
+        let (mut on_s, mut first, mut again) = (null_mut(), 0u64, 0u64);
+        ok(curt_malloc_ptr(n, s, &mut on_s, &mut first));
+        ok(curt_free(on_s));
+        ok(curt_malloc_ptr(n, s, &mut on_s, &mut again));
+        assert_eq!(
+            again, first,
+            "the steady pair on a stream takes its block back"
+        );
+        ok(curt_free(on_s));
         ok(curt_pool_record_stream(m, s));
         let before = fences();
         ok(curt_free(m));
@@ -1651,6 +1661,14 @@ fn gpu_steady_pairs_hold_bare_blocks_and_every_lookup_still_works() {
 
         ok(curt_stream_synchronize(s));
         ok(curt_stream_destroy(s));
+        // Refused once destroyed, though this thread's last pair remembered it.
+        let mut dead = null_mut();
+        expect(
+            curt_malloc(n, s, &mut dead),
+            CURT_ERROR_INVALID_HANDLE,
+            "invalid stream handle",
+        );
+        assert!(dead.is_null());
         cuda_rt::AsStream::synchronize(&side).unwrap();
     }
 }

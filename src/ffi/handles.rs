@@ -348,6 +348,15 @@ impl<T> Table<T> {
     where
         T: Clone,
     {
+        self.with(handle, T::clone)
+    }
+
+    /// `f` of the object behind `handle`, borrowed: counted as a reader meanwhile (a
+    /// removal waits for it), so nothing is cloned. For a short `f` that needs the
+    /// object only during the call (a stream's device and address for an
+    /// allocation): an `Arc`'s clone and drop cost two more atomic read-modify-writes.
+    #[inline]
+    pub(crate) fn with<R>(&self, handle: u64, f: impl FnOnce(&T) -> R) -> Res<R> {
         let Some((slot, want)) = self.find(handle) else {
             return Err(self.refuse(handle));
         };
@@ -375,8 +384,18 @@ impl<T> Table<T> {
         // SAFETY: the slot was live with the handle's generation when the reader count
         // went up (Acquire: after the insert's Release store of the value), and a
         // removal takes the value out only once no reader is counted, so it stays
-        // initialized and unmoved until `_reading` is dropped.
-        Ok(unsafe { (*slot.value.get()).assume_init_ref() }.clone())
+        // initialized and unmoved until `_reading` is dropped, after `f`.
+        Ok(f(unsafe { (*slot.value.get()).assume_init_ref() }))
+    }
+
+    /// Whether `handle` is live right now: one load of its slot's state, no
+    /// read-modify-write. What was read of the object behind it earlier, while it was
+    /// live, still describes it (a slot's generation is never reused, so a live state
+    /// of the handle's generation is the same object).
+    #[inline]
+    pub(crate) fn is_live(&self, handle: u64) -> bool {
+        self.find(handle)
+            .is_some_and(|(slot, want)| slot.state.load(Ordering::Acquire) & !READERS == want)
     }
 
     /// `f` of the object behind `handle`, which it may change in place: the one

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use cuda_rt::memory::{Memory, MemoryAsyncPool, PooledBlock};
 use cuda_rt::prelude::*;
+use cuda_rt::stream::ExternalStream;
 use cuda_rt::{get_default_memory_pool, MemoryPointer};
 
 use super::handles::{curt_memory_t, curt_stream_t, Spare, Table, Vacant};
@@ -206,7 +207,8 @@ pub unsafe extern "C" fn curt_malloc(
 
 /// The block this thread's last free of `size` bytes on `stream`'s arena (NULL: the
 /// current stream of the current device) parked, when a malloc of `size` gets it
-/// back: the steady pair's malloc, with nothing to fail. Nothing is made current:
+/// back: the steady pair's malloc, with nothing to fail (`None` also for a bad
+/// stream handle, refused on the general path). Nothing is made current:
 /// the pool takes the arena from the stream it is given (entering the device and the
 /// stream, and leaving them, were half of the pair's cost).
 #[inline(always)]
@@ -216,9 +218,14 @@ fn cached_block(size: usize, stream: curt_stream_t) -> Option<PooledBlock> {
         let device = cuda_rt::device::get_device_id();
         get_default_memory_pool().malloc_block_on(device, size)
     } else {
-        // A stream handle is looked up on the general path (a table read and a
-        // reference count), where a bad handle gets its error.
-        None
+        // A bad handle gets its error on the general path.
+        let (device, raw) = super::stream::live_raw(stream)?;
+        // SAFETY: `raw` is the stream of a handle live just now: one this shim keeps
+        // alive, or one whose owner keeps it alive while the handle and memory
+        // allocated on it are used (curt_stream_wrap's contract). The block path only
+        // reads its address and device, as the arena's key.
+        let s = unsafe { ExternalStream::from_raw(raw as *mut _, device) };
+        get_default_memory_pool().malloc_block_on_stream(&s, size)
     }
 }
 

@@ -29,6 +29,29 @@ pub(crate) fn stream_or_current(h: curt_stream_t) -> Res<StreamRef> {
     STREAMS.get(h as u64)
 }
 
+/// The device and raw `CUstream` of `h` while `h` is a live stream handle; `None` for
+/// any other value (its error is the caller's to make, through [`stream_or_current`]).
+/// The last handle asked on this thread is remembered with its stream, so asking
+/// again costs one load of its slot's state ([`Table::is_live`]) instead of a
+/// counted read (two atomic read-modify-writes): the allocation fast path of
+/// `curt_malloc` on a stream handle. The answer holds while the handle is live; what
+/// the caller does with it after a concurrent destroy is what it would do had the
+/// destroy come just after the call.
+#[inline]
+pub(crate) fn live_raw(h: curt_stream_t) -> Option<(i32, usize)> {
+    thread_local! {
+        static LAST: std::cell::Cell<(u64, i32, usize)> = const { std::cell::Cell::new((0, 0, 0)) };
+    }
+    let h = h as u64;
+    let (last, device, raw) = LAST.with(|l| l.get());
+    if last == h && h != 0 && STREAMS.is_live(h) {
+        return Some((device, raw));
+    }
+    let (device, raw) = STREAMS.with(h, |s| (s.device_id(), s.ptr())).ok()?;
+    LAST.with(|l| l.set((h, device, raw)));
+    Some((device, raw))
+}
+
 /// Creates a stream on the current device with `flags` (0 or
 /// `CURT_STREAM_NON_BLOCKING`) and `priority` (lower is higher priority; clamped to the
 /// device's range).
@@ -174,4 +197,44 @@ pub unsafe extern "C" fn curt_stream_launch_host_func(
         s.launch_host_func(move || func(data as *mut c_void))?;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wrapped(raw: usize, device: i32) -> curt_stream_t {
+        // SAFETY: the stream is never used with the driver here: only its address and
+        // device are read back.
+        let s = unsafe { StreamRef::from_raw(raw as *mut _, device) };
+        STREAMS.insert(s) as curt_stream_t
+    }
+
+    #[test]
+    fn live_raw_answers_for_live_handles_only_also_once_remembered() {
+        let a = wrapped(0x1230, 3);
+        assert_eq!(live_raw(a), Some((3, 0x1230)));
+        // Remembered: the same answer, and still none once the handle is destroyed.
+        assert_eq!(live_raw(a), Some((3, 0x1230)));
+        drop(STREAMS.remove(a as u64).unwrap());
+        assert_eq!(live_raw(a), None);
+        // A new handle, maybe in the same slot (another generation), is its own.
+        let b = wrapped(0x4560, 1);
+        assert_ne!(a, b);
+        assert_eq!(live_raw(a), None);
+        assert_eq!(live_raw(b), Some((1, 0x4560)));
+        // Another thread remembers its own.
+        let b_raw = b as u64;
+        std::thread::spawn(move || {
+            assert_eq!(live_raw(b_raw as curt_stream_t), Some((1, 0x4560)));
+        })
+        .join()
+        .unwrap();
+        // NULL, made-up values and handles of another kind are not streams.
+        assert_eq!(live_raw(std::ptr::null_mut()), None);
+        assert_eq!(live_raw(0xdead as curt_stream_t), None);
+        assert_eq!(live_raw(((3u64 << 56) | 1) as curt_stream_t), None);
+        drop(STREAMS.remove(b as u64).unwrap());
+        assert_eq!(live_raw(b), None);
+    }
 }
