@@ -36,7 +36,8 @@ pub(crate) fn stream_or_current(h: curt_stream_t) -> Res<StreamRef> {
 /// counted read (two atomic read-modify-writes): the allocation fast path of
 /// `curt_malloc` on a stream handle. The answer holds while the handle is live; what
 /// the caller does with it after a concurrent destroy is what it would do had the
-/// destroy come just after the call.
+/// destroy come just after the call. (A stream handle's object is never changed in
+/// place: nothing calls `with_mut` on [`STREAMS`], so live means the same stream.)
 #[inline]
 pub(crate) fn live_raw(h: curt_stream_t) -> Option<(i32, usize)> {
     thread_local! {
