@@ -4,10 +4,11 @@
 //! `cuda_rt::memory::alloc` + drop, a typed `DeviceBuffer::<f32>::empty` + drop, and
 //! the C entry points `curt_malloc` + `curt_free` (on the current stream, and on a
 //! stream handle: `curt_stream_wrap` of the per-thread default stream),
-//! `curt_malloc_ptr` + `curt_free`, `curt_torch_alloc` +
+//! `curt_malloc_ptr` + `curt_free`, `curt_alloc` + `curt_free` (the current allocator),
+//! `curt_dropin_alloc` + `curt_cupy_free`, `curt_torch_alloc` +
 //! `curt_torch_free` and `curt_cupy_malloc` + `curt_cupy_free` (what PyTorch and CuPy
 //! call per tensor), all of a cached 1 MiB.
-//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|cmallocstream|cmallocptr|torch|cupy|pool] N`: `all`
+//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|cmallocstream|cmallocptr|calloc|dropinalloc|torch|cupy|pool] N`: `all`
 //! (the default, what the GPU runner's `--bench` gets) prints every pair; one name
 //! runs that pair alone, for instruction counts under `valgrind --tool=callgrind`
 //! with a fake driver (`CUDA_RT_LIBCUDA`). Without a GPU (or fake driver) it prints a
@@ -18,8 +19,9 @@ use std::time::Instant;
 
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt_c::{
-    curt_cupy_free, curt_cupy_malloc, curt_free, curt_malloc, curt_malloc_ptr, curt_memory_t,
-    curt_stream_t, curt_stream_wrap, curt_torch_alloc, curt_torch_free,
+    curt_alloc, curt_cupy_free, curt_cupy_malloc, curt_dropin_alloc, curt_free, curt_malloc,
+    curt_malloc_ptr, curt_memory_t, curt_stream_t, curt_stream_wrap, curt_torch_alloc,
+    curt_torch_free,
 };
 
 #[path = "../cuda-rt/benches/common/mod.rs"]
@@ -100,6 +102,26 @@ fn cmallocptr_pairs(n: usize) {
     }
 }
 
+fn calloc_pairs(n: usize) {
+    for _ in 0..n {
+        let mut m: curt_memory_t = std::ptr::null_mut();
+        // SAFETY: `m` is a valid out pointer.
+        let rc = unsafe { curt_alloc(black_box(SIZE), &mut m) };
+        assert_eq!(rc, 0);
+        assert_eq!(curt_free(black_box(m)), 0);
+    }
+}
+
+fn dropin_pairs(n: usize) {
+    for _ in 0..n {
+        // SAFETY: the legacy default stream (0) of device 0.
+        let p = unsafe { curt_dropin_alloc(black_box(SIZE), 0, std::ptr::null_mut()) };
+        assert!(!p.is_null());
+        // SAFETY: `p` came from curt_dropin_alloc and is freed once.
+        unsafe { curt_cupy_free(std::ptr::null_mut(), black_box(p), 0) };
+    }
+}
+
 fn torch_pairs(n: usize) {
     for _ in 0..n {
         // SAFETY: the legacy default stream (0) of device 0.
@@ -131,7 +153,7 @@ fn batch(f: fn(usize), n: usize) -> f64 {
 type Door = (&'static str, &'static str, fn(usize), &'static str);
 
 /// The doors and their goals (ratio to the pool's pair).
-const DOORS: [Door; 7] = [
+const DOORS: [Door; 9] = [
     ("alloc", "alloc_drop_pair", alloc_pairs, "ratio <= 1.05"),
     (
         "typed",
@@ -155,6 +177,18 @@ const DOORS: [Door; 7] = [
         "cmallocptr",
         "curt_malloc_ptr_free_pair",
         cmallocptr_pairs,
+        "ratio <= 1.5",
+    ),
+    (
+        "calloc",
+        "curt_alloc_free_pair",
+        calloc_pairs,
+        "ratio <= 1.5",
+    ),
+    (
+        "dropinalloc",
+        "curt_dropin_alloc_free_pair",
+        dropin_pairs,
         "ratio <= 1.5",
     ),
     (

@@ -1649,6 +1649,22 @@ fn gpu_steady_pairs_hold_bare_blocks_and_every_lookup_still_works() {
             "the steady pair on a stream takes its block back"
         );
         ok(curt_free(on_s));
+        // The current allocator's door (the default pool here, as every test that
+        // sets another resets it): the same steady pair.
+        let (mut c, mut c_first, mut c_again) = (null_mut(), 0u64, 0u64);
+        ok(curt_alloc(n, &mut c));
+        ok(curt_memory_ptr(c, &mut c_first));
+        ok(curt_free(c));
+        ok(curt_alloc(n, &mut c));
+        ok(curt_memory_ptr(c, &mut c_again));
+        assert_eq!(
+            c_again, c_first,
+            "curt_alloc's steady pair takes its block back"
+        );
+        ok(curt_memset(c, 0, 0x5a, n));
+        ok(curt_memcpy_dtoh(back.as_mut_ptr().cast(), c, 0, n));
+        assert!(back.iter().all(|&b| b == 0x5a));
+        ok(curt_free(c));
         ok(curt_pool_record_stream(m, s));
         let before = fences();
         ok(curt_free(m));

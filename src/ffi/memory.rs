@@ -62,12 +62,23 @@ impl MemoryTable {
     /// load waiting on stores, which was a third of the C pair's extra cost).
     #[inline(always)]
     fn malloc(&'static self, size: usize, stream: curt_stream_t) -> Res<(u64, u64)> {
+        self.malloc_or(size, stream, || malloc_held(size, stream))
+    }
+
+    /// [`malloc`](Self::malloc) with `general` for when there is no cached block.
+    #[inline(always)]
+    fn malloc_or(
+        &'static self,
+        size: usize,
+        stream: curt_stream_t,
+        general: impl FnOnce() -> Res<HeldMemory>,
+    ) -> Res<(u64, u64)> {
         let v = self.vacant();
         if let Some(b) = cached_block(size, stream) {
             let addr = b.ptr();
             return Ok((v.fill(HeldMemory::Block(b)), addr));
         }
-        match malloc_held(size, stream) {
+        match general() {
             Ok(m) => {
                 let addr = m.ptr();
                 Ok((v.fill(m), addr))
@@ -287,7 +298,14 @@ pub unsafe extern "C" fn curt_malloc_ptr(
 #[no_mangle]
 pub unsafe extern "C" fn curt_alloc(size: usize, mem: *mut curt_memory_t) -> c_int {
     guard(|| {
-        out(mem, "mem")?;
+        let slot = out(mem, "mem")?;
+        if cuda_rt::memory::alloc_takes_default_pool() {
+            // The default pool on the current stream: `curt_malloc`'s door (the cached
+            // block bare), `alloc` itself when there is none.
+            let general = || Ok(cuda_rt::alloc(size)?.into());
+            *slot = MEMORY.malloc_or(size, std::ptr::null_mut(), general)?.0 as curt_memory_t;
+            return Ok(());
+        }
         put(mem, Ok(cuda_rt::alloc(size)?))
     })
 }

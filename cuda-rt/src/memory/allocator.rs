@@ -216,6 +216,28 @@ pub fn using_allocator<R>(allocator: Option<Allocator>, f: impl FnOnce() -> R) -
     f()
 }
 
+/// Whether [`alloc`] on this thread allocates from the default caching pool on the
+/// current stream right now: no [`using_allocator`] scope open, no [`set_allocator`]
+/// call in this process, and no capture under way (where `alloc` makes a graph memory
+/// node instead). Then what `alloc` returns is what
+/// [`MemoryPool::malloc_block_on`] of the default pool gives for the current device
+/// when it gives a block, so a caller that holds bare blocks (the C shim's
+/// `curt_alloc`) may take that faster door and keep `alloc`'s meaning.
+///
+/// ```
+/// // Nothing changed the allocator in this program.
+/// assert!(cuda_rt::memory::alloc_takes_default_pool());
+/// cuda_rt::memory::using_allocator(None, || {
+///     assert!(!cuda_rt::memory::alloc_takes_default_pool());
+/// });
+/// ```
+#[inline]
+pub fn alloc_takes_default_pool() -> bool {
+    DEPTH.with(Cell::get) == 0
+        && GENERATION.load(Ordering::Acquire) == FIRST_GENERATION
+        && !crate::capture::any_capture_active()
+}
+
 /// `size` bytes on the current device through the allocator in effect
 /// ([`get_allocator`]; by default the caching pool). Size 0 is a null pointer of size
 /// 0 (no allocator call). `#[track_caller]`, for the memory hooks' call site.

@@ -45,7 +45,10 @@ pub(crate) mod snapshot_json;
 mod unowned;
 pub(crate) mod uses;
 
-pub use allocator::{alloc, get_allocator, set_allocator, using_allocator, Allocate, Allocator};
+pub use allocator::{
+    alloc, alloc_takes_default_pool, get_allocator, set_allocator, using_allocator, Allocate,
+    Allocator,
+};
 pub use arena::PoolStats;
 pub use async_pool::{
     malloc_async, threshold_for_limit, MemoryAsync, MemoryAsyncPool, NO_LIMIT, ROUND_SIZE,
