@@ -7,8 +7,9 @@
 //! `curt_malloc_ptr` + `curt_free`, `curt_alloc` + `curt_free` (the current allocator),
 //! `curt_dropin_alloc` + `curt_cupy_free`, `curt_torch_alloc` +
 //! `curt_torch_free` and `curt_cupy_malloc` + `curt_cupy_free` (what PyTorch and CuPy
-//! call per tensor), all of a cached 1 MiB.
-//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|cmallocstream|cmallocptr|calloc|dropinalloc|torch|cupy|pool] N`: `all`
+//! call per tensor), all of a cached 1 MiB; and the pinned pool's C pair
+//! `curt_pinned_malloc` + `curt_pinned_free` beside `PinnedMemoryPool::malloc` + drop.
+//! `cargo bench --bench dropin -- [all|alloc|typed|cmalloc|cmallocstream|cmallocptr|calloc|dropinalloc|torch|cupy|pool|pinned|cpinned] N`: `all`
 //! (the default, what the GPU runner's `--bench` gets) prints every pair; one name
 //! runs that pair alone, for instruction counts under `valgrind --tool=callgrind`
 //! with a fake driver (`CUDA_RT_LIBCUDA`). Without a GPU (or fake driver) it prints a
@@ -20,8 +21,8 @@ use std::time::Instant;
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt_c::{
     curt_alloc, curt_cupy_free, curt_cupy_malloc, curt_dropin_alloc, curt_free, curt_malloc,
-    curt_malloc_ptr, curt_memory_t, curt_stream_t, curt_stream_wrap, curt_torch_alloc,
-    curt_torch_free,
+    curt_malloc_ptr, curt_memory_t, curt_pinned_free, curt_pinned_malloc, curt_pinned_t,
+    curt_stream_t, curt_stream_wrap, curt_torch_alloc, curt_torch_free,
 };
 
 #[path = "../cuda-rt/benches/common/mod.rs"]
@@ -142,6 +143,23 @@ fn cupy_pairs(n: usize) {
     }
 }
 
+fn pinned_pairs(n: usize) {
+    let pool = cuda_rt::get_default_pinned_memory_pool();
+    for _ in 0..n {
+        drop(black_box(pool.malloc(black_box(SIZE)).unwrap()));
+    }
+}
+
+fn cpinned_pairs(n: usize) {
+    for _ in 0..n {
+        let mut m: curt_pinned_t = std::ptr::null_mut();
+        // SAFETY: `m` is a valid out pointer.
+        let rc = unsafe { curt_pinned_malloc(black_box(SIZE), &mut m) };
+        assert_eq!(rc, 0);
+        assert_eq!(curt_pinned_free(black_box(m)), 0);
+    }
+}
+
 /// Nanoseconds per pair of one batch of `n`.
 fn batch(f: fn(usize), n: usize) -> f64 {
     let t = Instant::now();
@@ -221,7 +239,16 @@ fn main() {
     }
     // One door alone, for instruction counts: a warm-up, then `n` pairs, nothing else.
     let pool_door: Door = ("pool", "pool_malloc_free_pair", pool_pairs, "");
-    if let Some(&(_, name, f, _)) = DOORS.iter().chain([&pool_door]).find(|d| d.0 == what) {
+    let pinned_doors: [Door; 2] = [
+        ("pinned", "pinned_pool_malloc_free_pair", pinned_pairs, ""),
+        ("cpinned", "curt_pinned_malloc_free_pair", cpinned_pairs, ""),
+    ];
+    if let Some(&(_, name, f, _)) = DOORS
+        .iter()
+        .chain([&pool_door])
+        .chain(&pinned_doors)
+        .find(|d| d.0 == what)
+    {
         f(1000);
         let ns = batch(f, n);
         let mut report = Report::new(format!("`{what}` alone ({n} pairs of 1 MiB)"));
@@ -252,5 +279,16 @@ fn main() {
                 .note("per pair"),
         );
     }
+    // The pinned pool's C door, against the Rust pinned pool's own pair.
+    pinned_pairs(1000);
+    cpinned_pairs(1000);
+    let (ours, raw) = common::interleaved(5, || batch(cpinned_pairs, n), || batch(pinned_pairs, n));
+    report.push(
+        Figure::new("curt_pinned_malloc_free_pair", ours, "ns")
+            .size(SIZE)
+            .raw(raw, "pinned_pool_malloc_free_pair")
+            .target("ratio <= 1.5")
+            .note("per pair; the reference is PinnedMemoryPool::malloc + drop"),
+    );
     report.finish();
 }

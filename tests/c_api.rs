@@ -659,7 +659,30 @@ fn gpu_pool_copies_memset_streams_events_and_a_destroyed_handle() {
         let (mut p, mut n) = (null_mut(), 0usize);
         ok(curt_pinned_ptr(pinned, &mut p, &mut n));
         assert!(!p.is_null() && n >= 4096);
+        // Written and read back through its address.
+        std::ptr::write_bytes(p.cast::<u8>(), 0x7e, 4096);
+        assert!(std::slice::from_raw_parts(p.cast::<u8>(), 4096)
+            .iter()
+            .all(|&b| b == 0x7e));
         ok(curt_pinned_free(pinned));
+        // The steady pair: the freed handle stays dead when its slot is taken again
+        // (the thread keeps the slot for its next malloc, with the next generation).
+        let mut again = null_mut();
+        ok(curt_pinned_malloc(4096, &mut again));
+        assert_ne!(again, pinned);
+        expect(
+            curt_pinned_ptr(pinned, &mut p, &mut n),
+            CURT_ERROR_INVALID_HANDLE,
+            "invalid pinned memory handle",
+        );
+        expect(
+            curt_pinned_free(pinned),
+            CURT_ERROR_INVALID_HANDLE,
+            "invalid pinned memory handle",
+        );
+        ok(curt_pinned_ptr(again, &mut p, &mut n));
+        assert!(!p.is_null() && n >= 4096);
+        ok(curt_pinned_free(again));
         ok(curt_pool_free_all_blocks());
     }
 }

@@ -1,7 +1,6 @@
 //! Device memory: the caching pool (on a stream's arena), plain device, managed and
 //! stream-ordered allocation, and the pool's statistics and limit.
 
-use std::cell::Cell;
 use std::ffi::{c_char, c_int};
 use std::sync::Arc;
 
@@ -10,8 +9,9 @@ use cuda_rt::prelude::*;
 use cuda_rt::stream::ExternalStream;
 use cuda_rt::{get_default_memory_pool, MemoryPointer};
 
-use super::handles::{curt_memory_t, curt_stream_t, Spare, Table, Vacant};
+use super::handles::{curt_memory_t, curt_stream_t, Table, Vacant};
 use super::held::HeldMemory;
+use super::spare::thread_spare;
 use super::status::{guard, out, Fail, Res};
 use super::stream::stream_or_current;
 
@@ -46,13 +46,13 @@ impl MemoryTable {
     /// A slot for an insert: this thread's spare when it has one, else a free one.
     #[inline(always)]
     fn vacant(&'static self) -> Vacant<HeldMemory> {
-        SPARE.with(|t| self.0.vacant(&t.spare))
+        SPARE.with(|t| self.0.vacant(t.spare()))
     }
 
     /// Gives `v` back unfilled (to this thread's spare when it may keep one).
     #[cold]
     fn unfill(&'static self, v: Vacant<HeldMemory>) {
-        SPARE.with(|t| v.keep(&t.spare, may_keep(t)))
+        SPARE.with(|t| v.keep(t.spare(), t.may_keep(&GIVE_BACK_AT_EXIT)))
     }
 
     /// The handle of `size` bytes on `stream`'s arena (see [`curt_malloc`]) and their
@@ -91,54 +91,9 @@ impl MemoryTable {
     }
 }
 
-/// This thread's spare slot of [`MEMORY`] (see [`Spare`]): a `curt_free` +
-/// `curt_malloc` pair of one thread makes no exchange on the table's free list. No
-/// destructor, so reaching it costs nothing; [`GIVE_BACK_AT_EXIT`] (registered once
-/// `armed`) gives the slot back when the thread exits.
-struct ThreadSpare {
-    spare: Cell<Option<Spare<HeldMemory>>>,
-    armed: Cell<bool>,
-}
-
-/// Gives the thread's spare slot back when the thread exits.
-struct GiveBackAtExit;
-
-impl Drop for GiveBackAtExit {
-    fn drop(&mut self) {
-        let _ = SPARE.try_with(|t| {
-            t.armed.set(false);
-            if let Some(s) = t.spare.take() {
-                s.give_back();
-            }
-        });
-    }
-}
-
-thread_local! {
-    static SPARE: ThreadSpare = const {
-        ThreadSpare {
-            spare: Cell::new(None),
-            armed: Cell::new(false),
-        }
-    };
-    static GIVE_BACK_AT_EXIT: GiveBackAtExit = const { GiveBackAtExit };
-}
-
-/// Whether this thread may keep a spare slot: [`GIVE_BACK_AT_EXIT`] is registered
-/// (now, the first time), so the slot goes back to the table when the thread exits.
-/// False on a thread that is exiting, where nothing would give it back.
-#[inline]
-fn may_keep(t: &ThreadSpare) -> bool {
-    t.armed.get() || arm(t)
-}
-
-#[cold]
-#[inline(never)]
-fn arm(t: &ThreadSpare) -> bool {
-    let armed = GIVE_BACK_AT_EXIT.try_with(|_| ()).is_ok();
-    t.armed.set(armed);
-    armed
-}
+// This thread's spare slot of [`MEMORY`] (see `Spare`): a `curt_free` + `curt_malloc`
+// pair of one thread makes no exchange on the table's free list.
+thread_spare!(SPARE, GIVE_BACK_AT_EXIT, HeldMemory);
 
 /// A memory pool's statistics (`curt_pool_stats_t`).
 #[repr(C)]
@@ -377,7 +332,11 @@ pub extern "C" fn curt_free(mem: curt_memory_t) -> c_int {
         }
         // The memory is dropped (back to its pool) before the slot is kept for this
         // thread's next `curt_malloc`, in one visit to the thread's spare.
-        if SPARE.with(|t| MEMORY.0.remove_spared(mem as u64, &t.spare, may_keep(t))) {
+        if SPARE.with(|t| {
+            MEMORY
+                .0
+                .remove_spared(mem as u64, t.spare(), t.may_keep(&GIVE_BACK_AT_EXIT))
+        }) {
             Ok(())
         } else {
             Err(MEMORY.0.refuse(mem as u64))

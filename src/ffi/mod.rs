@@ -36,6 +36,7 @@ mod memory;
 mod module;
 mod pinned;
 mod record_stream;
+mod spare;
 mod status;
 mod stream;
 mod torch_error;

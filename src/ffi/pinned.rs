@@ -1,16 +1,22 @@
 //! Pinned (page-locked) host memory from the default pinned pool.
 
 use std::ffi::{c_int, c_void};
-use std::sync::{Arc, Mutex};
 
 use cuda_rt::{get_default_pinned_memory_pool, PinnedMemoryPointer};
 
 use super::handles::{curt_pinned_t, Table};
 use super::memory::curt_pool_stats_t;
+use super::spare::thread_spare;
 use super::status::{guard, out};
 
-/// The pinned memory C holds.
-pub(crate) static PINNED: Table<Arc<Mutex<PinnedMemoryPointer>>> = Table::new(4, "pinned memory");
+/// The pinned memory C holds, as the pool's pointers themselves (reference-counted
+/// already, and `Sync`: no `Arc` or lock around them, which cost a heap allocation
+/// and a free per pair).
+pub(crate) static PINNED: Table<PinnedMemoryPointer> = Table::new(4, "pinned memory");
+
+// This thread's spare slot of [`PINNED`]: a `curt_pinned_free` + `curt_pinned_malloc`
+// pair of one thread makes no exchange on the table's free list.
+thread_spare!(SPARE, GIVE_BACK_AT_EXIT, PinnedMemoryPointer);
 
 /// Allocates `size` bytes of pinned host memory from the default pinned pool.
 ///
@@ -23,8 +29,17 @@ pub(crate) static PINNED: Table<Arc<Mutex<PinnedMemoryPointer>>> = Table::new(4,
 pub unsafe extern "C" fn curt_pinned_malloc(size: usize, mem: *mut curt_pinned_t) -> c_int {
     guard(|| {
         let mem = out(mem, "mem")?;
-        let p = get_default_pinned_memory_pool().malloc(size)?;
-        *mem = PINNED.insert(Arc::new(Mutex::new(p))) as curt_pinned_t;
+        // The slot first, so the pool's pointer goes from its result to the slot
+        // (built before it, the pointer was copied through the stack twice more, each
+        // copy a load waiting on its stores).
+        let v = SPARE.with(|t| PINNED.vacant(t.spare()));
+        match cuda_rt::pinned::default_pinned_memory_pool().malloc(size) {
+            Ok(p) => *mem = v.fill(p) as curt_pinned_t,
+            Err(e) => {
+                SPARE.with(|t| v.keep(t.spare(), t.may_keep(&GIVE_BACK_AT_EXIT)));
+                return Err(e.into());
+            }
+        }
         Ok(())
     })
 }
@@ -38,8 +53,15 @@ pub extern "C" fn curt_pinned_free(mem: curt_pinned_t) -> c_int {
         if mem.is_null() {
             return Ok(());
         }
-        drop(PINNED.remove(mem as u64)?);
-        Ok(())
+        // Dropped where it lies (back to the pool), then the slot is kept for this
+        // thread's next `curt_pinned_malloc`.
+        if SPARE
+            .with(|t| PINNED.remove_spared(mem as u64, t.spare(), t.may_keep(&GIVE_BACK_AT_EXIT)))
+        {
+            Ok(())
+        } else {
+            Err(PINNED.refuse(mem as u64))
+        }
     })
 }
 
@@ -59,11 +81,10 @@ pub unsafe extern "C" fn curt_pinned_ptr(
 ) -> c_int {
     guard(|| {
         let ptr = out(ptr, "ptr")?;
-        let m = PINNED.get(mem as u64)?;
-        let m = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *ptr = m.ptr() as *mut c_void;
+        let (addr, len) = PINNED.with(mem as u64, |m| (m.ptr(), m.len()))?;
+        *ptr = addr as *mut c_void;
         if let Ok(size) = out(size, "size") {
-            *size = m.len();
+            *size = len;
         }
         Ok(())
     })
