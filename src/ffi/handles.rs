@@ -388,14 +388,18 @@ impl<T> Table<T> {
         Ok(f(unsafe { (*slot.value.get()).assume_init_ref() }))
     }
 
-    /// Whether `handle` is live right now: one load of its slot's state, no
-    /// read-modify-write. What was read of the object behind it earlier, while it was
-    /// live, still describes it (a slot's generation is never reused, so a live state
-    /// of the handle's generation is the same object).
+    /// A probe of whether `handle` is live ([`Live::now`]), `None` when it is not one
+    /// of this table's handles at all. What was read of the object behind it while
+    /// it was live still describes it as long as the probe says live (a slot's
+    /// generation is never reused, so a live state of the handle's generation is the
+    /// same object, unless [`with_mut`](Self::with_mut) changes it in place).
     #[inline]
-    pub(crate) fn is_live(&self, handle: u64) -> bool {
-        self.find(handle)
-            .is_some_and(|(slot, want)| slot.state.load(Ordering::Acquire) & !READERS == want)
+    pub(crate) fn live(&'static self, handle: u64) -> Option<Live> {
+        let (slot, want) = self.find(handle)?;
+        Some(Live {
+            state: &slot.state,
+            want,
+        })
     }
 
     /// `f` of the object behind `handle`, which it may change in place: the one
@@ -575,6 +579,23 @@ impl<T> Table<T> {
             .compare_exchange(want, g << 32 | LIVE, Ordering::AcqRel, Ordering::Relaxed)
             .expect("a live handle, no reader");
         self.encode((handle & 0xffff_ffff) as u32 - 1, g as u32)
+    }
+}
+
+/// Whether one handle of a `'static` table is live ([`Table::live`]): its slot's
+/// state word and the state it has while the handle is live. One load to ask, no
+/// read-modify-write.
+#[derive(Clone, Copy)]
+pub(crate) struct Live {
+    state: &'static AtomicU64,
+    want: u64,
+}
+
+impl Live {
+    /// Whether the handle is live right now (lookups under way count as live).
+    #[inline]
+    pub(crate) fn now(&self) -> bool {
+        self.state.load(Ordering::Acquire) & !READERS == self.want
     }
 }
 

@@ -8,7 +8,9 @@ use cuda_rt::prelude::*;
 use cuda_rt::{Stream, StreamRef};
 
 use super::event::EVENTS;
-use super::handles::{curt_event_t, curt_stream_t, Table};
+use std::cell::Cell;
+
+use super::handles::{curt_event_t, curt_stream_t, Live, Table};
 use super::status::{bad_arg, guard, out, Res};
 
 /// The streams C holds: references that keep a stream made by `curt_stream_create`
@@ -31,25 +33,37 @@ pub(crate) fn stream_or_current(h: curt_stream_t) -> Res<StreamRef> {
 
 /// The device and raw `CUstream` of `h` while `h` is a live stream handle; `None` for
 /// any other value (its error is the caller's to make, through [`stream_or_current`]).
-/// The last handle asked on this thread is remembered with its stream, so asking
-/// again costs one load of its slot's state ([`Table::is_live`]) instead of a
-/// counted read (two atomic read-modify-writes): the allocation fast path of
+/// The last handle asked on this thread is remembered with its stream and a probe of
+/// its slot ([`Live`]), so asking again costs one load of the slot's state instead of
+/// a counted read (two atomic read-modify-writes): the allocation fast path of
 /// `curt_malloc` on a stream handle. The answer holds while the handle is live; what
 /// the caller does with it after a concurrent destroy is what it would do had the
 /// destroy come just after the call. (A stream handle's object is never changed in
 /// place: nothing calls `with_mut` on [`STREAMS`], so live means the same stream.)
 #[inline]
 pub(crate) fn live_raw(h: curt_stream_t) -> Option<(i32, usize)> {
-    thread_local! {
-        static LAST: std::cell::Cell<(u64, i32, usize)> = const { std::cell::Cell::new((0, 0, 0)) };
-    }
     let h = h as u64;
-    let (last, device, raw) = LAST.with(|l| l.get());
-    if last == h && h != 0 && STREAMS.is_live(h) {
-        return Some((device, raw));
+    if let Some((last, live, device, raw)) = LAST.with(Cell::get) {
+        if last == h && live.now() {
+            return Some((device, raw));
+        }
     }
+    remember(h)
+}
+
+thread_local! {
+    /// This thread's last stream handle of [`live_raw`]: the handle, its probe, its
+    /// stream's device and address.
+    static LAST: Cell<Option<(u64, Live, i32, usize)>> = const { Cell::new(None) };
+}
+
+/// [`live_raw`] for a handle not remembered: a counted read of the stream.
+#[cold]
+#[inline(never)]
+fn remember(h: u64) -> Option<(i32, usize)> {
+    let live = STREAMS.live(h)?;
     let (device, raw) = STREAMS.with(h, |s| (s.device_id(), s.ptr())).ok()?;
-    LAST.with(|l| l.set((h, device, raw)));
+    LAST.with(|l| l.set(Some((h, live, device, raw))));
     Some((device, raw))
 }
 
