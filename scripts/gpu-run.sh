@@ -12,6 +12,10 @@
 #   TEST_FILTER=name ...           passes `name` to each test binary (libtest's filter)
 #   SKIP=w1,w2 bash gpu-bin/run.sh all but the test binaries named with any of the words (e.g. the
 #                                  framework workloads under the sanitizer)
+#   TEST_TIMEOUT=s ...             each test binary's limit (default 300 s, 600 s under the
+#                                  sanitizer); the framework workloads (python_workloads, about
+#                                  220 s alone on an H100, more beside other binaries) get
+#                                  PY_TEST_TIMEOUT (default 600 s, 1800 s under the sanitizer)
 # Ends with one line: `N passed, N failed`.
 set -u
 SKIP=${SKIP:-}
@@ -67,10 +71,19 @@ else
   printf '%-50s FAILED\n' "wheel"; tail -20 "$wheel_log"
 fi
 run() {
-  if [ "${SANITIZE:-0}" = 1 ]; then
-    timeout "${TEST_TIMEOUT:-600}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 86 --print-limit 20 "$@"
+  local limit
+  if [[ "$(basename "$1")" == *python_workloads* ]]; then
+    # The framework workloads train and serve real models: their own, longer limit.
+    if [ "${SANITIZE:-0}" = 1 ]; then limit=${PY_TEST_TIMEOUT:-1800}; else limit=${PY_TEST_TIMEOUT:-600}; fi
+  elif [ "${SANITIZE:-0}" = 1 ]; then
+    limit=${TEST_TIMEOUT:-600}
   else
-    timeout "${TEST_TIMEOUT:-300}" "$@"
+    limit=${TEST_TIMEOUT:-300}
+  fi
+  if [ "${SANITIZE:-0}" = 1 ]; then
+    timeout "$limit" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 86 --print-limit 20 "$@"
+  else
+    timeout "$limit" "$@"
   fi
 }
 for bin in "$HERE"/tests/*${ONLY:-}*; do
