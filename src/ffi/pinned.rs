@@ -2,7 +2,8 @@
 
 use std::ffi::{c_int, c_void};
 
-use cuda_rt::{get_default_pinned_memory_pool, PinnedMemoryPointer};
+use cuda_rt::pinned::default_pinned_memory_pool;
+use cuda_rt::PinnedMemoryPointer;
 
 use super::handles::{curt_pinned_t, Table};
 use super::memory::curt_pool_stats_t;
@@ -33,7 +34,7 @@ pub unsafe extern "C" fn curt_pinned_malloc(size: usize, mem: *mut curt_pinned_t
         // (built before it, the pointer was copied through the stack twice more, each
         // copy a load waiting on its stores).
         let v = SPARE.with(|t| PINNED.vacant(t.spare()));
-        match cuda_rt::pinned::default_pinned_memory_pool().malloc(size) {
+        match default_pinned_memory_pool().malloc(size) {
             Ok(p) => *mem = v.fill(p) as curt_pinned_t,
             Err(e) => {
                 SPARE.with(|t| v.keep(t.spare(), t.may_keep(&GIVE_BACK_AT_EXIT)));
@@ -102,7 +103,7 @@ pub unsafe extern "C" fn curt_pinned_ptr(
 pub unsafe extern "C" fn curt_pinned_pool_stats(stats: *mut curt_pool_stats_t) -> c_int {
     guard(|| {
         let stats = out(stats, "stats")?;
-        let s = get_default_pinned_memory_pool().stats();
+        let s = default_pinned_memory_pool().stats();
         *stats = s.into();
         Ok(())
     })
@@ -112,7 +113,7 @@ pub unsafe extern "C" fn curt_pinned_pool_stats(stats: *mut curt_pool_stats_t) -
 #[no_mangle]
 pub extern "C" fn curt_pinned_pool_set_limit(bytes: u64) -> c_int {
     guard(|| {
-        get_default_pinned_memory_pool().set_limit(bytes);
+        default_pinned_memory_pool().set_limit(bytes);
         Ok(())
     })
 }
@@ -121,7 +122,7 @@ pub extern "C" fn curt_pinned_pool_set_limit(bytes: u64) -> c_int {
 #[no_mangle]
 pub extern "C" fn curt_pinned_pool_free_all_blocks() -> c_int {
     guard(|| {
-        get_default_pinned_memory_pool().free_all_blocks();
+        default_pinned_memory_pool().free_all_blocks();
         Ok(())
     })
 }
@@ -140,9 +141,7 @@ pub unsafe extern "C" fn curt_pinned_pool_snapshot_json(
     len: *mut usize,
 ) -> c_int {
     super::status::guard(|| {
-        let json = cuda_rt::pinned::get_default_pinned_memory_pool()
-            .snapshot()
-            .to_json();
+        let json = default_pinned_memory_pool().snapshot().to_json();
         super::memory::write_text(&json, buf, cap, len)
     })
 }

@@ -493,7 +493,7 @@ impl Drop for SlotEvents {
 
 /// Staging buffers from the default pinned pool.
 fn staging_buffers(n: usize, chunk: usize) -> Result<Vec<PinnedMemoryPointer>> {
-    let pool = super::get_default_pinned_memory_pool();
+    let pool = super::default_pinned_memory_pool();
     (0..n).map(|_| pool.malloc(chunk)).collect()
 }
 
