@@ -9,8 +9,9 @@
 //! times a new process's first kernel from a warm disk cache without the module load
 //! (a fresh `KernelCache` per iteration, `compile` answered from disk: the folder's
 //! secret, the key, the entry's read and its tag; needs NVRTC once to fill the cache),
-//! and reports the median of the iterations rather than their mean.
-//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|disk_lookup] N [FOLDER]`
+//! and reports the median of the iterations rather than their mean; `disk_first_use`
+//! the same with the module loaded (`RawModule::from_program`).
+//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|disk_lookup|disk_first_use] N [FOLDER]`
 //! times it; for instruction counts run the binary that `cargo bench --no-run` names
 //! under `valgrind --tool=callgrind` with the same arguments. Prints one figure (the
 //! shared reporter of `common`: a JSON line, then a table), named after the path;
@@ -60,8 +61,12 @@ fn main() {
         common::skip("hot_paths", &format!("device 0: {e}"));
         return;
     }
-    if what == "disk_lookup" {
-        disk_lookup(n, args.get(2).map(std::path::PathBuf::from));
+    if what == "disk_lookup" || what == "disk_first_use" {
+        disk_lookup(
+            n,
+            args.get(2).map(std::path::PathBuf::from),
+            what == "disk_first_use",
+        );
         return;
     }
     let t = Instant::now();
@@ -172,8 +177,12 @@ fn main() {
 /// does), as `benches/launch.rs`'s `warm_disk_lookup_only` measures them: the median.
 /// The folder is `kept` when given (filled by an earlier run, so that a run under
 /// callgrind needs no compile), else a temporary one.
-fn disk_lookup(n: usize, kept: Option<std::path::PathBuf>) {
-    use cuda_rt::compiler::{KernelCache, Program, Target};
+/// With `load`, each iteration is a whole first use (`RawModule::from_program`: the
+/// lookup, the module's load and the cache's bookkeeping), as `benches/launch.rs`'s
+/// `raw_module_warm_disk_first_use` measures it; under the fake driver the load itself
+/// costs next to nothing, so the figure is cuda-rt's own share of a first use.
+fn disk_lookup(n: usize, kept: Option<std::path::PathBuf>, load: bool) {
+    use cuda_rt::compiler::{KernelCache, Output, Program, Target};
     const SRC: &str = r#"
 extern "C" __global__ void empty1(int a) {}
 extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
@@ -202,20 +211,32 @@ extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, 
     for _ in 0..n {
         let fresh = KernelCache::new(Some(dir.clone()));
         let t = Instant::now();
-        let c = fresh.compile(&program, Target::for_device(0).unwrap());
-        times.push(t.elapsed().as_nanos() as f64 / 1e3);
-        black_box(c.unwrap());
+        if load {
+            let m = cuda_rt::RawModule::from_program(&program, Output::Cubin, &fresh);
+            times.push(t.elapsed().as_nanos() as f64 / 1e3);
+            black_box(m.unwrap());
+        } else {
+            let c = fresh.compile(&program, Target::for_device(0).unwrap());
+            times.push(t.elapsed().as_nanos() as f64 / 1e3);
+            black_box(c.unwrap());
+        }
         assert_eq!(fresh.stats().disk_hits, 1, "a warm disk hit");
     }
     if kept.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let mut report = Report::new(format!(
-        "hot path `disk_lookup` ({n} iterations, host time)"
-    ));
+    let name = if load {
+        "disk_first_use"
+    } else {
+        "disk_lookup"
+    };
+    let mut report = Report::new(format!("hot path `{name}` ({n} iterations, host time)"));
     report.push(
-        Figure::new("disk_lookup", common::median(times), "us")
-            .note("median; fresh cache, warm disk entry"),
+        Figure::new(name, common::median(times), "us").note(if load {
+            "median; fresh cache, warm disk entry, module loaded"
+        } else {
+            "median; fresh cache, warm disk entry"
+        }),
     );
     if first_was_hit {
         report.push(
