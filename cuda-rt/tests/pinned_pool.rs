@@ -225,3 +225,84 @@ cuda_rt::gpu_test!(a_pinned_pool_snapshot_adds_up, {
     drop((a, b));
     assert_eq!(pool.snapshot().allocated_bytes(), 0);
 });
+
+/// A pool of its own that lives as long as the process (what `malloc_block` asks).
+fn static_pool() -> &'static PinnedMemoryPool {
+    Box::leak(Box::new(PinnedMemoryPool::new()))
+}
+
+gpu_test!(a_bare_block_holds_its_bytes_and_goes_back_at_drop, {
+    let pool = static_pool();
+    let b = pool.malloc_block(1000).unwrap();
+    assert_eq!(b.len(), 1024, "rounded up to 512 bytes");
+    assert!(!b.is_empty() && b.ptr() != 0);
+    assert_eq!(pool.used_bytes(), 1024);
+    let data = pattern(1000, 3);
+    // SAFETY: the block's 1024 bytes are page-locked host memory this value owns
+    // alone until it drops; nothing else reads or writes them meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut u8, b.len()) };
+    bytes[..1000].copy_from_slice(&data);
+    assert!(bytes[..1000] == data[..]);
+    let addr = b.ptr();
+    drop(b);
+    assert_eq!(pool.used_bytes(), 0, "given back at drop");
+    // Parked for this thread's next malloc of the size: the same block, no new
+    // allocation.
+    let again = pool.malloc_block(1000).unwrap();
+    assert_eq!(again.ptr(), addr);
+    assert_eq!(pool.stats().backend_allocs, 1);
+    // A pointer's malloc after a block's free takes the same block too.
+    drop(again);
+    let p = pool.malloc(1000).unwrap();
+    assert_eq!(p.ptr(), addr);
+    drop(p);
+    assert_eq!(pool.used_bytes(), 0);
+});
+
+gpu_test!(a_bare_block_of_zero_bytes_is_empty_and_holds_nothing, {
+    let pool = static_pool();
+    let b = pool.malloc_block(0).unwrap();
+    assert!(b.is_empty());
+    assert_eq!((b.ptr(), b.len()), (0, 0));
+    assert_eq!(pool.used_bytes(), 0);
+    let p = b.into_pointer();
+    assert_eq!((p.ptr(), p.len()), (0, 0));
+    drop(p);
+    assert_eq!(pool.stats().backend_allocs, 0);
+});
+
+gpu_test!(
+    alone a_block_made_a_pointer_is_kept_from_the_pool_while_its_copy_runs,
+    {
+        let n = 1 << 20;
+        let pool = static_pool();
+        let dev = Arc::new(DevBuf::new(n));
+        let stream = Stream::new().unwrap();
+        let data = pattern(n, 9);
+        let b = pool.malloc_block(n).unwrap();
+        let addr = b.ptr();
+        let mut p = b.into_pointer();
+        assert_eq!((p.ptr(), p.len()), (addr, n));
+        assert_eq!(pool.used_bytes(), n as u64, "the pointer holds the block");
+        p.as_mut_slice().unwrap().copy_from_slice(&data);
+
+        let mut gate = Gate::close(stream.as_raw());
+        p.copy_to_device_async(&pointer(&dev), &stream).unwrap();
+        drop(p); // the copy is held behind the gate: still pending
+        if pool.n_deferred_blocks() == 0 {
+            eprintln!("copy completed synchronously (sanitizer?): in-flight case not reached");
+            gate.open();
+            return;
+        }
+        // Neither door hands out the block being read.
+        let q = pool.malloc_block(n).unwrap();
+        assert_ne!(q.ptr(), addr, "a block still being copied was handed out");
+        // SAFETY: `q`'s bytes are this test's alone until it drops.
+        unsafe { std::ptr::write_bytes(q.ptr() as *mut u8, 0xEE, q.len()) };
+        gate.open();
+        stream.synchronize().unwrap();
+        assert!(dev.read(0, n) == data, "the copy read the data as it was");
+        drop(q);
+        drop(gate);
+    }
+);

@@ -3,21 +3,23 @@
 use std::ffi::{c_int, c_void};
 
 use cuda_rt::pinned::default_pinned_memory_pool;
-use cuda_rt::PinnedMemoryPointer;
+use cuda_rt::pinned::PinnedBlock;
 
 use super::handles::{curt_pinned_t, Table};
 use super::memory::curt_pool_stats_t;
 use super::spare::thread_spare;
 use super::status::{guard, out};
 
-/// The pinned memory C holds, as the pool's pointers themselves (reference-counted
-/// already, and `Sync`: no `Arc` or lock around them, which cost a heap allocation
-/// and a free per pair).
-pub(crate) static PINNED: Table<PinnedMemoryPointer> = Table::new(4, "pinned memory");
+/// The pinned memory C holds, as bare blocks of the default pinned pool: C reaches
+/// the memory through its address alone (its copies name host memory by address and
+/// are over, or staged, when they return), so no copy ever needs the fence a
+/// `PinnedMemoryPointer`'s owner keeps, and the block goes back to the pool at
+/// `curt_pinned_free`.
+pub(crate) static PINNED: Table<PinnedBlock> = Table::new(4, "pinned memory");
 
 // This thread's spare slot of [`PINNED`]: a `curt_pinned_free` + `curt_pinned_malloc`
 // pair of one thread makes no exchange on the table's free list.
-thread_spare!(SPARE, GIVE_BACK_AT_EXIT, PinnedMemoryPointer);
+thread_spare!(SPARE, GIVE_BACK_AT_EXIT, PinnedBlock);
 
 /// Allocates `size` bytes of pinned host memory from the default pinned pool.
 ///
@@ -30,11 +32,11 @@ thread_spare!(SPARE, GIVE_BACK_AT_EXIT, PinnedMemoryPointer);
 pub unsafe extern "C" fn curt_pinned_malloc(size: usize, mem: *mut curt_pinned_t) -> c_int {
     guard(|| {
         let mem = out(mem, "mem")?;
-        // The slot first, so the pool's pointer goes from its result to the slot
-        // (built before it, the pointer was copied through the stack twice more, each
+        // The slot first, so the pool's block goes from its result to the slot
+        // (built before it, the block was copied through the stack twice more, each
         // copy a load waiting on its stores).
         let v = SPARE.with(|t| PINNED.vacant(t.spare()));
-        match default_pinned_memory_pool().malloc(size) {
+        match default_pinned_memory_pool().malloc_block(size) {
             Ok(p) => *mem = v.fill(p) as curt_pinned_t,
             Err(e) => {
                 SPARE.with(|t| v.keep(t.spare(), t.may_keep(&GIVE_BACK_AT_EXIT)));

@@ -388,6 +388,7 @@ impl PinnedMemoryPointer {
 
     /// A pool block as a handle (the block's rounded size is the allocation size;
     /// the handle's length is also the rounded size, as in CuPy).
+    #[inline]
     pub(crate) fn pooled(core: &Arc<PinnedCore>, block: Block) -> Self {
         if block.is_null() {
             core.free(block, None);

@@ -11,6 +11,8 @@
 //!   typed views, and asynchronous copies to and from a device [`MemoryPointer`] that
 //!   keep both the pinned and the device memory from being reused or freed until they
 //!   have finished.
+//! - [`PinnedBlock`] is a block of a `'static` pool held bare, for callers that hand
+//!   out raw addresses ([`PinnedMemoryPool::malloc_block`]).
 //! - [`PinnedMemoryPool`] caches pinned memory; it wastes at most 511 bytes per
 //!   request (see [`pool`]'s doc), where CuPy rounds to a power of two.
 //! - [`register`] page-locks a `&mut [u8]` the program already has, until the guard
@@ -43,6 +45,7 @@
 //! ```
 
 mod allocator;
+mod block;
 mod bytes;
 mod fence;
 mod host_copy;
@@ -59,6 +62,7 @@ use std::sync::{OnceLock, PoisonError, RwLock};
 pub use allocator::{
     PinnedAllocator, PinnedFreeFn, PinnedFunctions, PinnedMallocFn, PinnedMemoryAllocator,
 };
+pub use block::PinnedBlock;
 pub use memory::{alloc_pinned_memory, PinnedMemory, PinnedMemoryPointer};
 pub use pool::PinnedMemoryPool;
 pub use pool_core::PinnedFlags;

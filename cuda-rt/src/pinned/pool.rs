@@ -36,6 +36,7 @@
 use std::sync::Arc;
 
 use super::allocator::PinnedAllocator;
+use super::block::PinnedBlock;
 use super::memory::PinnedMemoryPointer;
 use super::pool_core::{Core, PinnedBackend, PinnedCore, PinnedFlags};
 use crate::error::{Error, Result};
@@ -126,9 +127,34 @@ impl PinnedMemoryPool {
     /// The memory returns to the pool when the last handle to it is dropped (or given
     /// to [`free`](Self::free)), and not before any copy in flight on it has finished.
     /// `size == 0` gives an empty pointer (address 0) that holds nothing.
+    #[inline]
     pub fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer> {
         match self.core().malloc(size) {
             Ok(block) => Ok(PinnedMemoryPointer::pooled(self.core(), block)),
+            Err(e) => Err(self.malloc_error(e)),
+        }
+    }
+
+    /// `size` bytes as a bare [`PinnedBlock`] of this `'static` pool (the default one,
+    /// [`default_pinned_memory_pool`](super::default_pinned_memory_pool)): the same
+    /// memory [`malloc`](Self::malloc) would give, without the handle owner a
+    /// [`PinnedMemoryPointer`] keeps for its clones, offsets and copies, so a cached
+    /// pair costs the pool's own work alone. For callers that hand out raw addresses.
+    ///
+    /// ```no_run
+    /// let pool = cuda_rt::pinned::default_pinned_memory_pool();
+    /// let block = pool.malloc_block(1000)?;
+    /// assert_eq!(block.len(), 1024); // rounded up to 512 bytes
+    /// let again = block.ptr();
+    /// drop(block);
+    /// // The block this thread gave back is the next one of its size.
+    /// assert_eq!(pool.malloc_block(1000)?.ptr(), again);
+    /// # Ok::<(), cuda_rt::Error>(())
+    /// ```
+    #[inline]
+    pub fn malloc_block(&'static self, size: usize) -> Result<PinnedBlock> {
+        match self.core().malloc(size) {
+            Ok(block) => Ok(PinnedBlock::new(self.core(), block)),
             Err(e) => Err(self.malloc_error(e)),
         }
     }
