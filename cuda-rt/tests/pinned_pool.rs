@@ -20,6 +20,27 @@ fn pointer(dev: &Arc<DevBuf>) -> MemoryPointer {
     MemoryPointer::from_memory(Arc::new(m))
 }
 
+/// Queues `p`'s copy to `dev` behind a closed gate on `stream` and drops `p`: the
+/// gate (open it to let the copy run) while the pool holds the block back, `None`
+/// when the copy ran already. compute-sanitizer makes async copies from pinned memory
+/// synchronous, so the copy ran (after the gate timed out): nothing is in flight.
+fn copy_held_behind_a_gate(
+    pool: &PinnedMemoryPool,
+    p: pinned::PinnedMemoryPointer,
+    dev: &Arc<DevBuf>,
+    stream: &Stream,
+) -> Option<Gate> {
+    let mut gate = Gate::close(stream.as_raw());
+    p.copy_to_device_async(&pointer(dev), stream).unwrap();
+    drop(p); // the copy is held behind the gate: still pending
+    if pool.n_deferred_blocks() == 0 {
+        eprintln!("copy completed synchronously (sanitizer?): in-flight case not reached");
+        gate.open();
+        return None;
+    }
+    Some(gate)
+}
+
 gpu_test!(free_then_malloc_same_size_reuses_pointer, {
     let pool = PinnedMemoryPool::new();
     let p = pool.malloc(1 << 20).unwrap();
@@ -91,16 +112,9 @@ gpu_test!(
         p.as_mut_slice().unwrap().copy_from_slice(&data);
         let addr = p.ptr();
 
-        let mut gate = Gate::close(stream.as_raw());
-        p.copy_to_device_async(&pointer(&dev), &stream).unwrap();
-        drop(p); // the copy is held behind the gate: still pending
-        if pool.n_deferred_blocks() == 0 {
-            // compute-sanitizer makes async copies from pinned memory synchronous, so
-            // the copy already ran (after the gate timed out): nothing is in flight.
-            eprintln!("copy completed synchronously (sanitizer?): in-flight case not reached");
-            gate.open();
+        let Some(mut gate) = copy_held_behind_a_gate(&pool, p, &dev, &stream) else {
             return;
-        }
+        };
         assert_eq!(pool.n_deferred_blocks(), 1);
         assert_eq!(pool.n_free_blocks(), 0);
 
@@ -286,14 +300,9 @@ gpu_test!(
         assert_eq!(pool.used_bytes(), n as u64, "the pointer holds the block");
         p.as_mut_slice().unwrap().copy_from_slice(&data);
 
-        let mut gate = Gate::close(stream.as_raw());
-        p.copy_to_device_async(&pointer(&dev), &stream).unwrap();
-        drop(p); // the copy is held behind the gate: still pending
-        if pool.n_deferred_blocks() == 0 {
-            eprintln!("copy completed synchronously (sanitizer?): in-flight case not reached");
-            gate.open();
+        let Some(mut gate) = copy_held_behind_a_gate(pool, p, &dev, &stream) else {
             return;
-        }
+        };
         // Neither door hands out the block being read.
         let q = pool.malloc_block(n).unwrap();
         assert_ne!(q.ptr(), addr, "a block still being copied was handed out");
