@@ -16,6 +16,10 @@
 //!   of the same step captured by hand (what the cache lookup adds);
 //! - `replay_wall_vs_graph_launch`: the same, queued and synchronized (the wall time
 //!   of a replay is the graph's own time on the device);
+//! - `update_host_vs_raw_set_params`: the recorder's update (other buffers every
+//!   step) against the bare driver calls that do the same to the hand-made graph:
+//!   `cuGraphExecKernelNodeSetParams` on each kernel node with the other buffer, then
+//!   `Graph::launch` (what the recorder's closure, its checks and its bookkeeping add);
 //! - `empty_graph_wall_per_step`: a hand-made graph of 100 dependent empty kernels,
 //!   queued and synchronized, against an eager step: the device's floor per node,
 //!   which bounds `replay_wall_per_step` whatever the host does.
@@ -25,10 +29,14 @@
 //! skipped and exits 0.
 
 use std::cell::RefCell;
+use std::ffi::c_void;
+use std::ptr::null_mut as null;
 use std::time::Instant;
 
 use std::num::NonZeroUsize;
 
+use cuda_rt::cuda_sys::driver as sys;
+use cuda_rt::cuda_sys::result::graph as raw_graph;
 use cuda_rt::graph::{CaptureMode, Outcome, Recorder};
 use cuda_rt::prelude::*;
 use cuda_rt::{DeviceBuffer, Function, Graph, LaunchConfig, RawModule, Stream};
@@ -194,6 +202,97 @@ impl Bench {
             self.s.synchronize().unwrap();
         }
         t.elapsed().as_secs_f64() * 1e6 / STEPS as f64
+    }
+}
+
+/// `v` as a kernel parameter pointer.
+fn ptr<T>(v: &mut T) -> *mut c_void {
+    (v as *mut T).cast()
+}
+
+/// The hand-made graph's kernel nodes, in the step's launch order, with the
+/// parameters they were captured with: what a caller updating a graph by hand keeps.
+struct RawUpdate {
+    exec: sys::CUgraphExec,
+    nodes: Vec<(sys::CUgraphNode, sys::CUDA_KERNEL_NODE_PARAMS)>,
+}
+
+impl RawUpdate {
+    /// `None` unless `graph` (instantiated) holds exactly the step's kernels, in order.
+    fn of(graph: &Graph, step: &Step) -> Option<RawUpdate> {
+        let exec = graph.exec_raw()?;
+        // SAFETY: `graph` is live for the calls; the nodes are its own.
+        let nodes = unsafe { raw_graph::get_nodes(graph.as_raw()) }.ok()?;
+        if nodes.len() != KERNELS_PER_STEP {
+            return None;
+        }
+        let mut kept = Vec::with_capacity(nodes.len());
+        for (j, node) in nodes.into_iter().enumerate() {
+            // SAFETY: as above.
+            let p = unsafe { raw_graph::kernel_node_get_params(node) }.ok()?;
+            if p.func != step.k[j % 6].as_raw() {
+                return None;
+            }
+            kept.push((node, p));
+        }
+        Some(RawUpdate { exec, nodes: kept })
+    }
+
+    /// One step on `rec_bufs[i % 2]`: every kernel node's arguments set, then the
+    /// graph launched.
+    fn step(&self, b: &Bench, graph: &Graph, i: usize) {
+        let mut a = b.rec_bufs[i % 2].device_ptr();
+        let (mut bp, mut cp, mut n) = (b.step.b.device_ptr(), b.step.c.device_ptr(), b.step.n);
+        let mut t = 0.25f32;
+        for (j, (node, captured)) in self.nodes.iter().enumerate() {
+            let mut sc = 0.5 - 0.01 * (j % 11) as f32;
+            let mut args: [*mut c_void; 6] = match j % 6 {
+                0 => [ptr(&mut a), null(), null(), null(), null(), null()],
+                1 => [ptr(&mut a), ptr(&mut n), null(), null(), null(), null()],
+                2 => [
+                    ptr(&mut a),
+                    ptr(&mut bp),
+                    ptr(&mut n),
+                    null(),
+                    null(),
+                    null(),
+                ],
+                3 => [
+                    ptr(&mut a),
+                    ptr(&mut bp),
+                    ptr(&mut sc),
+                    ptr(&mut n),
+                    null(),
+                    null(),
+                ],
+                4 => [
+                    ptr(&mut a),
+                    ptr(&mut bp),
+                    ptr(&mut cp),
+                    ptr(&mut sc),
+                    ptr(&mut n),
+                    null(),
+                ],
+                _ => [
+                    ptr(&mut a),
+                    ptr(&mut bp),
+                    ptr(&mut cp),
+                    ptr(&mut sc),
+                    ptr(&mut t),
+                    ptr(&mut n),
+                ],
+            };
+            let params = sys::CUDA_KERNEL_NODE_PARAMS {
+                kernelParams: args.as_mut_ptr(),
+                extra: std::ptr::null_mut(),
+                ..*captured
+            };
+            // SAFETY: the executable and node are the hand-made graph's, live in
+            // `bench`; each kernel gets its signature's arguments, read during the
+            // call; the buffers they name outlive every launch (fields of `bench`).
+            unsafe { raw_graph::exec_kernel_node_set_params(self.exec, *node, &params) }.unwrap();
+        }
+        graph.launch(&b.s).unwrap();
     }
 }
 
@@ -363,6 +462,33 @@ fn run() -> cuda_rt::Result<()> {
             .raw(raw, "Graph::launch")
             .note("queued and synchronized: the same graph launched by hand"),
     );
+
+    // The update against the driver's own calls doing the same to the hand-made graph.
+    match RawUpdate::of(graph, &b.step) {
+        Some(raw_update) => {
+            let (value, raw) = interleaved(
+                REPS,
+                || {
+                    b.host_us(&mut |i| {
+                        let _ = b.update(i);
+                    })
+                },
+                || b.host_us(&mut |i| raw_update.step(b, graph, i)),
+            );
+            report.push(
+                Figure::new("update_host_vs_raw_set_params", value, "us")
+                    .raw(raw, "cuGraphExecKernelNodeSetParams x 100 + launch")
+                    .note(
+                        "other buffers every step: the recorder's update against the bare \
+                         driver calls on the hand-made graph",
+                    ),
+            );
+        }
+        None => report.info(
+            "update_host_vs_raw_set_params",
+            "skipped: the hand-made graph's nodes are not the step's launches in order",
+        ),
+    }
 
     // The device's floor: 100 dependent empty kernels in one graph.
     let empty = module.get_function("k0")?;
