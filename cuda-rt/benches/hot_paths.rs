@@ -10,8 +10,11 @@
 //! (a fresh `KernelCache` per iteration, `compile` answered from disk: the folder's
 //! secret, the key, the entry's read and its tag; needs NVRTC once to fill the cache),
 //! and reports the median of the iterations rather than their mean; `disk_first_use`
-//! the same with the module loaded (`RawModule::from_program`).
-//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|disk_lookup|disk_first_use] N [FOLDER]`
+//! the same with the module loaded (`RawModule::from_program`); `checks` times, with
+//! no driver, each piece a warm disk lookup is made of on this host (the `geteuid`,
+//! `statx` and file calls of its trust checks, and the keyed BLAKE3 tag over an entry
+//! of the size the H100's test cubin makes).
+//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|checks|disk_lookup|disk_first_use] N [FOLDER]`
 //! times it; for instruction counts run the binary that `cargo bench --no-run` names
 //! under `valgrind --tool=callgrind` with the same arguments. Prints one figure (the
 //! shared reporter of `common`: a JSON line, then a table), named after the path;
@@ -52,6 +55,10 @@ fn main() {
         let mut report = Report::new(format!("hot path `lock` ({n} iterations)"));
         report.push(Figure::new("lock", ns, "ns").note("per lock + unlock"));
         report.finish();
+        return;
+    }
+    if what == "checks" {
+        disk_checks(n);
         return;
     }
     if !common::gpu_or_skip("hot_paths") {
@@ -170,6 +177,63 @@ fn main() {
         "per pair"
     };
     report.push(Figure::new(what, ns, "ns").note(per));
+    report.finish();
+}
+
+/// The pieces of a warm disk lookup, `n` times each (mean per call): the syscalls of
+/// the trust checks (`geteuid`; `statx` of a folder and, not followed, of a file; an
+/// entry's open + `fstat` + read + close) and the keyed BLAKE3 tag over 5196 bytes
+/// (and 4096, where the hash's lanes are all busy).
+fn disk_checks(n: usize) {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::env::temp_dir().join(format!("cuda-rt-hot-checks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let entry = dir.join("entry");
+    std::fs::write(&entry, vec![7u8; 5196]).unwrap();
+    let per = |t: Instant| t.elapsed().as_nanos() as f64 / 1e3 / n as f64;
+    let mut report = Report::new(format!("hot path `checks` ({n} iterations, host time)"));
+    let t = Instant::now();
+    for _ in 0..n {
+        // SAFETY: geteuid has no preconditions.
+        black_box(unsafe { libc::geteuid() });
+    }
+    report.push(Figure::new("geteuid", per(t), "us"));
+    let t = Instant::now();
+    for _ in 0..n {
+        black_box(std::fs::metadata(&dir).unwrap());
+    }
+    report.push(Figure::new("statx_folder", per(t), "us"));
+    let t = Instant::now();
+    for _ in 0..n {
+        black_box(std::fs::symlink_metadata(&entry).unwrap());
+    }
+    report.push(Figure::new("statx_file_nofollow", per(t), "us"));
+    let mut buf = Vec::with_capacity(8192);
+    let t = Instant::now();
+    for _ in 0..n {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&entry)
+            .unwrap();
+        let len = f.metadata().unwrap().len() as usize;
+        buf.clear();
+        buf.resize(len, 0);
+        f.read_exact(&mut buf).unwrap();
+        black_box(&buf);
+    }
+    report.push(Figure::new("open_fstat_read_close", per(t), "us").note("an entry of 5196 bytes"));
+    let key = [3u8; 32];
+    for bytes in [5196usize, 4096] {
+        let data = vec![5u8; bytes];
+        let t = Instant::now();
+        for _ in 0..n {
+            black_box(blake3::keyed_hash(&key, black_box(&data)));
+        }
+        report.push(Figure::new(format!("tag_{bytes}_bytes"), per(t), "us"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     report.finish();
 }
 

@@ -20,6 +20,8 @@
 //!   step) against the bare driver calls that do the same to the hand-made graph:
 //!   `cuGraphExecKernelNodeSetParams` on each kernel node with the other buffer, then
 //!   `Graph::launch` (what the recorder's closure, its checks and its bookkeeping add);
+//! - `empty_capture_host`: a capture of nothing (begin, end, the graph dropped), what
+//!   every update by arguments pays besides the driver's calls and the launches;
 //! - `empty_graph_wall_per_step`: a hand-made graph of 100 dependent empty kernels,
 //!   queued and synchronized, against an eager step: the device's floor per node,
 //!   which bounds `replay_wall_per_step` whatever the host does.
@@ -489,6 +491,25 @@ fn run() -> cuda_rt::Result<()> {
             "skipped: the hand-made graph's nodes are not the step's launches in order",
         ),
     }
+
+    // What an update's capture of a closure that queues nothing costs (begin, end, the
+    // empty graph dropped), against a replay: the part of an update's overhead over
+    // the driver's calls that is not the launches' taking.
+    let (value, raw) = interleaved(
+        REPS,
+        || {
+            b.host_us(&mut |_| {
+                b.s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+                drop(b.s.end_capture().unwrap());
+            })
+        },
+        || b.host_us(&mut |_| assert_eq!(b.replay(), Outcome::Replayed)),
+    );
+    report.push(
+        Figure::new("empty_capture_host", value, "us")
+            .raw(raw, "replay")
+            .note("begin + end capture of nothing, the empty graph dropped"),
+    );
 
     // The device's floor: 100 dependent empty kernels in one graph.
     let empty = module.get_function("k0")?;
