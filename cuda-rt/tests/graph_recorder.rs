@@ -758,6 +758,61 @@ gpu_test!(
 );
 
 gpu_test!(
+    a_steady_update_of_kernels_keeps_what_it_kept_and_retires_only_what_changed,
+    {
+        let _serial = serial();
+        let k = typed();
+        let s = Stream::non_blocking().unwrap();
+        let bufs: Vec<MemoryPointer> = (0..2).map(|_| cuda_rt::alloc(N * 4).unwrap()).collect();
+        for b in &bufs {
+            write(b, &vec![0.0; N]);
+        }
+        let mut rec = Recorder::new();
+        let n = N as i32;
+        // add_one on buffer `i % 2`, tying `tie` to the recording when given.
+        let step = |rec: &mut Recorder<u8>, i: usize, tie: Option<Arc<u32>>| {
+            let y = bufs[i % 2].ptr();
+            rec.update(&0, &s, |cs| {
+                if let Some(t) = &tie {
+                    cs.keep_alive_in_capture(t.clone())?;
+                }
+                // SAFETY: add_one(float* x, int n) gets a buffer of N f32 on device 0
+                // that outlives the recorder.
+                unsafe { k.add_one.launch_on(cs, &shape(N), &[&y, &n]) }
+            })
+            .unwrap()
+        };
+        assert_eq!(step(&mut rec, 0, None), Outcome::Recorded);
+        // The same kernel on the other buffers: the recording keeps the same module,
+        // so nothing is retired and no fence is recorded.
+        for i in 1..7 {
+            assert_eq!(step(&mut rec, i, None), Outcome::Updated);
+            assert_eq!(rec.retired_pending(), 0, "step {i}");
+        }
+        assert_eq!(rec.stats().argument_updates, 6);
+        // A new object tied by an update: what was kept before goes after a fence.
+        let (t1, t2) = (Arc::new(1u32), Arc::new(2u32));
+        assert_eq!(step(&mut rec, 7, Some(t1.clone())), Outcome::Updated);
+        assert_eq!(Arc::strong_count(&t1), 2, "the recording holds it");
+        assert_eq!(step(&mut rec, 8, Some(t2.clone())), Outcome::Updated);
+        assert_eq!(rec.stats().argument_updates, 8);
+        assert!(rec.retired_pending() <= 2, "{}", rec.retired_pending());
+        // Once the launches are done, the next call lets go of t1, not of t2.
+        s.synchronize().unwrap();
+        assert_eq!(step(&mut rec, 9, Some(t2.clone())), Outcome::Updated);
+        assert_eq!(Arc::strong_count(&t1), 1, "t1 let go");
+        assert_eq!(Arc::strong_count(&t2), 2, "t2 still kept");
+        s.synchronize().unwrap();
+        // Five add_one on each buffer.
+        for b in &bufs {
+            assert!(read(b).iter().all(|&v| v == 5.0), "{}", read(b)[0]);
+        }
+        drop(rec);
+        assert_eq!(Arc::strong_count(&t2), 1);
+    }
+);
+
+gpu_test!(
     an_update_with_other_shapes_or_other_work_is_captured_and_gives_the_right_results,
     {
         let _serial = serial();

@@ -525,6 +525,19 @@ impl Graph {
         old
     }
 
+    /// Whether `kept` is what this graph keeps alive already: the same objects in the
+    /// same order, and the same `forked_uses`. Replacing the one with the other would
+    /// change nothing (the objects stay alive either way), so it needs no fence.
+    pub(crate) fn keeps_same(&mut self, kept: &Kept) -> bool {
+        let mine = self.keep.get_mut();
+        self.forked_uses == kept.forked_uses
+            && mine.len() == kept.items.len()
+            && mine
+                .iter()
+                .zip(&kept.items)
+                .all(|(a, b)| std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b)))
+    }
+
     /// Takes out what the graph keeps alive, for a caller that lets it go once the
     /// graph's launches are done (the graph's drop then has nothing to wait for).
     pub(crate) fn take_kept(&mut self) -> Kept {

@@ -603,14 +603,23 @@ impl<K: Hash + Eq> Recorder<K> {
         }
         // What the capture kept (the kernels' modules, what the closure tied to it)
         // is the recording's from now on; what it kept before goes after the launches
-        // that may use it.
+        // that may use it. The same objects as before (the steady update: the same
+        // kernels, nothing new tied) stay where they are, with no fence to record.
         let mut captured = captured;
-        let old = rec.graph.replace_kept(captured.take_kept());
+        let new = captured.take_kept();
         drop(captured);
+        let old = if rec.graph.keeps_same(&new) {
+            drop(new);
+            None
+        } else {
+            Some(rec.graph.replace_kept(new))
+        };
         self.stats.updates += 1;
         self.stats.argument_updates += 1;
         let launched = rec.launch(stream);
-        self.retired.retire(old, device, rec.last.as_ref());
+        if let Some(old) = old {
+            self.retired.retire(old, device, rec.last.as_ref());
+        }
         launched.map(|()| Some(Outcome::Updated))
     }
 
