@@ -486,14 +486,17 @@ cuda_rt::gpu_test!(a_snapshot_lists_the_pools_segments_and_blocks, {
 // `MemoryPointer` to the same memory after `into_pointer`, whose recorded stream
 // holds the block back at its free as any pointer's does. Alone: another test's
 // statistics or growth of the default pool settles this thread's parked block (then
-// the steady pair has none to give), and its figures are the whole pool's.
+// the steady pair has none to give), and the figures it checks are the whole pool's.
 cuda_rt::gpu_test!(
     alone a_bare_block_is_the_cached_pairs_block_and_goes_back_on_drop,
     {
         let _g = env_lock();
         let pool = get_default_memory_pool();
-        // The current stream (the legacy default one here), as PyTorch passes 0.
-        let s = cuda_rt::stream::get_current_stream();
+        // A stream of its own, so that its arena holds nothing but this test's blocks:
+        // in an arena that earlier tests left free blocks in, the parked block need
+        // not be what a malloc gets (another free chunk may fit better), and then the
+        // steady pair rightly gives none.
+        let s = Stream::non_blocking().unwrap();
         // Statistics settle parked blocks: read before the pair, not between.
         let before = pool.device_stats(0);
         // The steady pair first: malloc + free parks the block for this thread.
