@@ -237,7 +237,9 @@ impl<T: Pod> DeviceBuffer<T> {
         self.as_mut_slice().split_at_mut(mid)
     }
 
-    /// The elements, copied to a new `Vec` (complete when this returns).
+    /// The elements, copied to a new `Vec` (complete when this returns). See
+    /// [`DeviceSlice::to_vec`] for its rate, set by the new `Vec`'s fresh pages: to
+    /// copy out again and again, keep a `Vec` and use [`copy_to_host`](Self::copy_to_host).
     pub fn to_vec(&self) -> Result<Vec<T>> {
         self.as_slice().to_vec()
     }
