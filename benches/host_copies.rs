@@ -384,6 +384,41 @@ fn main() {
     )
     .unwrap();
 
+    // --- streaming (non-temporal) stores against plain ones, alternated rep by rep ---
+    for (what, dir_in) in [
+        ("copy_from_host", true),
+        ("copy_to_host", false),
+        ("to_vec", false),
+    ] {
+        let (mut plain, mut streaming) = (Vec::new(), Vec::new());
+        for _ in 0..=REPS {
+            for on in [false, true] {
+                cuda_rt::testing::set_streaming_stores(on, on);
+                let t = Instant::now();
+                match what {
+                    "copy_from_host" => p.copy_from_host(&host).unwrap(),
+                    "copy_to_host" => p.copy_to_host(&mut host).unwrap(),
+                    _ => drop(black_box(dev.to_vec().unwrap())),
+                }
+                let secs = t.elapsed().as_secs_f64();
+                if on { &mut streaming } else { &mut plain }.push(secs);
+            }
+        }
+        let dma = if dir_in { dma_in } else { dma_out };
+        for (how, secs) in [("plain", plain), ("streaming", streaming)] {
+            report.push(
+                Figure::new(
+                    format!("{what}_{how}_stores"),
+                    rate(n, median(secs[1..].to_vec())),
+                    "GB/s",
+                )
+                .size(n)
+                .raw(dma, "pinned DMA"),
+            );
+        }
+    }
+    cuda_rt::testing::set_streaming_stores(true, false);
+
     // --- the same doors with more staging threads ---
     for threads in [16usize, 4] {
         if pinned::set_staging_threads(threads).is_err() {

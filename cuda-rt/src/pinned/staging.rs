@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cuda_sys::driver as sys;
@@ -114,6 +114,23 @@ pub(crate) fn set_plan_shape(shape: PlanShape) -> Result<()> {
     Ok(())
 }
 
+/// Whether the workers fill the staging buffers of host-to-device copies with
+/// streaming (non-temporal) stores: those buffers are read next by the DMA engine,
+/// not by a CPU, so their lines need not be read into the cache first (see
+/// `bytes::copy_raw_streaming`).
+static STREAM_H2D: AtomicBool = AtomicBool::new(true);
+/// The same for the pageable destinations of device-to-host copies, which the caller
+/// reads next.
+static STREAM_D2H: AtomicBool = AtomicBool::new(false);
+
+/// Sets which directions of later staged copies write with streaming stores (for the
+/// bench that compares them).
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+pub(crate) fn set_streaming_stores(h2d: bool, d2h: bool) {
+    STREAM_H2D.store(h2d, Ordering::Relaxed);
+    STREAM_D2H.store(d2h, Ordering::Relaxed);
+}
+
 /// The chunk size for a staged copy of `len` bytes: `shape.chunk` for large copies;
 /// for smaller ones about `len / shape.buffers` (page-rounded, at least 256 KiB) so
 /// that several chunks still overlap.
@@ -187,6 +204,7 @@ struct Job {
     len: usize,
     slot: usize,
     latch: Arc<Latch>,
+    streaming: bool,
 }
 
 /// Counts the pieces still to copy, per staging slot.
@@ -250,6 +268,15 @@ struct Workers {
 }
 
 static WORKERS: OnceLock<Workers> = OnceLock::new();
+
+/// One piece of a staged copy, with streaming stores or plain ones.
+fn copy(dst: usize, src: usize, len: usize, streaming: bool) {
+    if streaming {
+        bytes::copy_raw_streaming(dst, src, len);
+    } else {
+        bytes::copy_raw(dst, src, len);
+    }
+}
 
 fn default_threads() -> usize {
     std::thread::available_parallelism()
@@ -344,18 +371,25 @@ impl Workers {
                     q = self.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            bytes::copy_raw(job.dst, job.src, job.len);
+            copy(job.dst, job.src, job.len, job.streaming);
             job.latch.done(job.slot);
         }
     }
 
-    /// Queues the copy of `len` bytes from `src` to `dst` in pieces under `slot`.
-    /// With no worker running (spawning failed), copies on the calling thread.
-    fn submit(&self, latch: &Arc<Latch>, slot: usize, dst: usize, src: usize, len: usize) {
+    /// Queues the copy of `len` bytes from `src` to `dst` in pieces under `slot`,
+    /// with streaming stores if `streaming`. With no worker running (spawning
+    /// failed), copies on the calling thread.
+    fn submit(
+        &self,
+        latch: &Arc<Latch>,
+        slot: usize,
+        (dst, src, len): (usize, usize, usize),
+        streaming: bool,
+    ) {
         let mut q = self.lock();
         if q.live == 0 {
             drop(q);
-            bytes::copy_raw(dst, src, len);
+            copy(dst, src, len, streaming);
             return;
         }
         let piece = piece_size_for(len, q.target);
@@ -368,6 +402,7 @@ impl Workers {
                 len: l,
                 slot,
                 latch: latch.clone(),
+                streaming,
             });
         }
         self.queued.fetch_add(n, Ordering::AcqRel);
@@ -448,13 +483,8 @@ pub fn parallel_memcpy(dst: &mut [u8], src: &[u8]) -> Result<()> {
         latch: &latch,
         stream: None,
     };
-    w.submit(
-        &latch,
-        0,
-        dst.as_mut_ptr() as usize,
-        src.as_ptr() as usize,
-        src.len(),
-    );
+    let piece = (dst.as_mut_ptr() as usize, src.as_ptr() as usize, src.len());
+    w.submit(&latch, 0, piece, false);
     Ok(())
 }
 
@@ -587,10 +617,16 @@ pub unsafe fn copy_host_to_device_raw(
     let (plan, k, bufs, events, w, latch) =
         (&p.chunks, p.k, &p.bufs, &p.events, p.workers, &p.latch);
     let base = src.as_ptr() as usize;
+    let streaming = STREAM_H2D.load(Ordering::Relaxed);
     // Fill every buffer first; then, as chunk j's host copy ends, send it and refill
     // the buffer of chunk j - 1 (whose DMA is done or nearly) with chunk j - 1 + k.
     for (j, &(start, len)) in plan.iter().enumerate().take(k) {
-        w.submit(latch, j, bufs[j].ptr() as usize, base + start, len);
+        w.submit(
+            latch,
+            j,
+            (bufs[j].ptr() as usize, base + start, len),
+            streaming,
+        );
     }
     for (j, &(start, len)) in plan.iter().enumerate() {
         let slot = j % k;
@@ -615,13 +651,8 @@ pub unsafe fn copy_host_to_device_raw(
                 let prev = (j - 1) % k;
                 // SAFETY: the plan's event, as above.
                 unsafe { result::event::synchronize(events.events[prev] as sys::CUevent) }?;
-                w.submit(
-                    latch,
-                    prev,
-                    bufs[prev].ptr() as usize,
-                    base + next_start,
-                    next_len,
-                );
+                let piece = (bufs[prev].ptr() as usize, base + next_start, next_len);
+                w.submit(latch, prev, piece, streaming);
             }
         }
     }
@@ -680,6 +711,7 @@ pub unsafe fn copy_device_to_host_raw(
     let (plan, k, bufs, events, w, latch) =
         (&p.chunks, p.k, &p.bufs, &p.events, p.workers, &p.latch);
     let base = dst.as_mut_ptr() as usize;
+    let streaming = STREAM_D2H.load(Ordering::Relaxed);
     // Start k DMAs; as chunk j lands, hand it to the workers, and once chunk j - 1
     // has left its buffer, start the DMA of chunk j - 1 + k into it.
     for (j, &(start, len)) in plan.iter().enumerate().take(k) {
@@ -702,7 +734,8 @@ pub unsafe fn copy_device_to_host_raw(
         let slot = j % k;
         // SAFETY: the plan's event, as above.
         unsafe { result::event::synchronize(events.events[slot] as sys::CUevent) }?;
-        w.submit(latch, slot, base + start, bufs[slot].ptr() as usize, len);
+        let piece = (base + start, bufs[slot].ptr() as usize, len);
+        w.submit(latch, slot, piece, streaming);
         if j >= 1 {
             if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
                 let prev = (j - 1) % k;
