@@ -417,7 +417,7 @@ fn main() {
             );
         }
     }
-    cuda_rt::testing::set_streaming_stores(true, false);
+    cuda_rt::testing::set_streaming_stores(false, false);
 
     // --- the same doors with more staging threads ---
     for threads in [16usize, 4] {

@@ -118,7 +118,8 @@ pub(crate) fn set_plan_shape(shape: PlanShape) -> Result<()> {
 /// streaming (non-temporal) stores: those buffers are read next by the DMA engine,
 /// not by a CPU, so their lines need not be read into the cache first (see
 /// `bytes::copy_raw_streaming`).
-static STREAM_H2D: AtomicBool = AtomicBool::new(true);
+/// Off until a GPU run shows it faster (`benches/host_copies.rs` compares both).
+static STREAM_H2D: AtomicBool = AtomicBool::new(false);
 /// The same for the pageable destinations of device-to-host copies, which the caller
 /// reads next.
 static STREAM_D2H: AtomicBool = AtomicBool::new(false);
