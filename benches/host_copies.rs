@@ -448,6 +448,18 @@ fn main() {
             "copy_to_host",
             median_secs(REPS, || p.copy_to_host(&mut host).unwrap()),
         );
+        cuda_rt::testing::set_streaming_stores(true, true);
+        d(
+            &mut report,
+            "copy_from_host_streaming",
+            median_secs(REPS, || p.copy_from_host(&host).unwrap()),
+        );
+        d(
+            &mut report,
+            "copy_to_host_streaming",
+            median_secs(REPS, || p.copy_to_host(&mut host).unwrap()),
+        );
+        cuda_rt::testing::set_streaming_stores(false, false);
         d(
             &mut report,
             "to_vec",
