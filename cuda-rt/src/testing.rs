@@ -372,8 +372,8 @@ pub fn set_staging_plan(chunk: usize, buffers: usize, ramp: usize) -> crate::Res
 
 /// Sets which directions of later staged host copies fill their destination with
 /// streaming (non-temporal) stores on x86-64: `h2d` the staging buffers of copies to
-/// the device (off by default until a GPU run shows it faster), `d2h` the pageable destinations of copies to the host
-/// (off by default). For the bench that compares them.
+/// the device, `d2h` the pageable destinations of copies to the host. Both are off by
+/// default until a GPU run shows them faster; for the bench that compares them.
 pub fn set_streaming_stores(h2d: bool, d2h: bool) {
     crate::pinned::staging::set_streaming_stores(h2d, d2h)
 }
