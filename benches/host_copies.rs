@@ -7,7 +7,9 @@
 //! the staged copies of `cuda_rt::pinned`, and the C ABI's `curt_memcpy_htod`/`dtoh`
 //! and their `_async` forms. Also printed: the driver's own pageable copy, and the
 //! host's side of the ceiling (fresh-page faults, threaded memcpy), so a shortfall
-//! can be told apart from a slow machine.
+//! can be told apart from a slow machine. The `interleaved:` rows time the doors again
+//! in rounds, each round the DMA reference and every door once, so that a shared host
+//! whose speed drifts during the run weighs on both sides of the ratio alike.
 //! `cargo bench --bench host_copies [-- MiB]`. Without a GPU it prints a skip line.
 
 use std::ffi::c_void;
@@ -278,6 +280,82 @@ fn main() {
             cuda_rt::stream::get_current_stream().synchronize().unwrap();
         }),
     );
+    // --- the same doors interleaved: each round times the DMA reference and every
+    // door once, so a host that speeds up or slows down during the run (other tenants,
+    // clocks, pages settling) weighs on the reference and the doors alike ---
+    {
+        let (hp, mp) = (host.as_ptr(), m);
+        let mut doors: Vec<Door<'_>> = vec![
+            (
+                "pinned_dma_h2d",
+                // SAFETY: `pin` holds n bytes, `dptr` n bytes of device memory.
+                Box::new(|| check_rc(unsafe { htod(dptr, pin.0, n) }, "htod")),
+            ),
+            (
+                "MemoryPointer::copy_from_host",
+                Box::new(|| p.copy_from_host(&host).unwrap()),
+            ),
+            (
+                "MemoryPointer::copy_from_host_async",
+                Box::new(|| {
+                    p.copy_from_host_async(&host, Some(&stream)).unwrap();
+                    stream.synchronize().unwrap();
+                }),
+            ),
+            (
+                "pinned::copy_host_to_device(stream)",
+                Box::new(|| pinned::copy_host_to_device(&p, &host, &stream).unwrap()),
+            ),
+            (
+                "DeviceBuffer::from_slice",
+                Box::new(|| drop(black_box(DeviceBuffer::from_slice(&host).unwrap()))),
+            ),
+            (
+                "curt_memcpy_htod",
+                // SAFETY: `host` holds n bytes; `m` n bytes of device memory.
+                Box::new(move || assert_eq!(unsafe { curt_memcpy_htod(mp, 0, hp.cast(), n) }, 0)),
+            ),
+        ];
+        interleaved(&mut report, n, &mut doors);
+    }
+    {
+        let mut doors: Vec<Door<'_>> = vec![
+            (
+                "pinned_dma_d2h",
+                // SAFETY: as above, device to host.
+                Box::new(|| check_rc(unsafe { dtoh(pin.0, dptr, n) }, "dtoh")),
+            ),
+            (
+                "MemoryPointer::copy_to_host",
+                Box::new(|| p.copy_to_host(&mut host).unwrap()),
+            ),
+            (
+                "DeviceBuffer::to_vec",
+                Box::new(|| drop(black_box(dev.to_vec().unwrap()))),
+            ),
+        ];
+        interleaved(&mut report, n, &mut doors);
+    }
+    {
+        let hp = host.as_mut_ptr();
+        let mut doors: Vec<Door<'_>> = vec![
+            (
+                "pinned_dma_d2h",
+                // SAFETY: as above, device to host.
+                Box::new(|| check_rc(unsafe { dtoh(pin.0, dptr, n) }, "dtoh")),
+            ),
+            (
+                "DeviceBuffer::copy_to_host",
+                Box::new(|| dev.copy_to_host(&mut host).unwrap()),
+            ),
+            (
+                "curt_memcpy_dtoh",
+                // SAFETY: `host` holds n bytes; `m` n bytes of device memory.
+                Box::new(move || assert_eq!(unsafe { curt_memcpy_dtoh(hp.cast(), m, 0, n) }, 0)),
+            ),
+        ];
+        interleaved(&mut report, n, &mut doors);
+    }
     assert_eq!(curt_free(m), 0);
 
     // --- the host's side of the ceiling ---
@@ -484,4 +562,34 @@ fn main() {
     }
     let _ = pinned::set_staging_threads(default_threads.max(1));
     report.finish();
+}
+
+/// A named copy, run once per call.
+type Door<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+
+/// Rounds of `doors`, the first the DMA reference: each round runs every door once (one
+/// untimed round first), and each door's figure is its median rate over the rounds
+/// beside the reference's median over the same rounds (`interleaved:` names them).
+fn interleaved(report: &mut Report, n: usize, doors: &mut [Door<'_>]) {
+    const ROUNDS: usize = 11;
+    let mut secs = vec![Vec::with_capacity(ROUNDS); doors.len()];
+    for round in 0..=ROUNDS {
+        for (i, (_, f)) in doors.iter_mut().enumerate() {
+            let t = Instant::now();
+            f();
+            if round > 0 {
+                secs[i].push(t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let dma = rate(n, median(secs[0].clone()));
+    let reference = doors[0].0;
+    for ((name, _), s) in doors.iter().zip(secs).skip(1) {
+        report.push(
+            Figure::new(format!("interleaved:{name}"), rate(n, median(s)), "GB/s")
+                .size(n)
+                .raw(dma, reference)
+                .target(">= 0.9x"),
+        );
+    }
 }
