@@ -605,13 +605,49 @@ fn forged_entries_are_not_returned_and_get_overwritten() {
     // The current format, tagged with a secret that is not this folder's.
     let wrong = CacheSecret::from_bytes([0xee; SECRET_LEN]);
     std::fs::write(&entry, encode(&wrong, &key, &forged)).unwrap();
-    assert_eq!(FORMAT_VERSION, 3);
+    assert_eq!(FORMAT_VERSION, 4);
     assert_eq!(cache.load(&key), None);
     assert_eq!(cache.stats().corrupt_files, 2);
     // What the victim compiles overwrites it, and is what is read back.
     let real = fake_compiled("victim's cubin");
     cache.store(&key, &real).unwrap();
     assert_eq!(KernelCache::new(Some(dir.path())).load(&key), Some(real));
+}
+
+/// A file of format 3 (its tag keyed BLAKE3 over the bare entry) that this folder's
+/// own secret made is not read as format 4: it is a miss, rewritten by the next store,
+/// and a format 4 tag over the same bytes is not format 3's.
+#[test]
+fn a_format_3_entry_is_a_miss_and_is_rewritten() {
+    let dir = private_dir("format-3");
+    let key = CacheKey([8; 16]);
+    let entry = dir.0.join(key.file_name());
+    let cache = KernelCache::new(Some(dir.path()));
+    let c = fake_compiled("kept from before");
+    cache.store(&key, &c).unwrap();
+    let secret: [u8; SECRET_LEN] = std::fs::read(dir.0.join(SECRET_FILE))
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let mut bytes = std::fs::read(&entry).unwrap();
+    let body_end = bytes.len() - 32;
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let v3_key = blake3::keyed_hash(&secret, b"cuda-rt kernel cache entry v3\0");
+    let v3_tag = blake3::keyed_hash(v3_key.as_bytes(), &bytes[..body_end]);
+    bytes[body_end..].copy_from_slice(v3_tag.as_bytes());
+    std::fs::write(&entry, &bytes).unwrap();
+    let fresh = KernelCache::new(Some(dir.path()));
+    assert_eq!(fresh.load(&key), None);
+    assert_eq!(fresh.stats().corrupt_files, 1);
+    // Format 4 with format 3's tag: the tag does not verify either.
+    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
+    let v3_tag = blake3::keyed_hash(v3_key.as_bytes(), &bytes[..body_end]);
+    bytes[body_end..].copy_from_slice(v3_tag.as_bytes());
+    std::fs::write(&entry, &bytes).unwrap();
+    assert_eq!(fresh.load(&key), None);
+    assert_eq!(fresh.stats().corrupt_files, 2);
+    fresh.store(&key, &c).unwrap();
+    assert_eq!(KernelCache::new(Some(dir.path())).load(&key), Some(c));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! that changes the compile) and its file format ([`encode`] / [`decode`]): a header
 //! (magic, format version, key, architecture, output kind, payload length), the
 //! payload (image, log, lowered names) and a tag, BLAKE3 in keyed mode over everything
-//! before it. Pure functions: no file, no NVRTC.
+//! before it (padded: [`CacheSecret::tag`]). Pure functions: no file, no NVRTC.
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -127,10 +127,11 @@ const NAME_LEN: usize = 32 + FILE_SUFFIX.len();
 
 /// First bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"CURTKC\r\n";
-/// Version of the file layout: 3 ends with a tag keyed with a key derived from the
-/// secret ([`CacheSecret::tag`]); 2, whose tag hashed the context string in front, and 1,
-/// with an unkeyed FNV-1a checksum, are read as misses (and rewritten).
-pub const FORMAT_VERSION: u32 = 3;
+/// Version of the file layout: 4 ends with a tag over the entry padded to whole batches
+/// of BLAKE3 chunks, keyed with a key derived from the secret ([`CacheSecret::tag`]);
+/// 3 (the same tag unpadded), 2 (whose tag hashed the context string in front) and 1
+/// (an unkeyed FNV-1a checksum) are read as misses (and rewritten).
+pub const FORMAT_VERSION: u32 = 4;
 /// magic 8, version 4, key 16, arch 4, output 1, pad 3, payload length 8.
 const HEADER_LEN: usize = 44;
 
@@ -185,23 +186,38 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 /// (keyed with `secret`) before anything of the payload is used. Never panics,
 /// whatever the bytes. Pure.
 pub fn decode(secret: &CacheSecret, bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
-    let (image, rest) = checked_parts(secret, bytes, key)?;
+    let head = checked_header(bytes, key)?;
+    if !secret.verify(&bytes[..head.body_end], &bytes[head.body_end..]) {
+        return Err(NOT_VERIFIED);
+    }
+    let (image, rest) = parsed_body(&bytes[..head.body_end], head)?;
     Ok(rest.with_image(bytes[image].to_vec()))
 }
 
-/// [`decode`] of a file's bytes read into `bytes`: the image is moved to the front of
-/// that buffer and kept there, rather than copied into a new one.
+/// [`decode`] of a file's bytes read into `bytes`: the tag's message is padded in the
+/// buffer's spare room, and the image is moved to the front of that buffer and kept
+/// there, rather than copied into a new one.
 pub(crate) fn decode_owned(
     secret: &CacheSecret,
     mut bytes: Vec<u8>,
     key: &CacheKey,
 ) -> Result<Compiled, DecodeError> {
-    let (image, rest) = checked_parts(secret, &bytes, key)?;
+    let head = checked_header(&bytes, key)?;
+    let mut tag = [0u8; TAG_LEN];
+    tag.copy_from_slice(&bytes[head.body_end..]);
+    bytes.truncate(head.body_end);
+    if !CacheSecret::same_tag(&secret.tag_in_place(&mut bytes), &tag) {
+        return Err(NOT_VERIFIED);
+    }
+    let (image, rest) = parsed_body(&bytes, head)?;
     let len = image.len();
     bytes.copy_within(image, 0);
     bytes.truncate(len);
     Ok(rest.with_image(bytes))
 }
+
+const NOT_VERIFIED: DecodeError =
+    DecodeError("the tag does not verify (corrupt, or not written by this user's cache)");
 
 /// A decoded entry but for its image.
 struct Parts {
@@ -223,12 +239,17 @@ impl Parts {
     }
 }
 
-/// [`decode`]'s checks and parse: where the image is in `bytes`, and the rest.
-fn checked_parts(
-    secret: &CacheSecret,
-    bytes: &[u8],
-    key: &CacheKey,
-) -> Result<(std::ops::Range<usize>, Parts), DecodeError> {
+/// What a file's header says, checked against the file's length and the key.
+#[derive(Clone, Copy)]
+struct Header {
+    arch: u32,
+    output: Output,
+    /// Where the body (header and payload) ends and the tag begins.
+    body_end: usize,
+}
+
+/// [`decode`]'s checks before the tag's: magic, version, key, kind and length.
+fn checked_header(bytes: &[u8], key: &CacheKey) -> Result<Header, DecodeError> {
     if bytes.len() < HEADER_LEN + TAG_LEN {
         return Err(DecodeError("shorter than its header (truncated)"));
     }
@@ -255,13 +276,18 @@ fn checked_parts(
     if payload_len != (body_end - HEADER_LEN) as u64 {
         return Err(DecodeError("length does not match (truncated or extended)"));
     }
-    if !secret.verify(&bytes[..body_end], &bytes[body_end..]) {
-        return Err(DecodeError(
-            "the tag does not verify (corrupt, or not written by this user's cache)",
-        ));
-    }
+    Ok(Header {
+        arch,
+        output,
+        body_end,
+    })
+}
+
+/// [`decode`]'s parse of a verified `body` (header and payload): where the image is in
+/// it, and the rest.
+fn parsed_body(body: &[u8], head: Header) -> Result<(std::ops::Range<usize>, Parts), DecodeError> {
     let mut r = Reader {
-        b: &bytes[HEADER_LEN..body_end],
+        b: &body[HEADER_LEN..head.body_end],
     };
     let image_len = r.bytes()?.len();
     // The image's length field is eight bytes after the header: the image follows it.
@@ -276,8 +302,8 @@ fn checked_parts(
         return Err(DecodeError("trailing bytes in the payload"));
     }
     let parts = Parts {
-        output,
-        arch,
+        output: head.output,
+        arch: head.arch,
         log,
         lowered_names,
     };
