@@ -82,7 +82,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 pub use super::cache_dir::{
-    check_dir, write_file_atomically, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_LEN,
+    check_dir, write_file_atomically, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_BATCH, TAG_LEN,
 };
 use super::hash::WordHasher;
 pub use entry::{
