@@ -88,6 +88,8 @@ fn main() {
     cuda_rt::device::set_device_id(0).unwrap();
     pinned::parallel_memcpy(&mut [0u8], &[1u8]).unwrap();
     let default_threads = pinned::staging_threads();
+    // The doors run with the default stores; the rows that compare them restore it.
+    let defaults = cuda_rt::testing::streaming_stores();
 
     let mut report = Report::new("host_copies");
     report.context("bytes", n as u64);
@@ -495,13 +497,14 @@ fn main() {
             );
         }
     }
-    cuda_rt::testing::set_streaming_stores(false, false);
+    cuda_rt::testing::set_streaming_stores(defaults.0, defaults.1);
 
     // --- the same doors with more staging threads ---
     for threads in [16usize, 4] {
         if pinned::set_staging_threads(threads).is_err() {
             continue;
         }
+        cuda_rt::testing::set_streaming_stores(false, false);
         let d = |r: &mut Report, what: &str, t: f64| {
             r.push(
                 Figure::new(format!("{what}@{threads}t"), rate(n, t), "GB/s")
@@ -537,7 +540,7 @@ fn main() {
             "copy_to_host_streaming",
             median_secs(REPS, || p.copy_to_host(&mut host).unwrap()),
         );
-        cuda_rt::testing::set_streaming_stores(false, false);
+        cuda_rt::testing::set_streaming_stores(defaults.0, defaults.1);
         d(
             &mut report,
             "to_vec",

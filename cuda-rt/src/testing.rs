@@ -372,10 +372,18 @@ pub fn set_staging_plan(chunk: usize, buffers: usize, ramp: usize) -> crate::Res
 
 /// Sets which directions of later staged host copies fill their destination with
 /// streaming (non-temporal) stores on x86-64: `h2d` the staging buffers of copies to
-/// the device, `d2h` the pageable destinations of copies to the host. Both are off by
-/// default until a GPU run shows them faster; for the bench that compares them.
+/// the device, `d2h` the pageable destinations of copies to the host (of at least
+/// [`STREAM_D2H_MIN`](crate::pinned::staging::STREAM_D2H_MIN) bytes). By default
+/// `h2d` is off and `d2h` on ([`streaming_stores`] tells); for the bench that
+/// compares them.
 pub fn set_streaming_stores(h2d: bool, d2h: bool) {
     crate::pinned::staging::set_streaming_stores(h2d, d2h)
+}
+
+/// Which directions of staged host copies write with streaming stores now: `(h2d,
+/// d2h)`, as [`set_streaming_stores`] takes them.
+pub fn streaming_stores() -> (bool, bool) {
+    crate::pinned::staging::streaming_stores()
 }
 
 pub use crate::module::ModuleWatch;

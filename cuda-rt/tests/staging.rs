@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use common::{pattern, DevBuf};
 use cuda_rt::memory::{MemoryPointer, UnownedMemory};
+use cuda_rt::pinned::staging::STREAM_D2H_MIN;
 use cuda_rt::pinned::{
     copy_device_to_host, copy_device_to_host_raw, copy_host_to_device, copy_host_to_device_raw,
     parallel_memcpy, set_staging_threads, staging_threads, CHUNK_SIZE, PAGEABLE_THRESHOLD,
@@ -78,6 +79,23 @@ gpu_test!(round_trip_of_256_mib_plus_3_is_byte_exact, {
     h2d_then_check(n, &stream, 30);
     d2h_then_check(n, &stream, 31);
 });
+
+// Device-to-host copies from `STREAM_D2H_MIN` bytes up write their destination with
+// streaming stores by default: just below and above it, at odd offsets, each byte is
+// the device's and nothing past either end is written.
+gpu_test!(
+    device_to_host_around_the_streaming_threshold_is_byte_exact,
+    {
+        assert_eq!(cuda_rt::testing::streaming_stores(), (false, true));
+        let stream = Stream::new().unwrap();
+        for (i, n) in [STREAM_D2H_MIN - 1, STREAM_D2H_MIN, STREAM_D2H_MIN + 4097]
+            .into_iter()
+            .enumerate()
+        {
+            d2h_then_check(n, &stream, 50 + i as u64);
+        }
+    }
+);
 
 gpu_test!(copies_on_the_current_default_stream_are_byte_exact, {
     let n = 2 * CHUNK_SIZE + 1;

@@ -65,10 +65,11 @@ pub(crate) fn copy_raw(dst: usize, src: usize, len: usize) {
 }
 
 /// [`copy_raw`] with stores that go around the caches (x86-64 non-temporal stores),
-/// for a destination that no CPU reads next: a staging buffer that the DMA engine
-/// reads. A plain store first reads each destination line into the cache (and later
-/// writes it back), so a plain copy moves three bytes over the memory bus for every
-/// byte copied; a streaming copy moves two. Other targets copy plainly.
+/// for a destination that no CPU reads soon: one too large to be in the cache when it
+/// is read (a large device-to-host copy's). A plain store first reads each destination
+/// line into the cache (and later writes it back), so a plain copy moves three bytes
+/// over the memory bus for every byte copied; a streaming copy moves two. Other
+/// targets copy plainly.
 ///
 /// Contract: as [`copy_raw`]. The stores are fenced before this returns, so whoever
 /// learns that the copy is over (through the latch's release) sees every byte.
