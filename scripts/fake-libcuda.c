@@ -8,6 +8,10 @@
 // tests (cuda-sys/tests/loader.rs):
 //   -DFAKE_DRIVER_VERSION=11080     what cuDriverGetVersion reports (default 13000)
 //   -DFAKE_NO_GET_PROC_ADDRESS      leave cuGetProcAddress_v2 out, as drivers before 12.0
+// and one makes its device memory host memory, for the staged copies' byte checks
+// without a GPU (cuda-rt/tests/staging.rs):
+//   -DFAKE_REAL_MEMORY              cuMemAlloc allocates, copies and memsets are memcpy
+//                                   and memset, done at once; streams are dummies
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -65,8 +69,30 @@ CUresult cuStreamIsCapturing(void *s, int *st) { *st = 0; return 0; }
 CUresult cuEventQuery(void *e) { return 0; }
 CUresult cuEventSynchronize(void *e) { return 0; }
 // Device memory (caching pool) and events (event cache), for `hot_paths pool|event`.
+#ifdef FAKE_REAL_MEMORY
+CUresult cuMemAlloc_v2(uint64_t *p, size_t n) { void *q = aligned_alloc(4096, (n + 4095) & ~4095ul); *p = (uint64_t)q; return q ? 0 : 2; }
+CUresult cuMemFree_v2(uint64_t p) { free((void *)p); return 0; }
+CUresult cuMemcpyHtoD_v2(uint64_t d, const void *h, size_t n) { memcpy((void *)d, h, n); return 0; }
+CUresult cuMemcpyDtoH_v2(void *h, uint64_t d, size_t n) { memcpy(h, (void *)d, n); return 0; }
+CUresult cuMemcpyHtoDAsync_v2(uint64_t d, const void *h, size_t n, void *s) { memcpy((void *)d, h, n); return 0; }
+CUresult cuMemcpyDtoHAsync_v2(void *h, uint64_t d, size_t n, void *s) { memcpy(h, (void *)d, n); return 0; }
+CUresult cuMemcpyDtoD_v2(uint64_t a, uint64_t b, size_t n) { memcpy((void *)a, (void *)b, n); return 0; }
+CUresult cuMemcpyDtoDAsync_v2(uint64_t a, uint64_t b, size_t n, void *s) { memcpy((void *)a, (void *)b, n); return 0; }
+CUresult cuMemsetD8_v2(uint64_t d, unsigned char v, size_t n) { memset((void *)d, v, n); return 0; }
+CUresult cuMemsetD8Async(uint64_t d, unsigned char v, size_t n, void *s) { memset((void *)d, v, n); return 0; }
+static int stream_dummy;
+CUresult cuStreamCreate(void **s, unsigned f) { *s = &stream_dummy; return 0; }
+CUresult cuStreamCreateWithPriority(void **s, unsigned f, int p) { *s = &stream_dummy; return 0; }
+CUresult cuStreamDestroy_v2(void *s) { return 0; }
+CUresult cuStreamSynchronize(void *s) { return 0; }
+CUresult cuStreamQuery(void *s) { return 0; }
+CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { return 0; }
+CUresult cuStreamGetCtx(void *s, void **c) { *c = &ctx_dummy; return 0; }
+CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
+#else
 CUresult cuMemAlloc_v2(uint64_t *p, size_t n) { *p = next_ptr; next_ptr += (n + 4095) & ~4095ul; return 0; }
 CUresult cuMemFree_v2(uint64_t p) { return 0; }
+#endif
 CUresult cuDeviceTotalMem_v2(size_t *b, int d) { *b = 1ull << 37; return 0; }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = 1ull << 36; *t = 1ull << 37; return 0; }
 static int ev_dummy;

@@ -298,3 +298,70 @@ fn parallel_memcpy_from_many_threads_at_once_is_exact() {
         h.join().unwrap();
     }
 }
+
+/// Marks the child process of
+/// [`staged_copies_are_byte_exact_over_a_memory_backed_fake_driver`].
+const FAKE_CHILD: &str = "CUDA_RT_STAGING_FAKE_CHILD";
+
+/// The byte checks of the GPU tests above, run again (in a child process of this
+/// binary) over the repository's fake driver built with `FAKE_REAL_MEMORY`, whose
+/// device memory is host memory and whose copies are `memcpy`: the staging plans, the
+/// workers and their plain and streaming stores are checked byte for byte on machines
+/// without a GPU (CI). In the GPU suite (`CUDA_RT_REQUIRE_GPU=1`) the same tests have
+/// just run on the real driver, and a child on another driver would only confuse
+/// compute-sanitizer: it is left out there, saying so.
+#[test]
+fn staged_copies_are_byte_exact_over_a_memory_backed_fake_driver() {
+    const CHECKS: &[&str] = &[
+        "host_to_device_is_byte_exact_at_odd_sizes_and_offsets",
+        "device_to_host_is_byte_exact_at_odd_sizes_and_offsets",
+        "device_to_host_around_the_streaming_threshold_is_byte_exact",
+        "round_trip_of_256_mib_plus_3_is_byte_exact",
+        "copies_on_the_current_default_stream_are_byte_exact",
+        "raw_address_copies_are_byte_exact",
+        "concurrent_copies_from_several_threads_are_byte_exact",
+    ];
+    if std::env::var_os(FAKE_CHILD).is_some() {
+        return;
+    }
+    let c = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fake-libcuda.c");
+    if std::env::var("CUDA_RT_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        println!("the GPU suite: these checks ran on the real driver");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cuda-rt-staging-fake-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let so = dir.join("libcuda.so.1");
+    let built = c.is_file()
+        && std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-O2", "-shared", "-fPIC", "-DFAKE_REAL_MEMORY", "-o"])
+            .arg(&so)
+            .arg(&c)
+            .arg("-ldl")
+            .status()
+            .is_ok_and(|s| s.success());
+    if !built {
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!(
+            "could not build the fake driver from {} with a C compiler",
+            c.display()
+        );
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(CHECKS)
+        .arg("--exact")
+        .env(FAKE_CHILD, "1")
+        .env("CUDA_RT_LIBCUDA", &so)
+        .env("CUDA_RT_REQUIRE_GPU", "1")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "over the fake driver:\n{text}");
+    let ran = format!("test result: ok. {} passed; 0 failed", CHECKS.len());
+    assert!(text.contains(&ran), "not every check ran:\n{text}");
+}
