@@ -321,6 +321,8 @@ fn main() {
         interleaved(&mut report, n, &mut doors);
     }
     {
+        // One destination for every door of the round, each taking it in turn.
+        let out = std::cell::RefCell::new(&mut host);
         let mut doors: Vec<Door<'_>> = vec![
             (
                 "pinned_dma_d2h",
@@ -329,31 +331,24 @@ fn main() {
             ),
             (
                 "MemoryPointer::copy_to_host",
-                Box::new(|| p.copy_to_host(&mut host).unwrap()),
+                Box::new(|| p.copy_to_host(&mut out.borrow_mut()).unwrap()),
+            ),
+            (
+                "DeviceBuffer::copy_to_host",
+                Box::new(|| dev.copy_to_host(&mut out.borrow_mut()).unwrap()),
             ),
             (
                 "DeviceBuffer::to_vec",
                 Box::new(|| drop(black_box(dev.to_vec().unwrap()))),
             ),
-        ];
-        interleaved(&mut report, n, &mut doors);
-    }
-    {
-        let hp = host.as_mut_ptr();
-        let mut doors: Vec<Door<'_>> = vec![
-            (
-                "pinned_dma_d2h",
-                // SAFETY: as above, device to host.
-                Box::new(|| check_rc(unsafe { dtoh(pin.0, dptr, n) }, "dtoh")),
-            ),
-            (
-                "DeviceBuffer::copy_to_host",
-                Box::new(|| dev.copy_to_host(&mut host).unwrap()),
-            ),
             (
                 "curt_memcpy_dtoh",
-                // SAFETY: `host` holds n bytes; `m` n bytes of device memory.
-                Box::new(move || assert_eq!(unsafe { curt_memcpy_dtoh(hp.cast(), m, 0, n) }, 0)),
+                Box::new(|| {
+                    let dst = out.borrow_mut().as_mut_ptr();
+                    // SAFETY: `dst` holds n bytes (borrowed for the call); `m` n bytes
+                    // of device memory.
+                    assert_eq!(unsafe { curt_memcpy_dtoh(dst.cast(), m, 0, n) }, 0)
+                }),
             ),
         ];
         interleaved(&mut report, n, &mut doors);

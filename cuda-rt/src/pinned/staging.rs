@@ -119,8 +119,9 @@ pub(crate) fn set_plan_shape(shape: PlanShape) -> Result<()> {
 /// not by a CPU, so their lines need not be read into the cache first (see
 /// `bytes::copy_raw_streaming`).
 /// Off: on the H100 hosts (`benches/host_copies.rs`, both ways alternated rep by rep)
-/// it was no faster (44.75 against 45.29 GB/s, 35.95 against 44.64): a staging buffer
-/// filled with plain stores is still in the cache when the DMA engine reads it.
+/// it was no faster (44.75 against 45.29 GB/s, 35.95 against 44.64), likely because a
+/// staging buffer filled with plain stores is still in the cache when the DMA engine
+/// reads it.
 static STREAM_H2D: AtomicBool = AtomicBool::new(false);
 /// The same for the pageable destinations of device-to-host copies of at least
 /// [`STREAM_D2H_MIN`] bytes. On: a plain store reads each destination line first, and
