@@ -13,8 +13,11 @@
 //! the same with the module loaded (`RawModule::from_program`); `checks` times, with
 //! no driver, each piece a warm disk lookup is made of on this host (the `geteuid`,
 //! `statx` and file calls of its trust checks, and the keyed BLAKE3 tag over an entry
-//! of the size the H100's test cubin makes).
-//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|checks|disk_lookup|disk_first_use] N [FOLDER]`
+//! of the size the H100's test cubin makes); `disk_phases` splits a warm disk lookup
+//! into its public steps, timed in the same loop as whole lookups (alternate
+//! iterations, each followed by the module's load and unload as a first use has them),
+//! to tell where a lookup's time goes on the host that runs it.
+//! `cargo bench -p cuda-rt-safe --bench hot_paths -- [async|raw|pool|pool_history|event|pinned|launch|launch_raw|lock|checks|disk_lookup|disk_first_use|disk_phases] N [FOLDER]`
 //! times it; for instruction counts run the binary that `cargo bench --no-run` names
 //! under `valgrind --tool=callgrind` with the same arguments. Prints one figure (the
 //! shared reporter of `common`: a JSON line, then a table), named after the path;
@@ -66,6 +69,10 @@ fn main() {
     }
     if let Err(e) = cuda_rt::device::set_device_id(0) {
         common::skip("hot_paths", &format!("device 0: {e}"));
+        return;
+    }
+    if what == "disk_phases" {
+        disk_phases(n, args.get(2).map(std::path::PathBuf::from));
         return;
     }
     if what == "disk_lookup" || what == "disk_first_use" {
@@ -322,6 +329,93 @@ extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, 
             Figure::new("disk_lookup_first_in_process", first, "us")
                 .note("one run: the process's first lookup"),
         );
+    }
+    report.finish();
+}
+
+/// A warm disk lookup cut into its public steps, over a folder filled by one compile
+/// (`kept` when given, as in [`disk_lookup`], else a temporary one): a fresh cache's folder and secret checks (`disk_dir`), the device's
+/// architecture, the NVRTC facts, the key, and the entry's read, tag check and decode
+/// (`load`). Even iterations time a whole lookup (`compile`), odd ones the steps; every
+/// iteration then loads and unloads the module outside the timing, as a first use does,
+/// so both see the same caches. Medians per step, their sum, and the whole lookup.
+fn disk_phases(n: usize, kept: Option<std::path::PathBuf>) {
+    use cuda_rt::compiler::cache::cache_key;
+    use cuda_rt::compiler::nvrtc_facts::nvrtc_facts;
+    use cuda_rt::compiler::{KernelCache, Program, Target};
+    const SRC: &str = r#"
+extern "C" __global__ void empty1(int a) {}
+extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
+"#;
+    let dir = kept.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("cuda-rt-hot-phases-{}", std::process::id()))
+    });
+    let program = Program::new(SRC);
+    let target = match Target::for_device(0) {
+        Ok(t) => t,
+        Err(e) => return common::skip("hot_paths", &format!("no device architecture: {e}")),
+    };
+    let filled = KernelCache::new(Some(dir.clone())).compile(&program, target);
+    let image = match filled {
+        Ok(c) => c.image,
+        Err(e) => return common::skip("hot_paths", &format!("no compile to fill the cache: {e}")),
+    };
+    let us = |t: Instant| t.elapsed().as_nanos() as f64 / 1e3;
+    let names = ["checks", "target", "facts", "key", "load", "sum", "whole"];
+    let mut steps: Vec<Vec<f64>> = names
+        .iter()
+        .map(|_| Vec::with_capacity(n / 2 + 1))
+        .collect();
+    for i in 0..n {
+        let fresh = KernelCache::new(Some(dir.clone()));
+        if i % 2 == 0 {
+            let t = Instant::now();
+            let c = fresh.compile(&program, Target::for_device(0).unwrap());
+            steps[6].push(us(t));
+            black_box(c.unwrap());
+        } else {
+            let t = Instant::now();
+            black_box(fresh.disk_dir().expect("the folder is trusted"));
+            let t1 = Instant::now();
+            let target = Target::for_device(0).unwrap();
+            let t2 = Instant::now();
+            let version = nvrtc_facts(Some(&dir)).unwrap().version;
+            let t3 = Instant::now();
+            let key = cache_key(&program, target, version);
+            let t4 = Instant::now();
+            black_box(fresh.load(&key).expect("a warm entry"));
+            let t5 = Instant::now();
+            let d = |a: Instant, b: Instant| (b - a).as_nanos() as f64 / 1e3;
+            for (k, v) in [
+                d(t, t1),
+                d(t1, t2),
+                d(t2, t3),
+                d(t3, t4),
+                d(t4, t5),
+                d(t, t5),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                steps[k].push(v);
+            }
+        }
+        assert_eq!(fresh.stats().disk_hits, 1, "a warm disk hit");
+        let module = cuda_rt::Module::load_data(&image).unwrap();
+        drop(black_box(module));
+    }
+    if kept.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let mut report = Report::new(format!(
+        "hot path `disk_phases` ({n} iterations, host time, medians)"
+    ));
+    for (name, times) in names.iter().zip(steps) {
+        report.push(Figure::new(
+            format!("disk_phase_{name}"),
+            common::median(times),
+            "us",
+        ));
     }
     report.finish();
 }
