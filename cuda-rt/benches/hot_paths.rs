@@ -259,6 +259,19 @@ fn disk_checks(n: usize) {
     report.finish();
 }
 
+/// The program the disk modes look up: a kept folder filled by one of them serves all.
+const DISK_SRC: &str = r#"
+extern "C" __global__ void empty1(int a) {}
+extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
+"#;
+
+/// The disk modes' folder: the `kept` one, else a temporary one named for `what`.
+fn disk_folder(kept: &Option<std::path::PathBuf>, what: &str) -> std::path::PathBuf {
+    kept.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("cuda-rt-hot-{what}-{}", std::process::id()))
+    })
+}
+
 /// `n` warm disk lookups, each by a fresh cache over one folder (what a new process
 /// does), as `benches/launch.rs`'s `warm_disk_lookup_only` measures them: the median.
 /// The folder is `kept` when given (filled by an earlier run, so that a run under
@@ -269,14 +282,8 @@ fn disk_checks(n: usize) {
 /// costs next to nothing, so the figure is cuda-rt's own share of a first use.
 fn disk_lookup(n: usize, kept: Option<std::path::PathBuf>, load: bool) {
     use cuda_rt::compiler::{KernelCache, Output, Program, Target};
-    const SRC: &str = r#"
-extern "C" __global__ void empty1(int a) {}
-extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
-"#;
-    let dir = kept.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("cuda-rt-hot-disk-{}", std::process::id()))
-    });
-    let program = Program::new(SRC);
+    let dir = disk_folder(&kept, "disk");
+    let program = Program::new(DISK_SRC);
     let warm = KernelCache::new(Some(dir.clone()));
     // With a folder filled before, the process's first lookup is a new process's first
     // kernel: it also pays what is done once per process (the secret's read, the NVRTC
@@ -343,14 +350,8 @@ fn disk_phases(n: usize, kept: Option<std::path::PathBuf>) {
     use cuda_rt::compiler::cache::cache_key;
     use cuda_rt::compiler::nvrtc_facts::nvrtc_facts;
     use cuda_rt::compiler::{KernelCache, Program, Target};
-    const SRC: &str = r#"
-extern "C" __global__ void empty1(int a) {}
-extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
-"#;
-    let dir = kept.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("cuda-rt-hot-phases-{}", std::process::id()))
-    });
-    let program = Program::new(SRC);
+    let dir = disk_folder(&kept, "phases");
+    let program = Program::new(DISK_SRC);
     let target = match Target::for_device(0) {
         Ok(t) => t,
         Err(e) => return common::skip("hot_paths", &format!("no device architecture: {e}")),
