@@ -8,12 +8,13 @@
 //! the host's cost of one locked instruction, with no driver at all; `disk_lookup`
 //! times a new process's first kernel from a warm disk cache without the module load
 //! (a fresh `KernelCache` per iteration, `compile` answered from disk: the folder's
-//! secret, the key, the entry's read and its tag; needs NVRTC once to fill the cache),
+//! check, the key, the entry's read and its checksum; needs NVRTC once to fill the cache),
 //! and reports the median of the iterations rather than their mean; `disk_first_use`
 //! the same with the module loaded (`RawModule::from_program`); `checks` times, with
 //! no driver, each piece a warm disk lookup is made of on this host (the `geteuid`,
-//! `statx` and file calls of its trust checks, and the keyed BLAKE3 tag over an entry
-//! of the size the H100's test cubin makes); `disk_phases` splits a warm disk lookup
+//! `statx` and file calls of its trust checks, and the entry's XXH3-128 checksum over
+//! an entry of the size the H100's test cubin makes, beside the keyed BLAKE3 tag that
+//! format 4 checked); `disk_phases` splits a warm disk lookup
 //! into its public steps, timed in the same loop as whole lookups (alternate
 //! iterations, each followed by the module's load and unload as a first use has them),
 //! to tell where a lookup's time goes on the host that runs it.
@@ -189,8 +190,8 @@ fn main() {
 
 /// The pieces of a warm disk lookup, `n` times each (mean per call): the syscalls of
 /// the trust checks (`geteuid`; `statx` of a folder and, not followed, of a file; an
-/// entry's open + `fstat` + read + close) and the keyed BLAKE3 tag over 5196 bytes
-/// (and 4096, where the hash's lanes are all busy).
+/// entry's open + `fstat` + read + close) and the entry's checksum over 5196 bytes,
+/// beside keyed BLAKE3 (format 4's tag) over 5196, 4096 and 8192 bytes.
 fn disk_checks(n: usize) {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
@@ -231,17 +232,14 @@ fn disk_checks(n: usize) {
         black_box(&buf);
     }
     report.push(Figure::new("open_fstat_read_close", per(t), "us").note("an entry of 5196 bytes"));
-    // The tag as a lookup checks it (its message padded to whole batches of 8 KiB in
-    // the read buffer's spare room), beside BLAKE3 over the bare bytes (the tag before
-    // format 4), whose last batch of chunks goes four and one at a time.
-    let secret = cuda_rt::compiler::cache::CacheSecret::from_bytes([3u8; 32]);
-    let mut data = Vec::with_capacity(8192);
-    data.resize(5196, 5u8);
+    let data = vec![5u8; 5196];
     let t = Instant::now();
     for _ in 0..n {
-        black_box(secret.tag_in_place(black_box(&mut data)));
+        black_box(cuda_rt::compiler::cache::checksum(black_box(&data)));
     }
-    report.push(Figure::new("tag_5196_bytes", per(t), "us").note("padded, as a lookup does"));
+    report.push(
+        Figure::new("checksum_5196_bytes", per(t), "us").note("XXH3-128, as a lookup checks it"),
+    );
     let key = [3u8; 32];
     for bytes in [5196usize, 4096, 8192] {
         let data = vec![5u8; bytes];
@@ -341,8 +339,9 @@ fn disk_lookup(n: usize, kept: Option<std::path::PathBuf>, load: bool) {
 }
 
 /// A warm disk lookup cut into its public steps, over a folder filled by one compile
-/// (`kept` when given, as in [`disk_lookup`], else a temporary one): a fresh cache's folder and secret checks (`disk_dir`), the device's
-/// architecture, the NVRTC facts, the key, and the entry's read, tag check and decode
+/// (`kept` when given, as in [`disk_lookup`], else a temporary one): a fresh cache's
+/// folder check (`disk_dir`), the device's architecture, the NVRTC facts, the key, and
+/// the entry's read, checksum and decode
 /// (`load`). Even iterations time a whole lookup (`compile`), odd ones the steps; every
 /// iteration then loads and unloads the module outside the timing, as a first use does,
 /// so both see the same caches. Medians per step, their sum, and the whole lookup.

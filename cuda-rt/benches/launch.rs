@@ -242,7 +242,7 @@ fn run() -> cuda_rt::Result<()> {
         drop(fresh_image);
     }
     // Where the first use's time goes: a fresh cache's disk lookup alone (the
-    // folder's secret, the key, the entry's read and its tag), against the load.
+    // folder's check, the key, the entry's read and its checksum), against the load.
     let mut lookups = Vec::new();
     for _ in 0..MODULE_REPS {
         let fresh = KernelCache::new(Some(dir.clone()));
@@ -270,7 +270,9 @@ fn run() -> cuda_rt::Result<()> {
     report.push(
         Figure::new("warm_disk_lookup_only", median(lookups), "ms")
             .raw(raw_load, "cuModuleLoadData")
-            .note("a fresh cache's compile() from disk: secret, key, read, tag; no load"),
+            .note(
+                "a fresh cache's compile() from disk: folder check, key, read, checksum; no load",
+            ),
     );
 
     report.finish();

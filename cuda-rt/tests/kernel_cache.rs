@@ -13,8 +13,7 @@ use std::sync::{Arc, Barrier};
 
 use common::{nvrtc_or_skip, unique, TempDir, SAXPY};
 use cuda_rt::compiler::cache::{
-    cache_key, encode, CacheKey, CacheSecret, KernelCache, FORMAT_VERSION, SECRET_FILE, SECRET_LEN,
-    TAG_LEN,
+    cache_key, checksum, encode, CacheKey, KernelCache, CHECKSUM_LEN, FORMAT_VERSION,
 };
 use cuda_rt::compiler::nvrtc_facts::nvrtc_facts;
 use cuda_rt::compiler::Compiled;
@@ -53,11 +52,11 @@ fn all_files_in(dir: &Path) -> Vec<String> {
     v
 }
 
-/// The kernel files (not the NVRTC facts file, nor the secret) in `dir`.
+/// The kernel files (not the NVRTC facts file) in `dir`.
 fn files_in(dir: &Path) -> Vec<String> {
     all_files_in(dir)
         .into_iter()
-        .filter(|f| !f.ends_with(".facts") && f != SECRET_FILE)
+        .filter(|f| !f.ends_with(".facts"))
         .collect()
 }
 
@@ -454,11 +453,12 @@ fn stored_entry_is_read_back_by_a_new_cache() {
     assert_eq!(second.load(&key), Some(c));
     assert_eq!(second.stats().disk_hits, 1);
     assert_eq!(second.load(&CacheKey([2; 16])), None);
-    // Entries and the secret are private to the user.
-    for f in [key.file_name().as_str(), SECRET_FILE] {
-        let mode = std::fs::metadata(dir.0.join(f)).unwrap().mode();
-        assert_eq!(mode & 0o777, 0o600, "{f}");
-    }
+    // Entries are private to the user, and they are all the cache writes.
+    let mode = std::fs::metadata(dir.0.join(key.file_name()))
+        .unwrap()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(all_files_in(&dir.0), [key.file_name()]);
 }
 
 #[test]
@@ -478,7 +478,7 @@ fn link_planted_at_an_entry_name_is_not_followed_on_read_or_write() {
     let key = CacheKey([3; 16]);
     let entry = dir.0.join(key.file_name());
     let cache = KernelCache::new(Some(dir.path()));
-    // A valid entry for `key`, moved aside and linked back: the content would verify,
+    // A valid entry for `key`, moved aside and linked back: the content would pass,
     // so only the link is what refuses it.
     cache.store(&key, &fake_compiled("linked")).unwrap();
     let aside = dir.0.join("aside");
@@ -568,12 +568,10 @@ fn cache_without_a_folder_says_it_is_in_memory_only() {
     assert!(reason.contains("no disk folder is configured"), "{reason}");
 }
 
-/// `compiled` as format 1 wrote it: header and payload, then an unkeyed FNV-1a
-/// checksum that anyone can compute over a cubin of their choosing.
+/// `compiled` as format 1 wrote it: header and payload, then an FNV-1a checksum.
 fn format_1_entry(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
-    let any = CacheSecret::from_bytes([0; SECRET_LEN]);
-    let v2 = encode(&any, key, compiled);
-    let mut out = v2[..v2.len() - TAG_LEN].to_vec();
+    let v5 = encode(key, compiled);
+    let mut out = v5[..v5.len() - CHECKSUM_LEN].to_vec();
     out[8..12].copy_from_slice(&1u32.to_le_bytes());
     out.extend_from_slice(&fnv1a_128(&out));
     out
@@ -590,64 +588,81 @@ fn fnv1a_128(bytes: &[u8]) -> [u8; 16] {
     h.to_be_bytes()
 }
 
+/// `compiled` as format 4 wrote it in a folder whose `kcache.secret` held `secret`:
+/// header and payload, then BLAKE3 keyed with a key derived from the secret over the
+/// entry padded with zeros and its length to whole 8 KiB batches.
+fn format_4_entry(key: &CacheKey, compiled: &Compiled, secret: &[u8; 32]) -> Vec<u8> {
+    let v5 = encode(key, compiled);
+    let mut out = v5[..v5.len() - CHECKSUM_LEN].to_vec();
+    out[8..12].copy_from_slice(&4u32.to_le_bytes());
+    let tag_key = blake3::keyed_hash(secret, b"cuda-rt kernel cache entry v4\0");
+    let mut message = out.clone();
+    message.resize((out.len() + 8).next_multiple_of(8 << 10) - 8, 0);
+    message.extend_from_slice(&(out.len() as u64).to_le_bytes());
+    out.extend_from_slice(blake3::keyed_hash(tag_key.as_bytes(), &message).as_bytes());
+    out
+}
+
+/// What an upgrade meets: entries that earlier formats accepted (format 4's with the
+/// folder's secret still beside them, format 1's with a checksum that matches) are
+/// misses, and what is compiled next overwrites them.
 #[test]
-fn forged_entries_are_not_returned_and_get_overwritten() {
-    let dir = private_dir("forged");
+fn entries_of_earlier_formats_are_misses_and_get_overwritten() {
+    let dir = private_dir("earlier-formats");
     let key = CacheKey([6; 16]);
     let entry = dir.0.join(key.file_name());
+    let secret = [0x5a; 32];
+    std::fs::write(dir.0.join("kcache.secret"), secret).unwrap();
+    std::fs::set_permissions(
+        dir.0.join("kcache.secret"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
     let cache = KernelCache::new(Some(dir.path()));
     assert_eq!(cache.memory_only_reason(), None);
-    let forged = fake_compiled("attacker's cubin");
-    // The old format, with a checksum that verifies.
-    std::fs::write(&entry, format_1_entry(&key, &forged)).unwrap();
-    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o600)).unwrap();
-    assert_eq!(cache.load(&key), None);
-    // The current format, tagged with a secret that is not this folder's.
-    let wrong = CacheSecret::from_bytes([0xee; SECRET_LEN]);
-    std::fs::write(&entry, encode(&wrong, &key, &forged)).unwrap();
-    assert_eq!(FORMAT_VERSION, 4);
-    assert_eq!(cache.load(&key), None);
-    assert_eq!(cache.stats().corrupt_files, 2);
-    // What the victim compiles overwrites it, and is what is read back.
-    let real = fake_compiled("victim's cubin");
+    let old = fake_compiled("kept from before");
+    assert_eq!(FORMAT_VERSION, 5);
+    for (n, bytes) in [
+        format_1_entry(&key, &old),
+        format_4_entry(&key, &old, &secret),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        std::fs::write(&entry, bytes).unwrap();
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(cache.load(&key), None);
+        assert_eq!(cache.stats().corrupt_files, n as u64 + 1);
+    }
+    let real = fake_compiled("compiled now");
     cache.store(&key, &real).unwrap();
     assert_eq!(KernelCache::new(Some(dir.path())).load(&key), Some(real));
 }
 
-/// A file of format 3 (its tag keyed BLAKE3 over the bare entry) that this folder's
-/// own secret made is not read as format 4: it is a miss, rewritten by the next store,
-/// and a format 4 tag over the same bytes is not format 3's.
+/// Format 5's checksum catches damage, not intent: an entry whose checksum does not
+/// match is a miss; one the user wrote whole, by hand or with another tool, in their
+/// own folder and with its checksum, is read as the cache's own (the folder's owner is
+/// trusted: see the cache's module docs).
 #[test]
-fn a_format_3_entry_is_a_miss_and_is_rewritten() {
-    let dir = private_dir("format-3");
-    let key = CacheKey([8; 16]);
+fn the_checksum_tells_a_damaged_entry_from_a_whole_one() {
+    let dir = private_dir("checksum");
+    let key = CacheKey([9; 16]);
     let entry = dir.0.join(key.file_name());
     let cache = KernelCache::new(Some(dir.path()));
-    let c = fake_compiled("kept from before");
-    cache.store(&key, &c).unwrap();
-    let secret: [u8; SECRET_LEN] = std::fs::read(dir.0.join(SECRET_FILE))
-        .unwrap()
-        .try_into()
-        .unwrap();
-    let mut bytes = std::fs::read(&entry).unwrap();
-    let body_end = bytes.len() - 32;
-    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
-    let v3_key = blake3::keyed_hash(&secret, b"cuda-rt kernel cache entry v3\0");
-    let v3_tag = blake3::keyed_hash(v3_key.as_bytes(), &bytes[..body_end]);
-    bytes[body_end..].copy_from_slice(v3_tag.as_bytes());
+    let c = fake_compiled("whole");
+    let mut bytes = encode(&key, &c);
+    let n = bytes.len();
+    assert_eq!(
+        bytes[n - CHECKSUM_LEN..],
+        checksum(&bytes[..n - CHECKSUM_LEN])
+    );
+    bytes[n - CHECKSUM_LEN - 1] ^= 0x40;
     std::fs::write(&entry, &bytes).unwrap();
-    let fresh = KernelCache::new(Some(dir.path()));
-    assert_eq!(fresh.load(&key), None);
-    assert_eq!(fresh.stats().corrupt_files, 1);
-    // Format 4 with format 3's tag: the tag does not verify either.
-    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
-    let v3_tag = blake3::keyed_hash(v3_key.as_bytes(), &bytes[..body_end]);
-    bytes[body_end..].copy_from_slice(v3_tag.as_bytes());
-    std::fs::write(&entry, &bytes).unwrap();
-    assert_eq!(fresh.load(&key), None);
-    assert_eq!(fresh.stats().corrupt_files, 2);
-    fresh.store(&key, &c).unwrap();
-    assert_eq!(KernelCache::new(Some(dir.path())).load(&key), Some(c));
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(cache.load(&key), None);
+    assert_eq!(cache.stats().corrupt_files, 1);
+    std::fs::write(&entry, encode(&key, &c)).unwrap();
+    assert_eq!(cache.load(&key), Some(c));
 }
 
 #[test]
@@ -664,23 +679,29 @@ fn entry_writable_by_others_is_a_miss() {
     assert_eq!(cache.load(&key), Some(c));
 }
 
+/// Format 4's secret file, left by an earlier version, is neither read nor needed: one
+/// that the earlier version refused (readable by others) no longer turns the disk
+/// part off, and it is left as it was.
 #[test]
-fn secret_readable_by_others_makes_the_cache_memory_only() {
-    let dir = private_dir("secret-mode");
-    std::fs::write(dir.0.join(SECRET_FILE), [1u8; SECRET_LEN]).unwrap();
-    std::fs::set_permissions(
-        dir.0.join(SECRET_FILE),
-        std::fs::Permissions::from_mode(0o644),
-    )
-    .unwrap();
+fn a_secret_left_by_an_earlier_version_is_ignored() {
+    let dir = private_dir("secret-left");
+    let secret = dir.0.join("kcache.secret");
+    std::fs::write(&secret, [1u8; 32]).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
     let cache = KernelCache::new(Some(dir.path()));
-    let reason = cache.memory_only_reason().unwrap();
-    assert!(reason.contains("others may read it (mode 644"), "{reason}");
+    assert_eq!(cache.memory_only_reason(), None);
+    let key = CacheKey([10; 16]);
+    cache.store(&key, &fake_compiled("a")).unwrap();
+    assert_eq!(
+        KernelCache::new(Some(dir.path())).load(&key),
+        Some(fake_compiled("a"))
+    );
+    assert_eq!(std::fs::read(&secret).unwrap(), [1u8; 32]);
 }
 
 /// What is checked once per cache and what again: a cache checks its folder on first
 /// use and keeps the answer; a new cache on the same folder checks it again (this
-/// process having read its secret changes nothing), so a folder that became writable
+/// process having used it changes nothing), so a folder that became writable
 /// by others is refused from then on.
 #[test]
 fn folder_made_writable_by_others_after_first_use_is_refused_by_a_new_cache() {

@@ -19,13 +19,12 @@
 //! whose source and options never name `include` is keyed without the folders, which
 //! then need not be found or stamped for a warm lookup). A file ([`encode`] / [`decode`]) is a header (magic, format
 //! version, key, architecture, output kind, payload length), the payload (image, log,
-//! lowered names) and a tag: BLAKE3 in keyed mode over everything before it, keyed
-//! with the user's secret ([`CacheSecret`], 32 random bytes in [`SECRET_FILE`] in the
-//! folder). Files are written to a temporary with an unpredictable name in the same
+//! lowered names) and a checksum, XXH3-128 over everything before it ([`checksum`]).
+//! Files are written to a temporary with an unpredictable name in the same
 //! folder and renamed into place, so readers see a whole file or none, and processes
 //! compiling the same kernel at once each rename a complete, identical file. A file
-//! that is truncated, corrupt, for another key or another format, or whose tag does
-//! not verify, is a miss: the kernel is compiled again and the file rewritten.
+//! that is truncated, corrupt, for another key or another format, or whose checksum
+//! does not match, is a miss: the kernel is compiled again and the file rewritten.
 //!
 //! # What the disk cache trusts
 //!
@@ -43,29 +42,23 @@
 //! Inside the folder, files are opened without following a link at their name and
 //! used only if they are regular files of the user's, writable by nobody else; new
 //! files are created exclusively (mode 0600) under unpredictable names, so a link
-//! planted in the folder is never written through. An entry is used only if its tag
-//! verifies with the secret, so a file not written by this user's cache (forged,
-//! copied from another machine or user, or in an earlier format: 1, before tags, and
-//! 2, whose tags are keyed differently) is a miss and is overwritten. The secret is
-//! refused unless it is a regular file of the user's, mode 0600 (readable by nobody
-//! else).
+//! planted in the folder is never written through.
 //!
-//! When what is checked: the folder and the secret file on a [`KernelCache`]'s first
-//! use of its disk part, remembered by that cache (a folder that becomes writable by
-//! others later is refused by every new cache, not by one that already uses it); each
-//! entry file (owner, mode, not a link) and its tag on every read. The secret's bytes
-//! are read once per process and file: a new cache on the same folder checks the
-//! secret file's metadata again (one `lstat`) and reads it again only if it changed
-//! (another inode, length, modification or change time). A secret rewritten in place
-//! within one tick of the file system's clock can go unseen by a process that read it
-//! before; only the user can do that, and that process then misses and recompiles.
+//! When what is checked: the folder on a [`KernelCache`]'s first use of its disk part,
+//! remembered by that cache (a folder that becomes writable by others later is refused
+//! by every new cache, not by one that already uses it); each entry file (owner, mode,
+//! not a link) and its checksum on every read.
 //!
-//! What remains trusted: the user's own account and root (who can read the secret),
-//! and the NVRTC facts file (see below), which is not tagged: it only names the NVRTC
-//! version in the key and the architectures compiled for, and lives in the same
-//! user-only folder. Like CuPy's kernel cache, the folder must not be shared between
-//! users; unlike CuPy's, a shared or foreign folder is detected and refused rather than
-//! used.
+//! What remains trusted: the user's own account and root, who alone can write files
+//! the checks accept, and whoever can rename or replace the folder's parents (keep the
+//! folder under ones only you can write, as the default is). The checksum is not a
+//! MAC: it catches a torn or damaged file, not a deliberate one. Entry formats 2 to 4
+//! also keyed each entry with a per-user secret (`kcache.secret` in the folder, no
+//! longer read; it may be deleted): the secret lay in the folder it guarded, readable
+//! by exactly those who can write entries the checks accept, so it stopped no one the
+//! checks do not, and it cost a first use more than a cubin's load by half again
+//! (issue 27). Like CuPy's kernel cache, the folder must not be shared between users;
+//! unlike CuPy's, a shared or foreign folder is detected and refused rather than used.
 //!
 //! The NVRTC version in the key comes from a small facts file in the same folder
 //! when NVRTC has been asked once before (see [`super::nvrtc_facts`]), so a warm hit in a
@@ -81,13 +74,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-pub use super::cache_dir::{
-    check_dir, write_file_atomically, CacheSecret, SECRET_FILE, SECRET_LEN, TAG_BATCH, TAG_LEN,
-};
+pub use super::cache_dir::{check_dir, write_file_atomically};
 use super::hash::WordHasher;
 pub use entry::{
-    cache_key, cache_key_with_includes, decode, encode, CacheKey, DecodeError, FORMAT_VERSION,
-    MAGIC,
+    cache_key, cache_key_with_includes, checksum, decode, encode, CacheKey, DecodeError,
+    CHECKSUM_LEN, FORMAT_VERSION, MAGIC,
 };
 pub use stats::KernelCacheStats;
 
@@ -170,14 +161,13 @@ fn mem_hash(device: i32, program: &Program<'_>, target: Target) -> u64 {
 struct Disk {
     /// The folder asked for; `None`: memory only by configuration.
     dir: Option<PathBuf>,
-    /// `None` until first used; then the folder's secret, or why it is refused.
-    state: Option<std::result::Result<CacheSecret, String>>,
+    /// `None` until first used; then whether the folder is trusted (why not, if not).
+    state: Option<std::result::Result<(), String>>,
 }
 
-/// The disk folder in use and its secret, for one use of the disk part.
+/// The disk folder in use, for one use of the disk part.
 struct DiskInUse {
     dir: PathBuf,
-    secret: CacheSecret,
     /// The effective user, asked once for this use: the folder's first check and the
     /// entry's read check against it.
     euid: u32,
@@ -268,13 +258,13 @@ impl KernelCache {
     }
 
     /// The disk part, if there is one and its folder is trusted: checked (and the
-    /// folder created, and its secret read or made) on first use, then remembered.
+    /// folder created) on first use, then remembered.
     fn disk(&self) -> Option<DiskInUse> {
         let mut d = self.lock_disk();
         let dir = d.dir.clone()?;
         let euid = super::cache_dir::euid();
         let state = d.state.get_or_insert_with(|| {
-            CacheSecret::load_or_create_as(&dir, euid).map_err(|why| {
+            super::cache_dir::check_dir_as(&dir, euid).map_err(|why| {
                 let reason = format!(
                     "kernels are cached in memory only: {why} (the folder must be owned by this user and writable by nobody else; set {CACHE_DIR_VAR} to such a folder)"
                 );
@@ -283,11 +273,7 @@ impl KernelCache {
             })
         });
         match state {
-            Ok(secret) => Some(DiskInUse {
-                dir,
-                secret: secret.clone(),
-                euid,
-            }),
+            Ok(()) => Some(DiskInUse { dir, euid }),
             Err(_) => None,
         }
     }
@@ -301,8 +287,8 @@ impl KernelCache {
 
     /// Why the cache keeps compiled kernels in memory only: `None` when it uses its
     /// disk folder; else no folder is configured, or the folder was refused (another
-    /// user's, writable by group or others, not a folder, or its secret file is not
-    /// trusted) and the message names it and says why. See the [module docs](self).
+    /// user's, writable by group or others, or not a folder) and the message names it
+    /// and says why. See the [module docs](self).
     pub fn memory_only_reason(&self) -> Option<String> {
         if self.disk().is_some() {
             return None;
@@ -348,7 +334,7 @@ impl KernelCache {
 
     /// The compile stored on disk under `key`, if there is a disk part and a usable
     /// file: a regular file of the user's (a link at its name is not followed), whole,
-    /// for this key and format, with a tag that verifies. Counts a hit, or an unusable
+    /// for this key and format, with a checksum that matches. Counts a hit, or an unusable
     /// file. No NVRTC call.
     pub fn load(&self, key: &CacheKey) -> Option<Compiled> {
         let disk = self.disk()?;
@@ -359,7 +345,7 @@ impl KernelCache {
         let read = super::cache_dir::read_private(&key.path_in(&disk.dir), disk.euid);
         let decoded = match read {
             Ok(None) => return None,
-            Ok(Some(bytes)) => entry::decode_owned(&disk.secret, bytes, key).ok(),
+            Ok(Some(bytes)) => entry::decode_owned(bytes, key).ok(),
             Err(_) => None,
         };
         match decoded {
@@ -374,8 +360,7 @@ impl KernelCache {
         }
     }
 
-    /// Writes `compiled` to disk under `key` (atomically, tagged with the folder's
-    /// secret). An error when the cache is in memory only (with the reason) or the
+    /// Writes `compiled` to disk under `key` (atomically, with its checksum). An error when the cache is in memory only (with the reason) or the
     /// write fails (counted in [`KernelCacheStats::disk_write_failures`]).
     pub fn store(&self, key: &CacheKey, compiled: &Compiled) -> std::io::Result<()> {
         let Some(disk) = self.disk() else {
@@ -393,7 +378,7 @@ impl KernelCache {
         key: &CacheKey,
         compiled: &Compiled,
     ) -> std::io::Result<()> {
-        let written = write_atomically(&disk.dir, key, &encode(&disk.secret, key, compiled));
+        let written = write_atomically(&disk.dir, key, &encode(key, compiled));
         if written.is_err() {
             self.disk_write_failures.fetch_add(1, Ordering::Relaxed);
         }

@@ -2,8 +2,9 @@
 //! and CuPy's [`RawModule`] / [`RawKernel`] on top.
 //!
 //! The disk cache uses its folder only if the folder is the user's and writable by
-//! nobody else, and its entries only if their keyed tags verify; otherwise kernels are
-//! cached in memory only ([`KernelCache::memory_only_reason`] says why). See
+//! nobody else, and its entries only if they are the user's alone and whole (their
+//! checksum matches); otherwise kernels are cached in memory only
+//! ([`KernelCache::memory_only_reason`] says why). See
 //! [`cache`] for exactly what the folder is trusted with.
 //!
 //! By default a program is compiled for the current device's architecture, capped at

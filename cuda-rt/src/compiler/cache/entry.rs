@@ -1,15 +1,14 @@
 //! One kernel-cache entry: its key ([`cache_key`], a 128-bit BLAKE3 hash of everything
 //! that changes the compile) and its file format ([`encode`] / [`decode`]): a header
 //! (magic, format version, key, architecture, output kind, payload length), the
-//! payload (image, log, lowered names) and a tag, BLAKE3 in keyed mode over everything
-//! before it (padded: [`CacheSecret::tag`]). Pure functions: no file, no NVRTC.
+//! payload (image, log, lowered names) and a checksum, XXH3-128 over everything before
+//! it ([`checksum`]). Pure functions: no file, no NVRTC.
 
 use std::ffi::OsStr;
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::super::cache_dir::{CacheSecret, TAG_LEN};
 use super::super::hash::{hex, hex_to, StableHash};
 use super::super::toolkit::IncludeSet;
 use super::super::{Compiled, Output, Program, Target};
@@ -127,11 +126,13 @@ const NAME_LEN: usize = 32 + FILE_SUFFIX.len();
 
 /// First bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"CURTKC\r\n";
-/// Version of the file layout: 4 ends with a tag over the entry padded to whole batches
-/// of BLAKE3 chunks, keyed with a key derived from the secret ([`CacheSecret::tag`]);
-/// 3 (the same tag unpadded), 2 (whose tag hashed the context string in front) and 1
-/// (an unkeyed FNV-1a checksum) are read as misses (and rewritten).
-pub const FORMAT_VERSION: u32 = 4;
+/// Version of the file layout: 5 ends with an XXH3-128 checksum ([`checksum`]). The
+/// earlier ones are read as misses (and rewritten): 4, 3 and 2 ended with a BLAKE3 tag
+/// keyed with a per-user secret (`kcache.secret`, no longer made or read), 1 with an
+/// FNV-1a checksum.
+pub const FORMAT_VERSION: u32 = 5;
+/// Length of an entry's checksum, in bytes.
+pub const CHECKSUM_LEN: usize = 16;
 /// magic 8, version 4, key 16, arch 4, output 1, pad 3, payload length 8.
 const HEADER_LEN: usize = 44;
 
@@ -154,8 +155,15 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-/// The bytes of a cache file for `compiled` under `key`, tagged with `secret`. Pure.
-pub fn encode(secret: &CacheSecret, key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
+/// The checksum ending an entry: XXH3-128 of `bytes` (the entry before it), its 16
+/// bytes little-endian. It tells a torn, truncated or damaged file from a whole one; it
+/// is not a MAC (who may write the folder is the folder check's question). Pure.
+pub fn checksum(bytes: &[u8]) -> [u8; CHECKSUM_LEN] {
+    xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes()
+}
+
+/// The bytes of a cache file for `compiled` under `key`. Pure.
+pub fn encode(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
     let mut payload = Vec::with_capacity(compiled.image.len() + compiled.log.len() + 64);
     put_bytes(&mut payload, &compiled.image);
     put_bytes(&mut payload, compiled.log.as_bytes());
@@ -164,7 +172,7 @@ pub fn encode(secret: &CacheSecret, key: &CacheKey, compiled: &Compiled) -> Vec<
         put_bytes(&mut payload, e.as_bytes());
         put_bytes(&mut payload, l.as_bytes());
     }
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TAG_LEN);
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + CHECKSUM_LEN);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&key.0);
@@ -172,8 +180,8 @@ pub fn encode(secret: &CacheSecret, key: &CacheKey, compiled: &Compiled) -> Vec<
     out.extend_from_slice(&[output_byte(compiled.output), 0, 0, 0]);
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     out.extend_from_slice(&payload);
-    let tag = secret.tag(&out);
-    out.extend_from_slice(&tag);
+    let sum = checksum(&out);
+    out.extend_from_slice(&sum);
     out
 }
 
@@ -182,42 +190,36 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-/// Reads a cache file's bytes back, checking magic, version, key, length and the tag
-/// (keyed with `secret`) before anything of the payload is used. Never panics,
-/// whatever the bytes. Pure.
-pub fn decode(secret: &CacheSecret, bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
-    let head = checked_header(bytes, key)?;
-    if !secret.verify(&bytes[..head.body_end], &bytes[head.body_end..]) {
-        return Err(NOT_VERIFIED);
-    }
+/// Reads a cache file's bytes back, checking magic, version, key, length and the
+/// checksum before anything of the payload is used. Never panics, whatever the bytes.
+/// Pure.
+pub fn decode(bytes: &[u8], key: &CacheKey) -> Result<Compiled, DecodeError> {
+    let head = checked_body(bytes, key)?;
     let (image, rest) = parsed_body(&bytes[..head.body_end], head)?;
     Ok(rest.with_image(bytes[image].to_vec()))
 }
 
-/// [`decode`] of a file's bytes read into `bytes`: the tag's message is padded in the
-/// buffer's spare room, and the image is moved to the front of that buffer and kept
-/// there, rather than copied into a new one.
-pub(crate) fn decode_owned(
-    secret: &CacheSecret,
-    mut bytes: Vec<u8>,
-    key: &CacheKey,
-) -> Result<Compiled, DecodeError> {
-    let head = checked_header(&bytes, key)?;
-    let mut tag = [0u8; TAG_LEN];
-    tag.copy_from_slice(&bytes[head.body_end..]);
-    bytes.truncate(head.body_end);
-    if !CacheSecret::same_tag(&secret.tag_in_place(&mut bytes), &tag) {
-        return Err(NOT_VERIFIED);
-    }
-    let (image, rest) = parsed_body(&bytes, head)?;
+/// [`decode`] of a file's bytes read into `bytes`: the image is moved to the front of
+/// that buffer and kept there, rather than copied into a new one.
+pub(crate) fn decode_owned(mut bytes: Vec<u8>, key: &CacheKey) -> Result<Compiled, DecodeError> {
+    let head = checked_body(&bytes, key)?;
+    let (image, rest) = parsed_body(&bytes[..head.body_end], head)?;
     let len = image.len();
     bytes.copy_within(image, 0);
     bytes.truncate(len);
     Ok(rest.with_image(bytes))
 }
 
-const NOT_VERIFIED: DecodeError =
-    DecodeError("the tag does not verify (corrupt, or not written by this user's cache)");
+/// [`checked_header`], then the checksum over the header and payload.
+fn checked_body(bytes: &[u8], key: &CacheKey) -> Result<Header, DecodeError> {
+    let head = checked_header(bytes, key)?;
+    if checksum(&bytes[..head.body_end])[..] != bytes[head.body_end..] {
+        return Err(DecodeError(
+            "the checksum does not match (torn, truncated or damaged)",
+        ));
+    }
+    Ok(head)
+}
 
 /// A decoded entry but for its image.
 struct Parts {
@@ -244,13 +246,13 @@ impl Parts {
 struct Header {
     arch: u32,
     output: Output,
-    /// Where the body (header and payload) ends and the tag begins.
+    /// Where the body (header and payload) ends and the checksum begins.
     body_end: usize,
 }
 
-/// [`decode`]'s checks before the tag's: magic, version, key, kind and length.
+/// [`decode`]'s checks before the checksum's: magic, version, key, kind and length.
 fn checked_header(bytes: &[u8], key: &CacheKey) -> Result<Header, DecodeError> {
-    if bytes.len() < HEADER_LEN + TAG_LEN {
+    if bytes.len() < HEADER_LEN + CHECKSUM_LEN {
         return Err(DecodeError("shorter than its header (truncated)"));
     }
     if bytes[..8] != MAGIC {
@@ -272,7 +274,7 @@ fn checked_header(bytes: &[u8], key: &CacheKey) -> Result<Header, DecodeError> {
         _ => return Err(DecodeError("unknown output kind")),
     };
     let payload_len = r.u64()?;
-    let body_end = bytes.len() - TAG_LEN;
+    let body_end = bytes.len() - CHECKSUM_LEN;
     if payload_len != (body_end - HEADER_LEN) as u64 {
         return Err(DecodeError("length does not match (truncated or extended)"));
     }
@@ -283,7 +285,7 @@ fn checked_header(bytes: &[u8], key: &CacheKey) -> Result<Header, DecodeError> {
     })
 }
 
-/// [`decode`]'s parse of a verified `body` (header and payload): where the image is in
+/// [`decode`]'s parse of a checked `body` (header and payload): where the image is in
 /// it, and the rest.
 fn parsed_body(body: &[u8], head: Header) -> Result<(std::ops::Range<usize>, Parts), DecodeError> {
     let mut r = Reader {
@@ -345,9 +347,6 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compiler::cache_dir::SECRET_LEN;
-
-    static SECRET: CacheSecret = CacheSecret::from_bytes([0x5a; SECRET_LEN]);
 
     fn sample() -> Compiled {
         Compiled {
@@ -513,64 +512,69 @@ mod tests {
     #[test]
     fn decode_owned_is_decode() {
         let key = CacheKey([7; 16]);
-        let bytes = encode(&SECRET, &key, &sample());
-        assert_eq!(
-            decode_owned(&SECRET, bytes.clone(), &key),
-            decode(&SECRET, &bytes, &key)
-        );
-        assert_eq!(decode_owned(&SECRET, bytes, &key), Ok(sample()));
+        let bytes = encode(&key, &sample());
+        assert_eq!(decode_owned(bytes.clone(), &key), decode(&bytes, &key));
+        assert_eq!(decode_owned(bytes, &key), Ok(sample()));
     }
 
     #[test]
     fn encode_decode_round_trips() {
         let key = CacheKey([7; 16]);
         let c = sample();
-        assert_eq!(decode(&SECRET, &encode(&SECRET, &key, &c), &key), Ok(c));
+        assert_eq!(decode(&encode(&key, &c), &key), Ok(c));
     }
 
     #[test]
     fn every_truncation_is_a_decode_error() {
         let key = CacheKey([1; 16]);
-        let bytes = encode(&SECRET, &key, &sample());
+        let bytes = encode(&key, &sample());
         for n in 0..bytes.len() {
-            assert!(
-                decode(&SECRET, &bytes[..n], &key).is_err(),
-                "truncated at {n}"
-            );
+            assert!(decode(&bytes[..n], &key).is_err(), "truncated at {n}");
         }
     }
 
     #[test]
     fn every_flipped_byte_is_a_decode_error() {
         let key = CacheKey([1; 16]);
-        let bytes = encode(&SECRET, &key, &sample());
+        let bytes = encode(&key, &sample());
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
             b[i] ^= 0x20;
-            assert!(decode(&SECRET, &b, &key).is_err(), "flip at {i}");
+            assert!(decode(&b, &key).is_err(), "flip at {i}");
         }
     }
 
     #[test]
     fn a_file_for_another_key_is_a_miss() {
-        let bytes = encode(&SECRET, &CacheKey([1; 16]), &sample());
+        let bytes = encode(&CacheKey([1; 16]), &sample());
         assert_eq!(
-            decode(&SECRET, &bytes, &CacheKey([2; 16])),
+            decode(&bytes, &CacheKey([2; 16])),
             Err(DecodeError("written for another key"))
         );
     }
 
     #[test]
-    fn an_entry_tagged_with_another_secret_is_a_miss() {
+    fn a_checksum_that_does_not_match_is_a_miss() {
         let key = CacheKey([3; 16]);
-        let mut forged = sample();
-        forged.image = b"\x7fELF attacker's cubin".to_vec();
-        let bytes = encode(&CacheSecret::from_bytes([0xa5; SECRET_LEN]), &key, &forged);
+        let mut bytes = encode(&key, &sample());
+        let n = bytes.len();
+        bytes[n - 1] ^= 1;
         assert_eq!(
-            decode(&SECRET, &bytes, &key),
+            decode(&bytes, &key),
             Err(DecodeError(
-                "the tag does not verify (corrupt, or not written by this user's cache)"
+                "the checksum does not match (torn, truncated or damaged)"
             ))
+        );
+    }
+
+    /// The checksum is XXH3-128 as its reference computes it: a fixed value (the
+    /// `xxhash` C library's `XXH3_128bits` of these bytes), so a change of crate or
+    /// of byte order cannot pass unseen and turn every user's entries into misses.
+    #[test]
+    fn the_checksum_is_xxh3_128_little_endian() {
+        assert_eq!(
+            checksum(b""),
+            0x99aa06d3014798d86001c324468d497fu128.to_le_bytes()
         );
     }
 }
