@@ -56,8 +56,8 @@
 //! also keyed each entry with a per-user secret (`kcache.secret` in the folder, no
 //! longer read; it may be deleted): the secret lay in the folder it guarded, readable
 //! by exactly those who can write entries the checks accept, so it stopped no one the
-//! checks do not, and it cost a first use more than a cubin's load by half again
-//! (issue 27). Like CuPy's kernel cache, the folder must not be shared between users;
+//! checks do not, and it added a third of a cubin's load to a kernel's first use in a
+//! process (issue 27). Like CuPy's kernel cache, the folder must not be shared between users;
 //! unlike CuPy's, a shared or foreign folder is detected and refused rather than used.
 //!
 //! The NVRTC version in the key comes from a small facts file in the same folder
