@@ -1,8 +1,8 @@
 //! Hashes: a stable one for names and keys that are written to disk ([`StableHash`]),
 //! and a fast one for the kernel cache's in-memory map ([`WordHasher`]).
 
-/// The stable hash of names and keys written to disk: BLAKE3 (the hash that also tags
-/// the cache's entries, so the crate has one), its output cut to 128 bits. The same
+/// The stable hash of names and keys written to disk: BLAKE3, its output cut to 128
+/// bits. The same
 /// in every build, process and machine; collision-resistant, so two programs never
 /// share a cache key by accident.
 #[derive(Debug, Clone)]
