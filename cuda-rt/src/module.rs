@@ -654,13 +654,44 @@ fn c_name(what: &str, name: &str) -> Result<CString> {
 /// Size of the JIT error log buffer handed to `cuModuleLoadDataEx`.
 const JIT_LOG_BYTES: usize = 8192;
 
+thread_local! {
+    /// This thread's JIT error log buffer, handed to the driver by every load: a fresh
+    /// zeroed 8 KiB per load cost each module load (a kernel's first use from the disk
+    /// cache among them) an allocation, a memset and a free beside the driver's work.
+    static JIT_LOG: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Loads a PTX, cubin or fatbin image in the current context (`cuModuleLoadDataEx`).
 /// On failure the JIT error log, if any, is appended to the message.
 ///
 /// # Safety
 /// `image` is a complete image: PTX ending with a NUL byte, or a whole cubin or fatbin.
 unsafe fn load_image(image: &[u8]) -> Result<sys::CUmodule> {
-    let mut log = vec![0u8; JIT_LOG_BYTES];
+    let kept = JIT_LOG.try_with(|log| {
+        log.try_borrow_mut()
+            // SAFETY: `image` is complete (caller).
+            .map(|mut log| unsafe { load_image_logged(image, &mut log) })
+    });
+    match kept {
+        Ok(Ok(loaded)) => loaded,
+        // The thread is exiting (its buffer is gone), or a load is under way on it: a
+        // buffer of this load's own.
+        // SAFETY: `image` is complete (caller).
+        _ => unsafe { load_image_logged(image, &mut Vec::new()) },
+    }
+}
+
+/// [`load_image`] with `log` as the JIT error log buffer (made [`JIT_LOG_BYTES`] long,
+/// zeroed, if it is not).
+///
+/// # Safety
+/// As [`load_image`].
+unsafe fn load_image_logged(image: &[u8], log: &mut Vec<u8>) -> Result<sys::CUmodule> {
+    if log.len() != JIT_LOG_BYTES {
+        *log = vec![0u8; JIT_LOG_BYTES];
+    }
+    // Empty unless this load writes a log: the buffer may hold an earlier load's.
+    log[0] = 0;
     let mut options = [
         sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
         sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,

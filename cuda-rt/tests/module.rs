@@ -69,10 +69,21 @@ cuda_rt::gpu_test!(ptx_bytes_without_nul_load, {
 
 cuda_rt::gpu_test!(bad_ptx_is_an_error_with_the_jit_log, {
     cuda_rt::device::set_device_id(0).unwrap();
-    let err =
-        Module::load_data(b".version 8.0\n.target sm_90\n.address_size 64\nthis is not ptx;\n")
-            .unwrap_err();
-    assert!(!err.to_string().is_empty());
+    let bad = |word: &str| {
+        let ptx = format!(".version 8.0\n.target sm_90\n.address_size 64\n{word} is not ptx;\n");
+        Module::load_data(ptx.as_bytes()).unwrap_err().to_string()
+    };
+    let first = bad("alphaword");
+    assert!(
+        first.contains("JIT log:") && first.contains("alphaword"),
+        "{first}"
+    );
+    // The thread's log buffer is reused: a later load's error, after a good load,
+    // carries its own log and nothing of the first one's.
+    Module::load_data(&compile_for_device(GLOBALS)).unwrap();
+    let second = bad("betaword");
+    assert!(second.contains("betaword"), "{second}");
+    assert!(!second.contains("alphaword"), "{second}");
 });
 
 cuda_rt::gpu_test!(unknown_kernel_error_names_it_and_lists_the_exports, {
