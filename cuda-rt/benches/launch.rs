@@ -2,9 +2,11 @@
 //!
 //! One JSON object per line per figure, then a table (the shared reporter of
 //! `common`). Without a GPU: one skip line, exit 0. Host time per launch of an empty
-//! kernel (100k launches on one stream, synchronised at the end, median of 5
-//! repetitions); also the cost of a second `RawKernel::new` of the same source, and
-//! first use from a warm disk cache.
+//! kernel, cuda-rt's launches and the raw `cuLaunchKernel` timed in the same rounds
+//! (each round 20k launches of each, on one stream, synchronised after each; the order
+//! turns round by round; medians of 15 rounds), so a host whose speed drifts during the
+//! run moves both sides of a ratio alike; also the cost of a second `RawKernel::new` of
+//! the same source, and first use from a warm disk cache.
 
 use std::ffi::c_void;
 use std::time::Instant;
@@ -16,8 +18,10 @@ use cuda_rt::{AsStream, LaunchConfig, Stream};
 mod common;
 use common::{median, Figure, Report};
 
-const LAUNCHES: usize = 100_000;
-const REPS: usize = 5;
+/// Launches of each body per round.
+const LAUNCHES: usize = 20_000;
+/// Rounds of launch timings (each round times every body once).
+const ROUNDS: usize = 15;
 /// Module loads are short and vary more: their medians take more runs.
 const MODULE_REPS: usize = 15;
 
@@ -26,17 +30,23 @@ extern "C" __global__ void empty1(int a) {}
 extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, double b) {}
 "#;
 
-fn per_launch_us(stream: &Stream, mut body: impl FnMut()) -> f64 {
-    let mut reps = Vec::new();
-    for _ in 0..REPS {
-        let t = Instant::now();
-        for _ in 0..LAUNCHES {
-            body();
+/// Host microseconds per launch of each of `bodies` (each one launch), timed in rounds:
+/// every round runs each body [`LAUNCHES`] times and synchronises `stream`, starting
+/// with a different body each round. The median over [`ROUNDS`] rounds, per body.
+fn per_launch_us(stream: &Stream, bodies: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    let mut times = vec![Vec::with_capacity(ROUNDS); bodies.len()];
+    for round in 0..ROUNDS {
+        for k in 0..bodies.len() {
+            let i = (round + k) % bodies.len();
+            let t = Instant::now();
+            for _ in 0..LAUNCHES {
+                (bodies[i])();
+            }
+            stream.synchronize().expect("synchronize");
+            times[i].push(t.elapsed().as_secs_f64() * 1e6 / LAUNCHES as f64);
         }
-        stream.synchronize().expect("synchronize");
-        reps.push(t.elapsed().as_secs_f64() * 1e6 / LAUNCHES as f64);
     }
-    median(reps)
+    times.into_iter().map(median).collect()
 }
 
 fn main() {
@@ -58,7 +68,7 @@ fn run() -> cuda_rt::Result<()> {
     let cfg = LaunchConfig::new(1, 32);
     let launch_raw = sys::api()?.cuLaunchKernel()?;
     let mut report = Report::new(format!(
-        "launch and module figures on device 0 (host time, median of {REPS})"
+        "launch and module figures on device 0 (host time; launches: medians of {ROUNDS} rounds)"
     ));
 
     // Warm up both paths (first launch fetches parameter sizes, loads lazily).
@@ -75,9 +85,10 @@ fn run() -> cuda_rt::Result<()> {
     };
     stream.synchronize()?;
 
-    let mut a = 7i32;
-    let raw1 = per_launch_us(&stream, || {
-        let mut p = [&mut a as *mut i32 as *mut c_void];
+    let a = 7i32;
+    let mut a_raw = a;
+    let mut raw1 = || {
+        let mut p = [&mut a_raw as *mut i32 as *mut c_void];
         // SAFETY: empty1 takes one int; `p` points to one; the stream is alive.
         let rc = unsafe {
             launch_raw(
@@ -95,22 +106,26 @@ fn run() -> cuda_rt::Result<()> {
             )
         };
         assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
-    });
-    let ours1 = per_launch_us(&stream, || {
+    };
+    let mut ours1 = || {
         // SAFETY: empty1(int) gets one int and touches no memory.
         unsafe { e1.launch_on(&stream, &cfg, &[&a]) }.expect("launch");
-    });
+    };
+    let [raw1, ours1] = per_launch_us(&stream, &mut [&mut raw1, &mut ours1])[..] else {
+        unreachable!("one median per body")
+    };
     report.push(Figure::new("launch_empty_1arg", ours1, "us").raw(raw1, "cuLaunchKernel"));
 
-    let (mut x, mut y, mut z, mut n, mut f, mut d) = (0u64, 0u64, 0u64, 1i32, 1.0f32, 1.0f64);
-    let raw6 = per_launch_us(&stream, || {
+    let (x, y, z, n, f, d) = (0u64, 0u64, 0u64, 1i32, 1.0f32, 1.0f64);
+    let (mut x_raw, mut y_raw, mut z_raw, mut n_raw, mut f_raw, mut d_raw) = (x, y, z, n, f, d);
+    let mut raw6 = || {
         let mut p = [
-            &mut x as *mut u64 as *mut c_void,
-            &mut y as *mut u64 as *mut c_void,
-            &mut z as *mut u64 as *mut c_void,
-            &mut n as *mut i32 as *mut c_void,
-            &mut f as *mut f32 as *mut c_void,
-            &mut d as *mut f64 as *mut c_void,
+            &mut x_raw as *mut u64 as *mut c_void,
+            &mut y_raw as *mut u64 as *mut c_void,
+            &mut z_raw as *mut u64 as *mut c_void,
+            &mut n_raw as *mut i32 as *mut c_void,
+            &mut f_raw as *mut f32 as *mut c_void,
+            &mut d_raw as *mut f64 as *mut c_void,
         ];
         // SAFETY: one pointer per parameter of empty6, each to a value of its type.
         let rc = unsafe {
@@ -129,13 +144,12 @@ fn run() -> cuda_rt::Result<()> {
             )
         };
         assert_eq!(rc, sys::CUresult::CUDA_SUCCESS);
-    });
-    let ours6 = per_launch_us(&stream, || {
+    };
+    let mut ours6 = || {
         // SAFETY: empty6 gets one value of each parameter type; its body is empty, so
         // the null pointers x, y, z are never followed.
         unsafe { cuda_rt::launch!(e6, &cfg, &stream, (x, y, z, n, f, d)) }.expect("launch");
-    });
-    report.push(Figure::new("launch_empty_6args", ours6, "us").raw(raw6, "cuLaunchKernel"));
+    };
     // The same with buffers, an input as `&x` and outputs as `&mut` (what user code
     // writes): the references add no work to the launch.
     let bx = cuda_rt::DeviceBuffer::<f32>::zeros(32)?;
@@ -143,12 +157,18 @@ fn run() -> cuda_rt::Result<()> {
         cuda_rt::DeviceBuffer::<f32>::zeros(32)?,
         cuda_rt::DeviceBuffer::<f32>::zeros(32)?,
     );
-    let ours6_refs = per_launch_us(&stream, || {
+    let mut ours6_refs = || {
         // SAFETY: empty6 gets three buffers of 32 floats on its device and one value of
         // each other parameter type; its body is empty.
         unsafe { cuda_rt::launch!(e6, &cfg, &stream, (&bx, &mut by, &mut bz, n, f, d)) }
             .expect("launch");
-    });
+    };
+    let [raw6, ours6, ours6_refs] =
+        per_launch_us(&stream, &mut [&mut raw6, &mut ours6, &mut ours6_refs])[..]
+    else {
+        unreachable!("one median per body")
+    };
+    report.push(Figure::new("launch_empty_6args", ours6, "us").raw(raw6, "cuLaunchKernel"));
     report.push(
         Figure::new("launch_empty_6args_buffer_refs", ours6_refs, "us").raw(raw6, "cuLaunchKernel"),
     );
