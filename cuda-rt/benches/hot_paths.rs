@@ -284,8 +284,8 @@ fn disk_lookup(n: usize, kept: Option<std::path::PathBuf>, load: bool) {
     let program = Program::new(DISK_SRC);
     let warm = KernelCache::new(Some(dir.clone()));
     // With a folder filled before, the process's first lookup is a new process's first
-    // kernel: it also pays what is done once per process (the NVRTC
-    // facts, the toolkit's include folders and their stamp).
+    // kernel: it also pays what is done once per process (the NVRTC facts, the
+    // toolkit's include folders and their stamp).
     // The device's architecture first, apart: it opens the driver.
     let target = match Target::for_device(0) {
         Ok(t) => t,

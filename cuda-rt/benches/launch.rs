@@ -33,11 +33,11 @@ extern "C" __global__ void empty6(float* x, float* y, float* z, int n, float a, 
 /// Host microseconds per launch of each of `bodies` (each one launch), timed in rounds:
 /// every round runs each body [`LAUNCHES`] times and synchronises `stream`, starting
 /// with a different body each round. The median over [`ROUNDS`] rounds, per body.
-fn per_launch_us(stream: &Stream, bodies: &mut [&mut dyn FnMut()]) -> Vec<f64> {
-    let mut times = vec![Vec::with_capacity(ROUNDS); bodies.len()];
+fn per_launch_us<const N: usize>(stream: &Stream, bodies: [&mut dyn FnMut(); N]) -> [f64; N] {
+    let mut times: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
     for round in 0..ROUNDS {
-        for k in 0..bodies.len() {
-            let i = (round + k) % bodies.len();
+        for k in 0..N {
+            let i = (round + k) % N;
             let t = Instant::now();
             for _ in 0..LAUNCHES {
                 (bodies[i])();
@@ -46,7 +46,7 @@ fn per_launch_us(stream: &Stream, bodies: &mut [&mut dyn FnMut()]) -> Vec<f64> {
             times[i].push(t.elapsed().as_secs_f64() * 1e6 / LAUNCHES as f64);
         }
     }
-    times.into_iter().map(median).collect()
+    times.map(median)
 }
 
 fn main() {
@@ -111,9 +111,7 @@ fn run() -> cuda_rt::Result<()> {
         // SAFETY: empty1(int) gets one int and touches no memory.
         unsafe { e1.launch_on(&stream, &cfg, &[&a]) }.expect("launch");
     };
-    let [raw1, ours1] = per_launch_us(&stream, &mut [&mut raw1, &mut ours1])[..] else {
-        unreachable!("one median per body")
-    };
+    let [raw1, ours1] = per_launch_us(&stream, [&mut raw1, &mut ours1]);
     report.push(Figure::new("launch_empty_1arg", ours1, "us").raw(raw1, "cuLaunchKernel"));
 
     let (x, y, z, n, f, d) = (0u64, 0u64, 0u64, 1i32, 1.0f32, 1.0f64);
@@ -164,10 +162,7 @@ fn run() -> cuda_rt::Result<()> {
             .expect("launch");
     };
     let [raw6, ours6, ours6_refs] =
-        per_launch_us(&stream, &mut [&mut raw6, &mut ours6, &mut ours6_refs])[..]
-    else {
-        unreachable!("one median per body")
-    };
+        per_launch_us(&stream, [&mut raw6, &mut ours6, &mut ours6_refs]);
     report.push(Figure::new("launch_empty_6args", ours6, "us").raw(raw6, "cuLaunchKernel"));
     report.push(
         Figure::new("launch_empty_6args_buffer_refs", ours6_refs, "us").raw(raw6, "cuLaunchKernel"),

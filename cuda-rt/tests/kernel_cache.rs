@@ -568,11 +568,18 @@ fn cache_without_a_folder_says_it_is_in_memory_only() {
     assert!(reason.contains("no disk folder is configured"), "{reason}");
 }
 
-/// `compiled` as format 1 wrote it: header and payload, then an FNV-1a checksum.
-fn format_1_entry(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
+/// The header and payload of `compiled`'s entry (the layout every format shares),
+/// marked as format `version`, without what ends it.
+fn body_of_format(version: u32, key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
     let v5 = encode(key, compiled);
     let mut out = v5[..v5.len() - CHECKSUM_LEN].to_vec();
-    out[8..12].copy_from_slice(&1u32.to_le_bytes());
+    out[8..12].copy_from_slice(&version.to_le_bytes());
+    out
+}
+
+/// `compiled` as format 1 wrote it: header and payload, then an FNV-1a checksum.
+fn format_1_entry(key: &CacheKey, compiled: &Compiled) -> Vec<u8> {
+    let mut out = body_of_format(1, key, compiled);
     out.extend_from_slice(&fnv1a_128(&out));
     out
 }
@@ -592,9 +599,7 @@ fn fnv1a_128(bytes: &[u8]) -> [u8; 16] {
 /// header and payload, then BLAKE3 keyed with a key derived from the secret over the
 /// entry padded with zeros and its length to whole 8 KiB batches.
 fn format_4_entry(key: &CacheKey, compiled: &Compiled, secret: &[u8; 32]) -> Vec<u8> {
-    let v5 = encode(key, compiled);
-    let mut out = v5[..v5.len() - CHECKSUM_LEN].to_vec();
-    out[8..12].copy_from_slice(&4u32.to_le_bytes());
+    let mut out = body_of_format(4, key, compiled);
     let tag_key = blake3::keyed_hash(secret, b"cuda-rt kernel cache entry v4\0");
     let mut message = out.clone();
     message.resize((out.len() + 8).next_multiple_of(8 << 10) - 8, 0);

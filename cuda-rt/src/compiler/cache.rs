@@ -360,8 +360,8 @@ impl KernelCache {
         }
     }
 
-    /// Writes `compiled` to disk under `key` (atomically, with its checksum). An error when the cache is in memory only (with the reason) or the
-    /// write fails (counted in [`KernelCacheStats::disk_write_failures`]).
+    /// Writes `compiled` to disk under `key` (atomically, with its checksum). An error
+    /// when the cache is in memory only (with the reason) or the write fails (counted in [`KernelCacheStats::disk_write_failures`]).
     pub fn store(&self, key: &CacheKey, compiled: &Compiled) -> std::io::Result<()> {
         let Some(disk) = self.disk() else {
             let why = self
