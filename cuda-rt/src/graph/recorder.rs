@@ -259,6 +259,17 @@ fn refuse_capturing<S: AsStream + ?Sized>(stream: &S) -> Result<()> {
 /// keeping the executable, and knowing when it no longer fits the work; the recorder
 /// does that, per key, with a bounded cache.
 ///
+/// How much it gains is set by where the step's time goes. Measured on an H200
+/// (`cargo bench -p cuda-rt-safe --bench recorder`: 100 dependent kernels of one to six
+/// arguments over 16384 floats, eager steps of 285-300 us of host time): a replay
+/// queues the step in 1.3-1.4 us of host time (0.0045 of eager, within 4% of a
+/// [`Graph::launch`] by hand), but a synchronized step still takes the graph's own time
+/// on the device, 107 us (0.36 of eager, 2.7x faster), of which 55 us is the device's
+/// floor of about 0.55 us per dependent kernel node; an update by other buffers every
+/// step takes 136 us (0.47, 2.1x), the driver's node updates added. So the host is
+/// freed almost entirely, and the wall time of a step gains most where eager launches,
+/// not the kernels, were its bound.
+///
 /// # What the key is for
 /// A recording replays exactly what the closure queued when it was captured: the same
 /// kernels, launch shapes and arguments (the same buffers and scalars). The key names
