@@ -567,14 +567,25 @@ mod tests {
         );
     }
 
-    /// The checksum is XXH3-128 as its reference computes it: a fixed value (the
-    /// `xxhash` C library's `XXH3_128bits` of these bytes), so a change of crate or
-    /// of byte order cannot pass unseen and turn every user's entries into misses.
+    /// The checksum is XXH3-128 as its reference computes it: fixed values (the
+    /// `xxhash` C library's `XXH3_128bits`, through Python's `xxhash` package), so a
+    /// change of crate or of byte order cannot pass unseen and turn every user's
+    /// entries into misses. The empty input, a short one, and 5000 bytes (the long
+    /// input path, which every cubin takes).
     #[test]
     fn the_checksum_is_xxh3_128_little_endian() {
         assert_eq!(
             checksum(b""),
             0x99aa06d3014798d86001c324468d497fu128.to_le_bytes()
+        );
+        assert_eq!(
+            checksum(b"CURTKC"),
+            0x1012ec8fdc0ccb83491d6a4aa4db1ebeu128.to_le_bytes()
+        );
+        let long: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(
+            checksum(&long),
+            0x5ecbf80121973a82ce29a19460ee1bfcu128.to_le_bytes()
         );
     }
 }
