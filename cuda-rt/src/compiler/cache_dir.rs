@@ -162,21 +162,14 @@ fn write_via(dir: &Path, random_chars: usize, name: &str, bytes: &[u8]) -> io::R
     tmp.persist(dir.join(name)).map(drop).map_err(|e| e.error)
 }
 
-/// Writes `bytes` to `dir/name` atomically (a temporary with a random name,
-/// then a rename), after checking that `dir` can be trusted ([`check_dir`]; it is
-/// created if missing). Never writes through a link.
-pub fn write_atomically_in(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    check_dir(dir).map_err(io::Error::other)?;
-    write_via(dir, RANDOM_NAME, name, bytes)
-}
-
 /// Writes `bytes` to `dir/name` through a temporary file with a random name in
 /// the same folder (created exclusively, mode 0600, not following links) and a rename,
 /// so the file appears whole or not at all and no link planted in the folder is written
 /// through. `dir` is created (mode 0700) if missing, and refused, with an error saying
 /// why, unless it is the user's and writable by nobody else ([`check_dir`]).
-pub fn write_file_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    write_atomically_in(dir, name, bytes)
+pub fn write_file_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    check_dir(dir).map_err(io::Error::other)?;
+    write_via(dir, RANDOM_NAME, name, bytes)
 }
 
 #[cfg(test)]
@@ -243,7 +236,7 @@ mod tests {
     #[test]
     fn written_files_are_private() {
         let dir = Dir::new("private");
-        write_atomically_in(&dir.0, "entry", b"bytes").unwrap();
+        write_file_atomically(&dir.0, "entry", b"bytes").unwrap();
         let m = std::fs::metadata(dir.0.join("entry")).unwrap();
         assert_eq!(m.mode() & 0o777, 0o600);
         assert_eq!(
