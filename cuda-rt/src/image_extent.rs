@@ -55,16 +55,22 @@ fn malformed(what: &str, len: usize) -> Error {
     )
 }
 
+/// The `N` bytes at `at`, `None` past the image's end (or past `usize::MAX`: `at`
+/// comes from the image's own fields).
+fn bytes_at<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
+    b.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
 fn u16_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?).into())
+    Some(u16::from_le_bytes(bytes_at(b, at)?).into())
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?).into())
+    Some(u32::from_le_bytes(bytes_at(b, at)?).into())
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(bytes_at(b, at)?))
 }
 
 /// The end of a table of `n` entries of `size` bytes at `off`.
@@ -179,6 +185,22 @@ mod tests {
         let mut b = elf();
         b[4] = 1; // 32-bit
         assert!(check_cubin(&b).is_err());
+    }
+
+    #[test]
+    fn a_table_offset_at_the_end_of_the_address_space_is_refused() {
+        // Extended section numbering sends the reader to `shoff + 0x20`; an offset
+        // near `usize::MAX` must be refused, not overflow.
+        for shoff in [usize::MAX - 0x22, usize::MAX - 0x20, usize::MAX - 0x1a] {
+            let mut b = elf();
+            b[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+            b[0x3c..0x3e].copy_from_slice(&0u16.to_le_bytes());
+            assert!(check_cubin(&b).is_err(), "shoff {shoff:#x}");
+        }
+        let b = [0u8; 4];
+        assert_eq!(u16_at(&b, usize::MAX), None);
+        assert_eq!(u32_at(&b, usize::MAX - 3), None);
+        assert_eq!(u64_at(&b, usize::MAX - 1), None);
     }
 
     #[test]
