@@ -368,6 +368,11 @@ impl Graph {
             ));
         }
         args.check(func.param_sizes())?;
+        for m in &args.memory {
+            // The graph keeps this memory for the kernel: graph memory must exist outside
+            // its capture for that to mean anything.
+            m.mem().check_use(None)?;
+        }
         let keep = func.keep_alive();
         let ptrs = args.pointers();
         make_current(self.device)?;
@@ -406,6 +411,11 @@ impl Graph {
                     src.size()
                 ),
             ));
+        }
+        if bytes != 0 {
+            // A node runs outside any capture: graph memory must exist by then.
+            dst.mem().check_use(None)?;
+            src.mem().check_use(None)?;
         }
         let deps = self.deps("add_memcpy_node", deps)?;
         make_current(self.device)?;
@@ -461,6 +471,10 @@ impl Graph {
                     dst.size()
                 ),
             ));
+        }
+        if count != 0 {
+            // As for copies: graph memory must exist outside its capture.
+            dst.mem().check_use(None)?;
         }
         let deps = self.deps("add_memset_node", deps)?;
         make_current(self.device)?;
