@@ -13,10 +13,12 @@ use std::sync::{Arc, Barrier};
 use common::{pattern, Gate};
 use cuda_rt::buffer::DeviceBuffer;
 use cuda_rt::compiler::RawKernel;
-use cuda_rt::graph::CaptureMode;
+use cuda_rt::graph::{CaptureMode, Graph, KernelArgs};
 use cuda_rt::launch::LaunchConfig;
 use cuda_rt::stream::Stream;
-use cuda_rt::{gpu_test, AsStream, Error, StateKind, StreamCaptureExt, StreamEventExt};
+use cuda_rt::{
+    gpu_test, AsStream, CaptureKind, Error, StateKind, StreamCaptureExt, StreamEventExt,
+};
 
 const N: usize = 1 << 20;
 
@@ -214,6 +216,131 @@ gpu_test!(allocations_of_a_graph_never_launched_are_refused, {
     drop(g);
     q.memset(4, N).unwrap();
 });
+
+// Item 5, hand-built graphs: a copy, memset or kernel node is refused memory of a
+// graph that never ran, before its first launch and after the graph went unlaunched
+// (by the time the node runs, the address may be another graph's memory); ordinary
+// memory still goes in, and the graph runs.
+gpu_test!(graph_nodes_refuse_allocations_of_a_graph_never_launched, {
+    let _serial = serial();
+    let s = Stream::non_blocking().unwrap();
+    let (p, g) = {
+        let _on = s.enter().unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        let p = cuda_rt::alloc(N).unwrap();
+        p.memset_async(1, N, None).unwrap();
+        (p, s.end_capture().unwrap())
+    };
+    let other = cuda_rt::alloc(N).unwrap();
+    other.memset(0, N).unwrap();
+    let spin =
+        common_kernel::nvrtc_or_skip("graph_nodes_refuse_allocations_of_a_graph_never_launched")
+            .then(|| RawKernel::new(common_kernel::SPIN_FILL, "spin_fill", &[]).unwrap());
+    let h = Graph::new().unwrap();
+    let refused = |when: &str| {
+        let e = h.add_memset_node(&[], &p, 0xAB, 1, N).unwrap_err();
+        assert!(is_gone(&e), "memset node, {when}: {e}");
+        let e = h.add_memcpy_node(&[], &p, &other, N).unwrap_err();
+        assert!(is_gone(&e), "copy node into it, {when}: {e}");
+        let e = h.add_memcpy_node(&[], &other, &p, N).unwrap_err();
+        assert!(is_gone(&e), "copy node from it, {when}: {e}");
+        if let Some(k) = &spin {
+            let mut args = KernelArgs::new();
+            args.push_ptr(&p)
+                .push((N / 4) as i32)
+                .push(0xABu32)
+                .push(0i64);
+            let cfg = LaunchConfig::new(64, 256);
+            // SAFETY: spin_fill(unsigned* p, int n, unsigned v, long long cycles) with N/4
+            // words of p; the node is refused before it exists.
+            let e = unsafe { h.add_kernel_node(&[], k, cfg, &args) }.unwrap_err();
+            assert!(is_gone(&e), "kernel node, {when}: {e}");
+        }
+        assert_eq!(
+            h.node_count().unwrap(),
+            0,
+            "{when}: a refused node was added"
+        );
+    };
+    refused("before the first launch");
+    drop(g);
+    refused("after the graph went unlaunched");
+    h.add_memset_node(&[], &other, 0x5A, 1, N).unwrap();
+    h.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    other.copy_to_host(&mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0x5A));
+});
+
+// Item 3, host side: a copy that waits for its work is refused before anything is
+// queued while this thread captures in global mode (which refuses that wait): were it
+// queued, the refused wait would return with the DMA still due to read or write a
+// host slice the caller takes back. The streams are synchronised after the capture
+// ends: a copy that had been queued would show in the bytes.
+gpu_test!(
+    waiting_host_copies_are_refused_while_this_thread_captures,
+    {
+        let _serial = serial();
+        let s = Stream::non_blocking().unwrap();
+        let other = Stream::non_blocking().unwrap();
+        let dev = cuda_rt::alloc(N).unwrap();
+        dev.memset(0xAB, N).unwrap();
+        let dst = cuda_rt::alloc(N).unwrap();
+        dst.memset(0, N).unwrap();
+        let src = vec![0xCDu8; N];
+        let mut small = vec![0u8; 4096];
+        // Staged: pageable and at least PAGEABLE_THRESHOLD bytes.
+        let mut large = vec![0u8; N];
+        let mut held = vec![0xEEu8; 4096];
+        let mut reg = cuda_rt::pinned::register(&mut held).unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        let results = [
+            cuda_rt::pinned::copy_device_to_host(&mut small, &dev, &other),
+            cuda_rt::pinned::copy_device_to_host(&mut large, &dev, &other),
+            cuda_rt::pinned::copy_host_to_device(&dst, &src, &other),
+            cuda_rt::pinned::copy_host_to_device(&dst, &src[..4096], &other),
+            reg.copy_from_device(&dev, &other),
+            reg.copy_to_device(&dst, &other),
+        ];
+        let _ = s.end_capture();
+        other.synchronize().unwrap();
+        for (i, r) in results.iter().enumerate() {
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::Capture {
+                        kind: CaptureKind::Refused,
+                        ..
+                    })
+                ),
+                "copy {i}: {r:?}"
+            );
+        }
+        drop(reg);
+        assert!(
+            small.iter().all(|&b| b == 0),
+            "a refused copy wrote the small slice"
+        );
+        assert!(
+            large.iter().all(|&b| b == 0),
+            "a refused copy wrote the staged slice"
+        );
+        assert!(
+            held.iter().all(|&b| b == 0xEE),
+            "a refused copy wrote registered memory"
+        );
+        let mut back = vec![1u8; N];
+        dst.copy_to_host(&mut back).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "a refused copy wrote the device"
+        );
+        // The same copies work once the capture is over.
+        cuda_rt::pinned::copy_device_to_host(&mut large, &dev, &other).unwrap();
+        assert!(large.iter().all(|&b| b == 0xAB));
+    }
+);
 
 // Item 5: during its capture a graph allocation may be used by work of that capture
 // only; work on a stream outside it is refused.

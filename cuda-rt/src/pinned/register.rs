@@ -9,6 +9,7 @@ use cuda_sys::result;
 
 use crate::device::context;
 use crate::error::Result;
+use crate::memory::pointer::refuse_own_capture;
 use crate::memory::MemoryPointer;
 use crate::stream::AsStream;
 
@@ -110,6 +111,9 @@ impl RegisteredMemory<'_> {
         if self.bytes.is_empty() {
             return Ok(());
         }
+        // Before anything is queued: the copy must be waited for before the bytes are
+        // given back, and this thread's own capture would refuse that wait.
+        refuse_own_capture("RegisteredMemory::copy_to_device")?;
         context::make_current(stream.device_id())?;
         let s = stream.as_raw();
         // SAFETY: the bytes fit behind `dst` (`check_room`), which keeps the device
@@ -140,6 +144,9 @@ impl RegisteredMemory<'_> {
         if self.bytes.is_empty() {
             return Ok(());
         }
+        // Before anything is queued: the copy must be waited for before the bytes are
+        // given back, and this thread's own capture would refuse that wait.
+        refuse_own_capture("RegisteredMemory::copy_from_device")?;
         context::make_current(stream.device_id())?;
         let s = stream.as_raw();
         // SAFETY: the bytes fit behind `src` (`check_room`), which keeps the device

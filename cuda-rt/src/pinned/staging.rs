@@ -20,7 +20,10 @@
 //! [`copy_device_to_host_raw`]) are `unsafe`. On a stream that is capturing a graph
 //! the copy fails: its synchronisation is refused by the driver, which invalidates
 //! the capture, so no graph can come of it (a [`MemoryPointer`] host copy refuses a
-//! capturing current stream before any CUDA call).
+//! capturing current stream before any CUDA call). While this thread captures in
+//! global or thread-local mode, which refuse the wait on any stream, the copy is
+//! refused before anything is queued: it could not wait for its work before giving the
+//! host slice back.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -35,6 +38,7 @@ use super::fence::{give_event, take_event};
 use super::PinnedMemoryPointer;
 use crate::device::context;
 use crate::error::{ArgumentKind, Error, Result};
+use crate::memory::pointer::refuse_own_capture;
 use crate::memory::MemoryPointer;
 use crate::stream::AsStream;
 
@@ -621,6 +625,9 @@ pub unsafe fn copy_host_to_device_raw(
     if src.is_empty() {
         return Ok(());
     }
+    // Before anything is queued: the copy must be waited for before `src` is given
+    // back, and this thread's own capture would refuse that wait.
+    refuse_own_capture("copy_host_to_device")?;
     context::make_current(stream.device_id())?;
     // Live while `stream` is borrowed (`AsStream`), its context made current above.
     let s = stream.as_raw();
@@ -714,6 +721,9 @@ pub unsafe fn copy_device_to_host_raw(
     if dst.is_empty() {
         return Ok(());
     }
+    // Before anything is queued: the copy must be waited for before `dst` is given
+    // back, and this thread's own capture would refuse that wait.
+    refuse_own_capture("copy_device_to_host")?;
     context::make_current(stream.device_id())?;
     // Live while `stream` is borrowed (`AsStream`), its context made current above.
     let s = stream.as_raw();
