@@ -311,8 +311,13 @@ int curt_stream_raw(curt_stream_t stream, struct CUstream_st **raw);
 
 /* A handle that borrows `raw`, a stream of `device` (-1: the current device) made
  * elsewhere (0 and CU_STREAM_PER_THREAD are the default streams). Destroying the handle
- * does not destroy `raw`: its owner keeps it alive as long as the handle, or memory
- * allocated on it, is used, and destroys it after. */
+ * does not destroy `raw`: its owner keeps it alive as long as the handle is used, and as
+ * long as any memory that was allocated on it, or used on it (an _async call, a recorded
+ * stream), is not freed; and destroys it only once the work queued on it is done. The
+ * pool keys its cache by stream handle, and the driver may give a destroyed stream's
+ * handle to the next stream at once: memory freed onto a stream destroyed with work
+ * still queued could go to the new stream under that work. (Streams of
+ * curt_stream_create are kept by cuda-rt until their work is done.) */
 int curt_stream_wrap(struct CUstream_st *raw, int device, curt_stream_t *stream);
 
 /* Block until the work queued on `stream` is done. */
@@ -493,7 +498,10 @@ int curt_reset_allocator(void);
 
 /* PyTorch CUDAPluggableAllocator alloc: on `stream`'s arena (a cudaStream_t/CUstream
  * of `device`, or 0). The caller guarantees the stream stays alive until the memory is
- * freed. In a process where PyTorch's libc10.so is loaded, a failure is thrown instead
+ * freed, and that a stream whose arena got memory is destroyed only once its queued
+ * work is done (see curt_stream_wrap: the arenas of the drop-in allocators are keyed by
+ * stream handle, as PyTorch's and CuPy's own are; PyTorch's pool streams are never
+ * destroyed). In a process where PyTorch's libc10.so is loaded, a failure is thrown instead
  * of returning NULL, since PyTorch does not check for NULL: out of memory as PyTorch's
  * c10::OutOfMemoryError (Python's torch.cuda.OutOfMemoryError, "CUDA out of memory.
  * Tried to allocate ..."), anything else as c10::Error (a RuntimeError with cuda-rt's

@@ -41,6 +41,7 @@ use crate::error::{ArgumentKind, CaptureKind, DriverError, Error, Result, StateK
 use crate::thread_state::{self, MAX_DEVICES};
 
 pub mod completion;
+pub(crate) mod retire;
 pub use completion::Completion;
 
 /// The legacy default stream's handle (CUDA's `0`).
@@ -439,11 +440,8 @@ impl Drop for StreamInner {
         if result::stream::in_host_function() {
             return;
         }
-        // The driver defers destruction until queued work finishes; an error here
-        // (a context torn down at exit) leaves nothing to clean up.
-        // SAFETY: the stream is owned (created here, or given with `from_raw`'s
-        // promise that nobody else destroys it) and destroyed once, by its last holder.
-        let _ = unsafe { result::stream::destroy(self.handle as sys::CUstream) };
+        // Not always at once: a pool may hold blocks freed onto it (`retire`).
+        retire::retire(self.handle);
     }
 }
 
@@ -470,6 +468,8 @@ impl Stream {
         } else {
             sys::CUstream_flags::CU_STREAM_DEFAULT.0
         };
+        // Streams kept for their work (`retire`) whose work is done go first.
+        retire::destroy_finished();
         let s = result::stream::create_with_priority(flags, priority)?;
         // The priority the driver asked for is clamped to the device's range; read back
         // what it kept. When the stream is at default priority, 0 is what it kept.

@@ -386,6 +386,13 @@ pub fn streaming_stores() -> (bool, bool) {
     crate::pinned::staging::streaming_stores()
 }
 
+/// The handles of the dropped streams kept, not destroyed yet, because work was still
+/// queued on them while a pool may hold blocks freed onto them (their handles must not
+/// go to another stream before that work is done; see `Stream`'s drop).
+pub fn streams_kept_for_their_work() -> Vec<usize> {
+    crate::stream::retire::kept()
+}
+
 pub use crate::module::ModuleWatch;
 
 /// A watch on `module`: tells whether it is still loaded without keeping it loaded,

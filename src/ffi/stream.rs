@@ -122,8 +122,9 @@ pub unsafe extern "C" fn curt_stream_raw(stream: curt_stream_t, raw: *mut *mut c
 /// it) or valid for what `wrapper.h` says the function does with it, for the
 /// duration of the call (and, for memory a copy or callback uses later, as long as
 /// `wrapper.h` says); function pointers are callable with the arguments given. And
-/// `raw` is a live stream of `device` that its owner keeps alive as long as the handle,
-/// or memory allocated on it, is used (wrapper.h).
+/// `raw` is a live stream of `device` that its owner keeps alive as long as the handle
+/// is used and any memory allocated or used on it is not freed, and destroys only once
+/// its queued work is done (wrapper.h).
 #[no_mangle]
 pub unsafe extern "C" fn curt_stream_wrap(
     raw: *mut c_void,

@@ -55,7 +55,10 @@ impl<B: Backend> Pool<B> {
         let too_many = || MallocError::TooMany(TOO_MANY_ARENAS);
         let index = self
             .arenas
-            .get_or_create(key, |index| Arena::new(key, index))
+            .get_or_create(key, |index| {
+                self.backend.arena_made(key);
+                Arena::new(key, index)
+            })
             .map_err(|_| too_many())?;
         let arena = self.arenas.get(index).ok_or_else(too_many)?;
         ARENA_CACHE.with(|slots| {

@@ -99,6 +99,15 @@ pub trait Backend: Send + Sync {
         let _ = fence;
     }
 
+    /// The pool made an arena for the stream key `key` (at the key's first malloc;
+    /// arenas are never removed). The device pool tells the stream module, which then
+    /// keeps a stream with that handle from being destroyed, and its handle reused,
+    /// while work queued on it may still use blocks freed into the arena. The default
+    /// does nothing.
+    fn arena_made(&self, key: u64) {
+        let _ = key;
+    }
+
     /// Whether the backend can back expandable segments, and their shape: `None` (the
     /// default) when it cannot, and the pool then grows with [`alloc`](Backend::alloc)
     /// even when expandable segments are asked for. See
@@ -178,6 +187,9 @@ macro_rules! forward_backend {
             }
             fn fence_release(&self, fence: u64) {
                 (**self).fence_release(fence)
+            }
+            fn arena_made(&self, key: u64) {
+                (**self).arena_made(key)
             }
             fn segment_spec(&self) -> Option<SegmentSpec> {
                 (**self).segment_spec()

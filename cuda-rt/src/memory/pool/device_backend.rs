@@ -12,7 +12,7 @@ use cuda_sys::result;
 use crate::device::context::make_current;
 use crate::error::Error;
 use crate::memory::arena::{Backend, BackendError, SegmentSpec};
-use crate::memory::device_memory::{CAllocator, ClosureAllocator};
+use crate::memory::device_memory::{drain_device, CAllocator, ClosureAllocator};
 use crate::memory::hook;
 use crate::stream::current_stream_handle;
 
@@ -153,20 +153,11 @@ impl DeviceBackend {
         }
     }
 
-    /// Waits for the context's work, before a user allocator or the stream-ordered
-    /// one frees a block that work queued before the release may still use; `false`
-    /// when the wait failed (during another thread's global-mode capture, or on a
-    /// dead context): the work is then not known to be done, and the caller leaks the
-    /// memory rather than free it under that work.
+    /// [`drain_device`] of this backend's device, before a user allocator or the
+    /// stream-ordered one frees a block that work queued before the release may still
+    /// use.
     fn drain(&self) -> bool {
-        if make_current(self.device).is_err() {
-            // With no driver at all, or no such device (user pairs run without one),
-            // no device work can use the memory; a context of a real device that
-            // cannot be made current cannot be waited for.
-            let no_device = crate::device::device_count().map_or(true, |n| self.device >= n);
-            return sys::api().is_err() || no_device;
-        }
-        result::context::synchronize().is_ok()
+        drain_device(self.device)
     }
 }
 
@@ -253,6 +244,10 @@ impl Backend for DeviceBackend {
 
     fn fence_release(&self, fence: u64) {
         crate::event::give_raw(self.device, FENCE_FLAGS, fence as usize);
+    }
+
+    fn arena_made(&self, key: u64) {
+        crate::stream::retire::note_arena_key(key);
     }
 
     fn segment_spec(&self) -> Option<SegmentSpec> {
@@ -377,6 +372,10 @@ impl<B: Backend> Backend for HookedBackend<B> {
 
     fn fence_release(&self, fence: u64) {
         self.backend.fence_release(fence)
+    }
+
+    fn arena_made(&self, key: u64) {
+        self.backend.arena_made(key)
     }
 
     fn segment_spec(&self) -> Option<SegmentSpec> {
