@@ -290,10 +290,40 @@ impl Drop for Memory {
                     let _ = unsafe { result::memory::free(self.ptr) };
                 }
             }
-            Release::Closure(c) => c.free(self.ptr, self.size, self.device),
-            Release::C(c) => c.free(self.ptr, self.device),
+            // A user's allocator may hand the memory out again at once (`cuMemFree`
+            // waits for the device): the work queued before the release goes first,
+            // and memory whose work cannot be waited for is leaked, not freed under it.
+            Release::Closure(c) => {
+                if drain_device(self.device) {
+                    c.free(self.ptr, self.size, self.device)
+                }
+            }
+            Release::C(c) => {
+                if drain_device(self.device) {
+                    c.free(self.ptr, self.device)
+                }
+            }
         }
     }
+}
+
+/// Waits for the work of `device`'s context, before memory goes back to an allocator
+/// that may hand it out at once; `false` when the wait failed or cannot be made
+/// (during this thread's or another thread's global-mode capture, or on a dead context): the work is then not known to
+/// be done, and the caller leaks the memory rather than free it under that work.
+pub(crate) fn drain_device(device: i32) -> bool {
+    if crate::capture::this_thread_captures() {
+        // This thread's capture refuses the wait (and asking could break it).
+        return false;
+    }
+    if make_current(device).is_err() {
+        // With no driver at all, or no such device (user pairs run without one), no
+        // device work can use the memory; a context of a real device that cannot be
+        // made current cannot be waited for.
+        let no_device = device_count().map_or(true, |n| device >= n);
+        return sys::api().is_err() || no_device;
+    }
+    result::context::synchronize().is_ok()
 }
 
 /// Checks that device `id` exists ([`Error::InvalidDevice`] otherwise).
