@@ -311,6 +311,8 @@ pub unsafe extern "C" fn curt_memory_to_dlpack_versioned(
 struct Imported {
     tensor: Tensor,
     armed: AtomicBool,
+    /// The tensor's device, whose work is waited for before the deleter runs.
+    device: i32,
 }
 
 #[derive(Clone, Copy)]
@@ -328,6 +330,15 @@ unsafe impl Sync for Imported {}
 impl Drop for Imported {
     fn drop(&mut self) {
         if !self.armed.load(Ordering::Acquire) {
+            return;
+        }
+        // The producer may reuse the memory as soon as its deleter runs (PyTorch's
+        // caching allocator does), while work cuda-rt queued on the memory may still
+        // run: wait for the device first. A wait that fails (another thread's
+        // global-mode capture, a dead context) leaves the tensor undeleted, a leak
+        // rather than a reuse under that work.
+        let drained = cuda_rt::Device::new(self.device).and_then(|d| d.synchronize());
+        if drained.is_err() {
             return;
         }
         // SAFETY: the tensor was handed over by a successful import; its deleter is
@@ -384,21 +395,37 @@ fn span_of(t: &DLTensor) -> Res<(u64, usize)> {
     if shape.contains(&0) {
         return Ok((base, 0));
     }
-    // Lowest and highest element offsets (in elements), strides possibly negative.
+    // Lowest and highest element offsets (in elements), strides possibly negative;
+    // every step checked, as the shape and strides are the producer's word.
+    let overflow = || bad_arg("the tensor's span overflows");
     let (mut lo, mut hi) = (0i128, 0i128);
     let mut compact = 1i128;
     for i in (0..shape.len()).rev() {
-        let stride = strides.map_or(compact, |s| s[i] as i128);
-        let reach = stride * (shape[i] as i128 - 1);
+        let stride = match strides {
+            Some(s) => s[i] as i128,
+            None => compact,
+        };
+        let reach = stride
+            .checked_mul(shape[i] as i128 - 1)
+            .ok_or_else(overflow)?;
         if reach < 0 {
-            lo += reach;
+            lo = lo.checked_add(reach).ok_or_else(overflow)?;
         } else {
-            hi += reach;
+            hi = hi.checked_add(reach).ok_or_else(overflow)?;
         }
-        compact *= shape[i] as i128;
+        if strides.is_none() {
+            compact = compact.checked_mul(shape[i] as i128).ok_or_else(overflow)?;
+        }
     }
-    let start = base as i128 + lo * item;
-    let len = (hi - lo + 1) * item;
+    let start = lo
+        .checked_mul(item)
+        .and_then(|l| (base as i128).checked_add(l))
+        .ok_or_else(overflow)?;
+    let len = hi
+        .checked_sub(lo)
+        .and_then(|d| d.checked_add(1))
+        .and_then(|n| n.checked_mul(item))
+        .ok_or_else(overflow)?;
     let start = u64::try_from(start).map_err(|_| bad_arg("the tensor starts below address 0"))?;
     let len = usize::try_from(len).map_err(|_| bad_arg("the tensor's span overflows"))?;
     Ok((start, len))
@@ -409,6 +436,7 @@ fn import(t: &DLTensor, tensor: Tensor) -> Res<MemoryPointer> {
     let owner = Imported {
         tensor,
         armed: AtomicBool::new(false),
+        device: t.device.device_id,
     };
     // SAFETY: DLPack's contract: the tensor's elements are the producer's memory on
     // that device, valid until its deleter is called, which `owner` does on drop.
@@ -525,6 +553,26 @@ mod tests {
         assert_eq!(span_of(&t).unwrap(), (0x10_0000 - 12, 16));
         let mut empty = [3, 0];
         assert_eq!(span_of(&tensor(2, &mut empty, None)).unwrap().1, 0);
+    }
+
+    #[test]
+    fn a_span_past_any_integer_is_refused_not_wrapped() {
+        // Three extents of 2^62 compact: the third dimension's reach overflows.
+        let mut shape = [1 << 62, 1 << 62, 1 << 62];
+        let e = span_of(&tensor(2, &mut shape, None)).unwrap_err();
+        assert!(format!("{e:?}").contains("overflows"), "{e:?}");
+        // The largest extents and strides, wide elements: the sum of reaches overflows.
+        let mut shape = [i64::MAX; 4];
+        let mut strides = [i64::MAX; 4];
+        let mut t = tensor(2, &mut shape, Some(&mut strides));
+        t.dtype.bits = 248;
+        t.dtype.lanes = 65535;
+        assert!(span_of(&t).is_err());
+        // Broadcast (stride 0) extents of any size span one element.
+        let mut shape = [1 << 62, 1 << 62, 1 << 62];
+        let mut strides = [0, 0, 0];
+        let t = tensor(2, &mut shape, Some(&mut strides));
+        assert_eq!(span_of(&t).unwrap(), (0x10_0000, 4));
     }
 
     #[test]

@@ -33,7 +33,11 @@ impl UnownedMemory {
     ///
     /// # Safety
     /// `[ptr, ptr + size)` must be device-accessible memory that stays valid, and that
-    /// nothing else frees, for as long as `owner` lives.
+    /// nothing else frees, for as long as `owner` lives. `owner` is dropped when the
+    /// last pointer to the memory goes, which may be while work queued on a stream
+    /// still uses the memory: its drop must not let the memory be reused before that
+    /// work is done (leave it to `cuMemFree`, which waits, or wait for the device
+    /// first, as the C ABI's DLPack import does before the producer's deleter).
     pub unsafe fn new(
         ptr: u64,
         size: usize,
