@@ -169,11 +169,17 @@ pub fn set_allocator(allocator: Option<Allocator>) -> Result<()> {
 /// process-wide one.
 #[inline]
 pub fn get_allocator() -> Allocator {
-    if let Some(a) = SCOPED.with(|s| s.borrow().clone()) {
+    // `try_with`: an allocation made while this thread's locals are being torn down
+    // (a TLS destructor that allocates) takes the process-wide allocator.
+    if let Some(a) = SCOPED
+        .try_with(|s| s.try_borrow().ok().and_then(|a| a.clone()))
+        .ok()
+        .flatten()
+    {
         return a;
     }
     let generation = GENERATION.load(Ordering::Acquire);
-    CACHED.with(|c| {
+    let cached = CACHED.try_with(|c| {
         if let Ok(c) = c.try_borrow() {
             if c.0 == generation {
                 return c.1.clone();
@@ -186,7 +192,8 @@ pub fn get_allocator() -> Allocator {
             *c = (generation, a.clone());
         }
         a
-    })
+    });
+    cached.unwrap_or_else(|_| global_allocator())
 }
 
 /// The process-wide allocator, read under its lock.
@@ -296,20 +303,51 @@ fn with_cached_pool<R>(f: impl FnOnce(&MemoryPool) -> R) -> Option<R> {
     if generation == FIRST_GENERATION {
         return Some(f(&get_default_memory_pool()));
     }
-    CACHED.with(|c| {
-        // A shared borrow: `f` may allocate again (a hook, a custom allocator), which
-        // takes another shared borrow here or falls back to `get_allocator`.
-        let c = c.try_borrow().ok()?;
-        match &*c {
-            (g, Allocator::Pool(pool)) if *g == generation => Some(f(pool)),
-            _ => None,
-        }
-    })
+    // `try_with`: during the thread's teardown the copy is gone (`get_allocator` then
+    // reads the process-wide allocator).
+    CACHED
+        .try_with(|c| {
+            // A shared borrow: `f` may allocate again (a hook, a custom allocator), which
+            // takes another shared borrow here or falls back to `get_allocator`.
+            let c = c.try_borrow().ok()?;
+            match &*c {
+                (g, Allocator::Pool(pool)) if *g == generation => Some(f(pool)),
+                _ => None,
+            }
+        })
+        .ok()
+        .flatten()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_allocator_is_found_during_thread_teardown() {
+        use std::sync::atomic::AtomicBool;
+        static FOUND: AtomicBool = AtomicBool::new(false);
+        struct AskOnDrop;
+        impl Drop for AskOnDrop {
+            fn drop(&mut self) {
+                // Runs after this thread's allocator locals are gone (destructors run in
+                // the reverse order of the locals' first use): a panic here aborts.
+                let _ = get_allocator();
+                let _ = with_cached_pool(|_| ());
+                FOUND.store(true, Ordering::SeqCst);
+            }
+        }
+        thread_local! {
+            static ASK: AskOnDrop = const { AskOnDrop };
+        }
+        std::thread::spawn(|| {
+            ASK.with(|_| ());
+            let _ = get_allocator();
+        })
+        .join()
+        .unwrap();
+        assert!(FOUND.load(Ordering::SeqCst));
+    }
 
     // No other test of the library binary calls `set_allocator`.
     #[test]
