@@ -217,6 +217,115 @@ gpu_test!(allocations_of_a_graph_never_launched_are_refused, {
     q.memset(4, N).unwrap();
 });
 
+// Item 1, a stream's end: a block freed into its own stream's arena while work queued
+// on the stream still writes it, then the stream dropped. The driver tends to give the
+// next stream created the dropped stream's handle, whose arena the pool would then
+// lend that block from under the old work: the stream must be kept until its work is
+// done. Streams are made until one has the old handle (or eight, which then keep
+// theirs); the next owner's bytes are checked after the gate opens.
+gpu_test!(
+    a_dropped_stream_lends_its_arena_to_no_stream_while_its_work_runs,
+    {
+        let _serial = serial();
+        let pool = cuda_rt::get_default_memory_pool();
+        let s1 = Stream::non_blocking().unwrap();
+        let old_handle = s1.ptr();
+        let buf = pool.malloc_on_stream(&s1, N).unwrap();
+        let addr = buf.ptr();
+        let mut gate = Gate::close(s1.as_raw());
+        buf.memset_async(0xAB, N, Some(&s1)).unwrap();
+        drop(buf);
+        drop(s1);
+        assert!(
+            !gate.held() || cuda_rt::testing::streams_kept_for_their_work().contains(&old_handle),
+            "the stream was destroyed with its work queued"
+        );
+        let mut made = Vec::new();
+        while made.len() < 8 {
+            let s = Stream::non_blocking().unwrap();
+            let same = s.ptr() == old_handle;
+            made.push(s);
+            if same {
+                break;
+            }
+        }
+        let s2 = made.last().unwrap();
+        let next = pool.malloc_on_stream(s2, N).unwrap();
+        next.memset_async(0x11, N, Some(s2)).unwrap();
+        s2.synchronize().unwrap();
+        let held = gate.held();
+        assert!(
+            !held || s2.ptr() != old_handle,
+            "the dropped stream's handle went to a new stream while its work was queued"
+        );
+        assert!(
+            !held || next.ptr() != addr,
+            "the block under the dropped stream's queued work was handed out again"
+        );
+        gate.open();
+        cuda_rt::device::synchronize().unwrap();
+        let mut back = vec![0u8; N];
+        next.copy_to_host(&mut back).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 0x11),
+            "the new owner holds the dropped stream's bytes"
+        );
+        // Its work done, the kept stream goes at the next stream's creation.
+        drop(Stream::non_blocking().unwrap());
+        assert!(!cuda_rt::testing::streams_kept_for_their_work().contains(&old_handle));
+    }
+);
+
+// Item 1, a user's allocator: memory of a closure pair freed while work queued on
+// another stream still writes it. The pair may hand the memory out again at once (it
+// is not `cuMemFree`, which waits for the device), so its free must run only after
+// that work: the gate is opened from another thread a little later, and the free must
+// see it open.
+gpu_test!(
+    a_user_pairs_free_runs_after_the_work_queued_on_its_memory,
+    {
+        use cuda_rt::cuda_sys::result::memory as raw;
+        use cuda_rt::memory::{using_allocator, Allocator, ClosureAllocator};
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let _serial = serial();
+        let opened = Arc::new(AtomicBool::new(false));
+        // 0: not freed; 1: freed after the gate opened; 2: before.
+        let freed = Arc::new(AtomicUsize::new(0));
+        let (o, f) = (opened.clone(), freed.clone());
+        let free = move |ptr, _, _| {
+            f.store(
+                if o.load(Ordering::SeqCst) { 1 } else { 2 },
+                Ordering::SeqCst,
+            );
+            // SAFETY: `ptr` came from the pair's `cuMemAlloc`, freed once here.
+            let _ = unsafe { raw::free(ptr) };
+        };
+        // SAFETY: `cuMemAlloc` memory of the requested size, freed once by the pair.
+        let pair = unsafe { ClosureAllocator::new(|size, _| Ok(raw::alloc(size)?), free) };
+        let m = using_allocator(Some(Allocator::Closures(pair)), || {
+            cuda_rt::alloc(N).unwrap()
+        });
+        let side = Stream::non_blocking().unwrap();
+        let gate = Gate::close(side.as_raw());
+        m.memset_async(0xAB, N, Some(&side)).unwrap();
+        let opener = gate.opener();
+        let o = opened.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            o.store(true, Ordering::SeqCst);
+            let _ = opener.send(());
+        });
+        drop(m);
+        t.join().unwrap();
+        assert_eq!(
+            freed.load(Ordering::SeqCst),
+            1,
+            "the pair's free ran while the memset queued on the memory was held"
+        );
+        drop(gate);
+    }
+);
+
 // Item 5, hand-built graphs: a copy, memset or kernel node is refused memory of a
 // graph that never ran, before its first launch and after the graph went unlaunched
 // (by the time the node runs, the address may be another graph's memory); ordinary
