@@ -302,10 +302,12 @@ gpu_test!(
         };
         // SAFETY: `cuMemAlloc` memory of the requested size, freed once by the pair.
         let pair = unsafe { ClosureAllocator::new(|size, _| Ok(raw::alloc(size)?), free) };
+        // First: the stream's creation makes the device's context current, which the
+        // pair's raw `cuMemAlloc` needs (a pair not in a pool runs where it is called).
+        let side = Stream::non_blocking().unwrap();
         let m = using_allocator(Some(Allocator::Closures(pair)), || {
             cuda_rt::alloc(N).unwrap()
         });
-        let side = Stream::non_blocking().unwrap();
         let gate = Gate::close(side.as_raw());
         m.memset_async(0xAB, N, Some(&side)).unwrap();
         let opener = gate.opener();
