@@ -31,6 +31,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A graph captured on `s` (global mode) that allocates `N` bytes and sets them to
+/// `value`, with the allocation's pointer; the graph is not launched.
+fn captured_allocation(s: &Stream, value: u8) -> (cuda_rt::MemoryPointer, Graph) {
+    let _on = s.enter().unwrap();
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let p = cuda_rt::alloc(N).unwrap();
+    p.memset_async(value, N, None).unwrap();
+    (p, s.end_capture().unwrap())
+}
+
 fn is_gone(e: &Error) -> bool {
     matches!(
         e,
@@ -184,13 +194,7 @@ gpu_test!(
 gpu_test!(allocations_of_a_graph_never_launched_are_refused, {
     let _serial = serial();
     let s = Stream::non_blocking().unwrap();
-    let (p, g) = {
-        let _on = s.enter().unwrap();
-        s.begin_capture(CaptureMode::Global).unwrap();
-        let p = cuda_rt::alloc(N).unwrap();
-        p.memset_async(1, N, None).unwrap();
-        (p, s.end_capture().unwrap())
-    };
+    let (p, g) = captured_allocation(&s, 1);
     assert_eq!(g.owned_allocation_count(), 1);
     let e = p.memset(2, N).unwrap_err();
     assert!(is_gone(&e), "before the first launch: {e}");
@@ -335,13 +339,7 @@ gpu_test!(
 gpu_test!(graph_nodes_refuse_allocations_of_a_graph_never_launched, {
     let _serial = serial();
     let s = Stream::non_blocking().unwrap();
-    let (p, g) = {
-        let _on = s.enter().unwrap();
-        s.begin_capture(CaptureMode::Global).unwrap();
-        let p = cuda_rt::alloc(N).unwrap();
-        p.memset_async(1, N, None).unwrap();
-        (p, s.end_capture().unwrap())
-    };
+    let (p, g) = captured_allocation(&s, 1);
     let other = cuda_rt::alloc(N).unwrap();
     other.memset(0, N).unwrap();
     let spin =
