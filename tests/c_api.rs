@@ -1408,6 +1408,85 @@ fn gpu_memory_freed_under_a_memset_on_another_stream_is_not_reused() {
     }
 }
 
+/// What the producer's deleter saw: 0 not called, 1 called after the gate opened, 2
+/// called while the memset queued on the imported memory was still held.
+static DELETED_WHEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe extern "C" fn note_deletion(_: *mut DLManagedTensor) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let when = if C_GATE_OPEN.load(SeqCst) { 1 } else { 2 };
+    DELETED_WHEN.store(when, SeqCst);
+}
+
+/// A DLPack import freed while work queued on it is held: the producer may reuse its
+/// memory as soon as its deleter runs (PyTorch's caching allocator does), so
+/// `curt_free` calls the deleter only after that work. The gate is opened 300 ms later
+/// from another thread; the deleter must see it open.
+#[test]
+fn gpu_a_dlpack_imports_deleter_runs_after_the_work_queued_on_it() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _serial = serial();
+    // SAFETY: every pointer passed to the shim is a live local of the type wrapper.h
+    // names; the tensor describes memory of `m`, freed only after the import's handle;
+    // the gate's host function takes no data.
+    unsafe {
+        if !gpu_or_skip("gpu_a_dlpack_imports_deleter_runs_after_the_work_queued_on_it") {
+            return;
+        }
+        ok(curt_set_device(0));
+        let n = 1usize << 20;
+        let mut m = null_mut();
+        ok(curt_malloc(n, null_mut(), &mut m));
+        let mut ptr = 0u64;
+        ok(curt_memory_ptr(m, &mut ptr));
+        let mut shape = [n as i64];
+        let mut t = DLManagedTensor {
+            dl_tensor: DLTensor {
+                data: ptr as *mut c_void,
+                device: DLDevice {
+                    device_type: CURT_DL_CUDA,
+                    device_id: 0,
+                },
+                ndim: 1,
+                dtype: DLDataType {
+                    code: 1,
+                    bits: 8,
+                    lanes: 1,
+                },
+                shape: shape.as_mut_ptr(),
+                strides: null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: null_mut(),
+            deleter: Some(note_deletion),
+        };
+        let mut h = null_mut();
+        ok(curt_memory_from_dlpack(&mut t, &mut h));
+        let mut s = null_mut();
+        ok(curt_stream_create(CURT_STREAM_NON_BLOCKING, 0, &mut s));
+        C_GATE_OPEN.store(false, SeqCst);
+        C_GATE_TIMED_OUT.store(false, SeqCst);
+        DELETED_WHEN.store(0, SeqCst);
+        ok(curt_stream_launch_host_func(s, Some(c_gate), null_mut()));
+        ok(curt_memset_async(h, 0, 0xAB, n as _, s));
+        let opener = std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            C_GATE_OPEN.store(true, SeqCst);
+        });
+        ok(curt_free(h));
+        opener.join().unwrap();
+        assert!(!C_GATE_TIMED_OUT.load(SeqCst), "the gate gave up");
+        assert_eq!(
+            DELETED_WHEN.load(SeqCst),
+            1,
+            "the deleter ran while the memset queued on the imported memory was held"
+        );
+        ok(curt_stream_synchronize(s));
+        ok(curt_stream_destroy(s));
+        ok(curt_free(m));
+    }
+}
+
 #[test]
 fn every_status_code_has_its_name_and_unknown_ones_one_too() {
     let name = |code| {
