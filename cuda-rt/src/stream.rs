@@ -403,6 +403,9 @@ impl AsStream for StreamRef {
 /// A CUDA stream this library created (or took ownership of). It is destroyed when its
 /// last owner goes: this value, the [`StreamRef`]s taken from it, the threads on which
 /// it is current, and the stream-ordered memory allocated on it (see the module docs).
+/// A stream the caching pool allocated on that still has work queued then is destroyed
+/// once that work is done (its handle could otherwise go to the next stream created,
+/// and the pool would lend that stream memory the old work still uses).
 /// Compares and hashes by handle and device.
 ///
 /// ```no_run
