@@ -102,6 +102,58 @@ gpu_test!(single_rank_communicator_runs_every_collective, {
     comm.destroy().unwrap();
 });
 
+// A collective captured into a graph: the graph keeps its communicator, so dropping
+// the communicator first neither hangs (NCCL 2.26 and later wait in destroy for every
+// graph that holds one of its collectives) nor frees it under the graph, which still
+// runs; the communicator goes with the graph. `abort` is refused while a graph holds it.
+gpu_test!(a_graph_with_a_captured_collective_keeps_its_communicator, {
+    use cuda_rt::graph::CaptureMode;
+    use cuda_rt::{StateKind, StreamCaptureExt};
+    let capture = |comm: &Communicator, buf: &mut DeviceBuffer<f32>, s: &Stream| {
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        comm.all_reduce_in_place(buf.as_mut_slice(), ReduceOp::Sum, s)
+            .unwrap();
+        s.end_capture().unwrap()
+    };
+    let host: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let mut buf = DeviceBuffer::from_slice(&host).unwrap();
+    let s = Stream::non_blocking().unwrap();
+    let comm = single_rank();
+    let g = capture(&comm, &mut buf, &s);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(comm);
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("dropping the communicator hung on the graph that holds its collective");
+    g.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        buf.to_vec().unwrap(),
+        host,
+        "the graph's all-reduce of one rank"
+    );
+    drop(g);
+
+    let comm = single_rank();
+    let g = capture(&comm, &mut buf, &s);
+    let e = comm.abort().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidState {
+                kind: StateKind::Shared { others: 1 },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    g.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    drop(g);
+});
+
 gpu_test!(single_rank_all_reduce_handles_every_element_type, {
     let comm = single_rank();
     let s = Stream::new().unwrap();

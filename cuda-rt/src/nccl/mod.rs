@@ -51,7 +51,7 @@ use cuda_sys::result::nccl as raw;
 use crate::buffer::{DeviceSlice, DeviceSliceMut};
 use crate::device::context::make_current;
 use crate::device::get_device_id;
-use crate::error::{ArgumentKind, Error, Result};
+use crate::error::{ArgumentKind, Error, Result, StateKind};
 use crate::memory::{uses, BaseMemory, Bf16, Pod, F16};
 use crate::stream::AsStream;
 
@@ -204,16 +204,24 @@ thread_local! {
     };
 }
 
-/// Queues NCCL work on `stream` through `call`, noting its uses of `mems` (see
-/// `memory::uses`), and holding them until the group's end inside a group.
+/// Queues NCCL work of the communicator `comm` on `stream` through `call`, noting its
+/// uses of `mems` (see `memory::uses`), and holding them until the group's end inside
+/// a group. On a stream that is capturing, the capture's graph keeps `comm`: NCCL's
+/// destroy waits for every graph that holds one of its collectives (and older NCCL
+/// would free the communicator under the graph), so the graph must go first.
 fn enqueue<S: AsStream + ?Sized>(
     stream: &S,
+    comm: &Arc<CommHandle>,
     mems: &[&Arc<dyn BaseMemory>],
     call: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
     let s = stream.as_stream_ref();
     uses::check(Some(&s), mems)?;
     uses::enqueue(&s, mems, call)?;
+    if crate::capture::any_capture_active() {
+        let keep: Arc<dyn std::any::Any + Send + Sync> = comm.clone();
+        crate::capture::keep_in_capture(&s, keep)?;
+    }
     GROUP.with(|g| {
         if g.depth.get() > 0 {
             if let Ok(mut held) = g.held.try_borrow_mut() {
@@ -245,7 +253,38 @@ pub struct Communicator {
     device: i32,
     rank: i32,
     size: i32,
+    /// What destroys the communicator: this value's, or a captured graph's clone.
+    owner: Arc<CommHandle>,
     _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+/// The NCCL communicator, destroyed (after its queued work) when its last holder goes:
+/// the [`Communicator`], or a graph captured with one of its collectives, which NCCL
+/// needs to go first.
+#[derive(Debug)]
+struct CommHandle {
+    comm: usize,
+    device: i32,
+}
+
+impl CommHandle {
+    fn new(comm: ncclComm_t, device: i32) -> Arc<CommHandle> {
+        Arc::new(CommHandle {
+            comm: comm as usize,
+            device,
+        })
+    }
+}
+
+impl Drop for CommHandle {
+    fn drop(&mut self) {
+        if make_current(self.device).is_ok() {
+            // SAFETY: the communicator is live and destroyed here, once, by its last
+            // holder. A failure (a peer gone, NCCL torn down at exit) leaves nothing
+            // to do.
+            let _ = unsafe { raw::comm_destroy(self.comm as ncclComm_t) };
+        }
+    }
 }
 
 impl fmt::Debug for Communicator {
@@ -277,6 +316,7 @@ impl Communicator {
             device,
             rank,
             size: nranks,
+            owner: CommHandle::new(comm, device),
             _not_sync: PhantomData,
         })
     }
@@ -306,6 +346,7 @@ impl Communicator {
                 device,
                 rank: i as i32,
                 size: n,
+                owner: CommHandle::new(c, device),
                 _not_sync: PhantomData,
             })
             .collect())
@@ -339,21 +380,40 @@ impl Communicator {
         Ok(raw::check(r, "ncclCommGetAsyncError (asynchronous error)")?)
     }
 
-    /// Destroys the communicator after its queued work (`ncclCommDestroy`).
+    /// Destroys the communicator after its queued work (`ncclCommDestroy`). While a
+    /// graph captured with one of its collectives lives, the graph keeps it, and it is
+    /// destroyed when the last such graph goes (NCCL's destroy would wait for those
+    /// graphs); `Ok` then says nothing failed so far.
     pub fn destroy(self) -> Result<()> {
-        let me = std::mem::ManuallyDrop::new(self);
-        make_current(me.device)?;
-        // SAFETY: the communicator is live and, `self` being consumed, destroyed once.
-        Ok(unsafe { raw::comm_destroy(me.as_raw()) }?)
+        make_current(self.device)?;
+        let Ok(handle) = Arc::try_unwrap(self.owner) else {
+            return Ok(());
+        };
+        let handle = std::mem::ManuallyDrop::new(handle);
+        // SAFETY: the communicator is live and, its only holder taken here, destroyed
+        // once.
+        Ok(unsafe { raw::comm_destroy(handle.comm as ncclComm_t) }?)
     }
 
     /// Aborts the communicator's pending work and destroys it (`ncclCommAbort`): for
-    /// when a peer has failed and waiting would hang.
+    /// when a peer has failed and waiting would hang. Refused while a graph captured
+    /// with one of its collectives lives (the graph would launch on a destroyed
+    /// communicator): the graph keeps it, destroyed when the last such graph goes.
     pub fn abort(self) -> Result<()> {
-        let me = std::mem::ManuallyDrop::new(self);
-        make_current(me.device)?;
+        make_current(self.device)?;
+        let handle = Arc::try_unwrap(self.owner).map_err(|graphs| {
+            Error::invalid_state(
+                StateKind::Shared {
+                    others: Arc::strong_count(&graphs) - 1,
+                },
+                "Communicator::abort: a captured graph still holds one of this \
+                 communicator's collectives; drop the graph first (the communicator is \
+                 destroyed when it goes)",
+            )
+        })?;
+        let handle = std::mem::ManuallyDrop::new(handle);
         // SAFETY: as in `destroy`.
-        Ok(unsafe { raw::comm_abort(me.as_raw()) }?)
+        Ok(unsafe { raw::comm_abort(handle.comm as ncclComm_t) }?)
     }
 
     fn check_stream<S: AsStream + ?Sized>(&self, what: &str, stream: &S) -> Result<()> {
@@ -430,7 +490,7 @@ impl Communicator {
         // SAFETY: both views are device memory of this rank's device holding
         // `send.len()` elements of `T` (checked), borrowed for the call and kept
         // valid for queued work as copies are; the stream is live while borrowed.
-        enqueue(stream, &[send.memory(), recv.memory()], || {
+        enqueue(stream, &self.owner, &[send.memory(), recv.memory()], || {
             Ok(unsafe {
                 raw::all_reduce(
                     s,
@@ -456,7 +516,7 @@ impl Communicator {
         let p = self.dst(what, &buf)?;
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`; NCCL allows send == recv.
-        enqueue(stream, &[buf.memory()], || {
+        enqueue(stream, &self.owner, &[buf.memory()], || {
             Ok(unsafe {
                 raw::all_reduce(
                     p,
@@ -486,7 +546,7 @@ impl Communicator {
         let (s, r) = (self.src(what, &send)?, self.dst(what, &recv)?);
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        enqueue(stream, &[send.memory(), recv.memory()], || {
+        enqueue(stream, &self.owner, &[send.memory(), recv.memory()], || {
             Ok(unsafe {
                 raw::broadcast(
                     s,
@@ -513,7 +573,7 @@ impl Communicator {
         let p = self.dst(what, &buf)?;
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        enqueue(stream, &[buf.memory()], || {
+        enqueue(stream, &self.owner, &[buf.memory()], || {
             Ok(unsafe {
                 raw::broadcast(
                     p,
@@ -544,7 +604,7 @@ impl Communicator {
         let (s, r) = (self.src(what, &send)?, self.dst(what, &recv)?);
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        enqueue(stream, &[send.memory(), recv.memory()], || {
+        enqueue(stream, &self.owner, &[send.memory(), recv.memory()], || {
             Ok(unsafe {
                 raw::reduce(
                     s,
@@ -574,7 +634,7 @@ impl Communicator {
         let (s, r) = (self.src(what, &send)?, self.dst(what, &recv)?);
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`; `recv` holds `size` times `send.len()`.
-        enqueue(stream, &[send.memory(), recv.memory()], || {
+        enqueue(stream, &self.owner, &[send.memory(), recv.memory()], || {
             Ok(unsafe {
                 raw::all_gather(
                     s,
@@ -603,7 +663,7 @@ impl Communicator {
         let (s, r) = (self.src(what, &send)?, self.dst(what, &recv)?);
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`; `send` holds `size` times `recv.len()`.
-        enqueue(stream, &[send.memory(), recv.memory()], || {
+        enqueue(stream, &self.owner, &[send.memory(), recv.memory()], || {
             Ok(unsafe {
                 raw::reduce_scatter(
                     s,
@@ -632,7 +692,7 @@ impl Communicator {
         let s = self.src(what, &send)?;
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        enqueue(stream, &[send.memory()], || {
+        enqueue(stream, &self.owner, &[send.memory()], || {
             Ok(unsafe {
                 raw::send(
                     s,
@@ -659,7 +719,7 @@ impl Communicator {
         let r = self.dst(what, &recv)?;
         self.check_stream(what, stream)?;
         // SAFETY: as in `all_reduce`.
-        enqueue(stream, &[recv.memory()], || {
+        enqueue(stream, &self.owner, &[recv.memory()], || {
             Ok(unsafe {
                 raw::recv(
                     r,
@@ -671,16 +731,6 @@ impl Communicator {
                 )
             }?)
         })
-    }
-}
-
-impl Drop for Communicator {
-    fn drop(&mut self) {
-        if make_current(self.device).is_ok() {
-            // SAFETY: the communicator is live and destroyed here, once. A failure
-            // (a peer gone, NCCL torn down at exit) leaves nothing to do.
-            let _ = unsafe { raw::comm_destroy(self.as_raw()) };
-        }
     }
 }
 
