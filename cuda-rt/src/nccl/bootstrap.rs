@@ -95,7 +95,14 @@ impl Config {
         let master_addr = need(&get, "MASTER_ADDR")?.trim().to_string();
         let master_port: u16 = num("MASTER_PORT", &need(&get, "MASTER_PORT")?)?;
         let timeout = match get(TIMEOUT_VAR) {
-            Some(v) => Duration::from_secs_f64(num::<f64>(TIMEOUT_VAR, &v)?.max(0.0)),
+            Some(v) => Duration::try_from_secs_f64(num::<f64>(TIMEOUT_VAR, &v)?.max(0.0)).map_err(
+                |_| {
+                    err(
+                        BootstrapKind::Config,
+                        format!("{TIMEOUT_VAR}={v:?} is not a number of seconds a timer can hold"),
+                    )
+                },
+            )?,
             None => DEFAULT_TIMEOUT,
         };
         let c = Config {
@@ -161,7 +168,7 @@ pub fn listen(cfg: &Config) -> Result<TcpListener> {
 /// Rank 0's side on an already bound `listener`: answers every other rank with
 /// `payload`, until all have it or the deadline passes.
 pub fn serve(cfg: &Config, listener: &TcpListener, payload: &[u8]) -> Result<()> {
-    let deadline = Instant::now() + cfg.timeout;
+    let deadline = deadline_after(cfg.timeout);
     let mut waiting: BTreeSet<u32> = (1..cfg.world_size).collect();
     listener
         .set_nonblocking(true)
@@ -237,10 +244,20 @@ fn answer(cfg: &Config, mut sock: TcpStream, payload: &[u8], deadline: Instant) 
     Ok(rank)
 }
 
+/// The instant `timeout` from now; a timeout past what an `Instant` holds waits as good
+/// as forever (a century) instead of overflowing.
+fn deadline_after(timeout: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(timeout.min(CENTURY))
+        .or_else(|| now.checked_add(Duration::from_secs(3600)))
+        .unwrap_or(now)
+}
+
 /// A non-zero rank's side: connects to rank 0 (retrying until the deadline) and
 /// fetches the payload.
 pub fn fetch(cfg: &Config) -> Result<Vec<u8>> {
-    let deadline = Instant::now() + cfg.timeout;
+    let deadline = deadline_after(cfg.timeout);
     let endpoint = cfg.endpoint();
     let mut last;
     let mut attempts = 0u32;
@@ -254,7 +271,10 @@ pub fn fetch(cfg: &Config) -> Result<Vec<u8>> {
             }) => return Err(err(BootstrapKind::Protocol, message)),
             Err(e) => last = e.to_string(),
         }
-        if Instant::now() + cfg.retry_interval >= deadline {
+        if Instant::now()
+            .checked_add(cfg.retry_interval)
+            .is_none_or(|t| t >= deadline)
+        {
             return Err(err(
                 BootstrapKind::Timeout,
                 format!(
@@ -394,6 +414,51 @@ mod tests {
         assert_eq!((c.rank, c.world_size, c.master_port), (2, 4, 29500));
         assert_eq!(c.master_addr, "node0");
         assert_eq!(c.timeout, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn timeouts_past_what_a_timer_holds_are_errors_or_capped_not_panics() {
+        let with = |t: &'static str| {
+            Config::from_vars(vars(&[
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "29500"),
+                (TIMEOUT_VAR, t),
+            ]))
+        };
+        for t in ["inf", "1e300"] {
+            let e = with(t).unwrap_err();
+            assert!(e.to_string().contains(TIMEOUT_VAR), "{t}: {e}");
+        }
+        assert!(with("1e19").is_ok(), "fits a Duration");
+        assert!(deadline_after(Duration::MAX) > Instant::now());
+        // Nothing listens on the port: the first attempt fails at once, and a retry
+        // interval past any instant ends the wait with a timeout, not an overflow.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = Config {
+            rank: 1,
+            world_size: 2,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            timeout: Duration::MAX,
+            retry_interval: Duration::MAX,
+        };
+        let e = fetch(&cfg).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Bootstrap {
+                    kind: BootstrapKind::Timeout,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]
