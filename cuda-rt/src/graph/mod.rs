@@ -88,7 +88,6 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::ffi::CString;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use crate::capture::{any_capture_active, CaptureMode, CaptureStatus};
@@ -623,24 +622,21 @@ impl Graph {
     }
 
     /// The graph in DOT format as a string, showing what `flags` asks for (through a
-    /// temporary file; CuPy's `debug_dot_str`).
+    /// temporary file; CuPy's `debug_dot_str`). The file lies in a folder of its own,
+    /// made for the call (mode 0700, under a random name) and removed after: the
+    /// driver opens the path for writing and follows links, so a predictable name in
+    /// the shared temporary folder would let another user point it elsewhere.
     pub fn to_dot(&self, flags: DotFlags) -> Result<String> {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "cuda-rt-graph-{}-{}.dot",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let r = self.debug_dot_print(&path, flags).and_then(|()| {
-            std::fs::read_to_string(&path).map_err(|e| {
-                Error::invalid_state(
-                    StateKind::Other,
-                    format!("reading the DOT dump at {}: {e}", path.display()),
-                )
-            })
-        });
-        let _ = std::fs::remove_file(&path);
-        r
+        let io = |what: &str, e: std::io::Error| {
+            Error::invalid_state(StateKind::Other, format!("{what} for the DOT dump: {e}"))
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("cuda-rt-graph-")
+            .tempdir()
+            .map_err(|e| io("making a private temporary folder", e))?;
+        let path = dir.path().join("graph.dot");
+        self.debug_dot_print(&path, flags)?;
+        std::fs::read_to_string(&path).map_err(|e| io(&format!("reading {}", path.display()), e))
     }
 
     /// Marks the executable stale after the graph changed: the next launch
