@@ -516,15 +516,23 @@ fn segments_svg(
     segments.sort_unstable();
     segments.dedup();
     // Blocks in no recorded segment (a ring that lost its start) share one band
-    // spanning their addresses.
-    let inside = |a: u64| segments.iter().any(|&(b, n)| a >= b && a < b + n);
+    // spanning their addresses. Addresses and sizes come from a file that may be
+    // damaged: every sum saturates.
+    let inside = |a: u64| {
+        segments
+            .iter()
+            .any(|&(b, n)| a >= b && a < b.saturating_add(n))
+    };
     let orphans = lives.iter().filter(|l| !inside(l.address));
     let lo = orphans.clone().map(|l| l.address).min();
-    let hi = orphans.map(|l| l.address + l.size).max();
+    let hi = orphans.map(|l| l.address.saturating_add(l.size)).max();
     if let (Some(lo), Some(hi)) = (lo, hi) {
         segments.push((lo, hi - lo));
     }
-    let total: u64 = segments.iter().map(|s| s.1).sum::<u64>().max(1);
+    let total: u64 = segments
+        .iter()
+        .fold(0u64, |t, s| t.saturating_add(s.1))
+        .max(1);
     let x = |t: u64| {
         MARGIN + t.saturating_sub(t0) as f64 / (t_end - t0) as f64 * (WIDTH - 2.0 * MARGIN)
     };
@@ -552,12 +560,13 @@ fn segments_svg(
         );
         for (k, l) in lives
             .iter()
-            .filter(|l| l.address >= base && l.address < base + size)
+            .filter(|l| l.address >= base && l.address < base.saturating_add(size))
             .enumerate()
         {
             let (x0, x1) = (x(l.from), x(l.to.unwrap_or(t_end)));
             let y0 = top + (l.address - base) as f64 / size as f64 * h;
-            let bh = (l.size.min(base + size - l.address) as f64 / size as f64 * h).max(1.0);
+            let room = base.saturating_add(size) - l.address;
+            let bh = (l.size.min(room) as f64 / size as f64 * h).max(1.0);
             let _ = write!(
                 body,
                 "<rect class=\"block\" x=\"{x0:.1}\" y=\"{y0:.1}\" width=\"{bw:.1}\" \
@@ -778,6 +787,29 @@ mod tests {
         ev(HistoryAction::SegmentAlloc, 0x2000_0000, 32 << 20);
         ev(HistoryAction::Malloc, 0x2000_0000, 30 << 20);
         v
+    }
+
+    #[test]
+    fn a_page_of_sizes_past_the_address_space_draws_without_overflow() {
+        let ev = |time_ns, action, address, size| HistoryEvent {
+            time_ns,
+            action,
+            device: 0,
+            address,
+            size,
+            site: None,
+            thread: 1,
+        };
+        let top = u64::MAX - 600;
+        let events = [
+            ev(1, HistoryAction::SegmentAlloc, top, 4096),
+            ev(2, HistoryAction::Malloc, top + 8, 4096),
+            ev(3, HistoryAction::SegmentAlloc, 0, u64::MAX),
+            ev(4, HistoryAction::SegmentAlloc, 512, u64::MAX),
+            ev(5, HistoryAction::Malloc, u64::MAX - 100, 4096),
+        ];
+        let page = render_html(&events, "damaged");
+        assert!(page.contains("<svg"), "still a page");
     }
 
     #[test]

@@ -41,14 +41,21 @@ pub struct SegmentSnapshot {
 }
 
 impl SegmentSnapshot {
-    /// Bytes of its blocks that are handed out.
+    /// Bytes of its blocks that are handed out (saturating: a snapshot read back from
+    /// a damaged file may hold any sizes).
     pub fn allocated_size(&self) -> u64 {
-        self.blocks
-            .iter()
-            .filter(|b| b.in_use && !b.pending_free)
-            .map(|b| b.size)
-            .sum()
+        saturating_sum(
+            self.blocks
+                .iter()
+                .filter(|b| b.in_use && !b.pending_free)
+                .map(|b| b.size),
+        )
     }
+}
+
+/// The sum of `sizes`, saturating at `u64::MAX`.
+fn saturating_sum(sizes: impl Iterator<Item = u64>) -> u64 {
+    sizes.fold(0, u64::saturating_add)
 }
 
 /// Every segment of a pool at one moment (see [`Pool::snapshot`]).
@@ -63,15 +70,12 @@ pub struct PoolSnapshot {
 impl PoolSnapshot {
     /// Bytes reserved from the backend: the sum of the segments.
     pub fn reserved_bytes(&self) -> u64 {
-        self.segments.iter().map(|s| s.total_size).sum()
+        saturating_sum(self.segments.iter().map(|s| s.total_size))
     }
 
     /// Bytes handed out.
     pub fn allocated_bytes(&self) -> u64 {
-        self.segments
-            .iter()
-            .map(SegmentSnapshot::allocated_size)
-            .sum()
+        saturating_sum(self.segments.iter().map(SegmentSnapshot::allocated_size))
     }
 }
 
@@ -124,7 +128,8 @@ mod json {
                 .iter()
                 .map(|s| {
                     let allocated = s.allocated_size();
-                    let active = s.blocks.iter().filter(|b| b.in_use).map(|b| b.size).sum();
+                    let active =
+                        super::saturating_sum(s.blocks.iter().filter(|b| b.in_use).map(|b| b.size));
                     wire::Segment {
                         device,
                         address: s.address,
@@ -283,6 +288,31 @@ impl<B: Backend> Pool<B> {
 mod tests {
     use super::super::FakeBackend;
     use super::*;
+
+    #[test]
+    fn sums_of_sizes_past_u64_saturate() {
+        let block = |size| BlockSnapshot {
+            address: 0,
+            size,
+            in_use: true,
+            pending_free: false,
+        };
+        let seg = SegmentSnapshot {
+            stream: 0,
+            address: 0,
+            total_size: u64::MAX,
+            expandable: false,
+            blocks: vec![block(u64::MAX), block(u64::MAX)],
+        };
+        let snap = PoolSnapshot {
+            device: Some(0),
+            segments: vec![seg.clone(), seg],
+        };
+        assert_eq!(snap.reserved_bytes(), u64::MAX);
+        assert_eq!(snap.allocated_bytes(), u64::MAX);
+        #[cfg(feature = "serde")]
+        assert!(!snap.to_json().is_empty());
+    }
 
     #[test]
     fn a_snapshot_shows_every_segment_and_block_and_adds_up() {
