@@ -143,15 +143,19 @@ pub fn register_hook(name: impl Into<String>, hook: Rc<dyn MemoryHook>) -> Resul
 
 /// Unregisters the hook named `name` on this thread; `false` if there was none.
 pub fn unregister_hook(name: &str) -> bool {
-    HOOKS.with(|h| {
-        let mut h = h.borrow_mut();
-        let Some(i) = h.iter().position(|(n, _)| n == name) else {
-            return false;
-        };
-        Rc::make_mut(&mut h).remove(i);
-        ACTIVE.with(|a| a.set(!h.is_empty()));
-        true
-    })
+    // The hook is dropped once the registry is released: its drop may use the registry
+    // (a hook that owns another hook's guard, or asks for the names).
+    let removed = HOOKS
+        .try_with(|h| {
+            let mut h = h.try_borrow_mut().ok()?;
+            let i = h.iter().position(|(n, _)| n == name)?;
+            let removed = Rc::make_mut(&mut h).remove(i);
+            ACTIVE.with(|a| a.set(!h.is_empty()));
+            Some(removed)
+        })
+        .ok()
+        .flatten();
+    removed.is_some()
 }
 
 /// The names of this thread's hooks, in registration (and call) order.
@@ -516,6 +520,32 @@ mod tests {
         assert!(!has_hooks());
         // The name is free again.
         let _g = register_hook("a", Rc::new(Nop)).unwrap();
+    }
+
+    #[test]
+    fn a_hook_whose_drop_uses_the_registry_is_dropped_outside_it() {
+        // Owns another hook's guard, and asks for the names when it goes.
+        struct Composite(std::cell::RefCell<Option<HookGuard>>);
+        impl MemoryHook for Composite {}
+        impl Drop for Composite {
+            fn drop(&mut self) {
+                let _ = hook_names();
+                drop(self.0.borrow_mut().take());
+            }
+        }
+        let inner = register_hook("inner", Rc::new(Nop)).unwrap();
+        let outer = register_hook(
+            "outer",
+            Rc::new(Composite(std::cell::RefCell::new(Some(inner)))),
+        )
+        .unwrap();
+        assert_eq!(hook_names(), ["inner", "outer"]);
+        drop(outer);
+        assert!(
+            hook_names().is_empty(),
+            "the inner guard went with the outer hook"
+        );
+        assert!(!has_hooks());
     }
 
     #[test]
