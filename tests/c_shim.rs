@@ -466,3 +466,14 @@ fn out_of_memory_in_curt_torch_alloc_is_thrown_as_c10_out_of_memory_error() {
     assert!(stdout.contains("TORCH OOM PASSED"), "{stdout}");
     assert!(!stdout.contains("FAIL "), "{stdout}");
 }
+
+#[test]
+fn a_length_past_any_object_is_an_invalid_argument() {
+    let image = [0u8; 4];
+    let mut m = std::ptr::null_mut();
+    // SAFETY: the lengths are refused before anything is read.
+    let rc = unsafe { curt_module_load_data(image.as_ptr().cast(), usize::MAX, &mut m) };
+    assert_eq!(rc, CURT_ERROR_INVALID_ARGUMENT);
+    assert!(last_error().contains("past any object"), "{}", last_error());
+    assert!(m.is_null());
+}

@@ -166,7 +166,11 @@ unsafe fn key_bytes<'a>(key: *const c_void, len: usize) -> Res<&'a [u8]> {
     if key.is_null() {
         return Err(bad_arg(format!("key is NULL with key_len {len}")));
     }
-    // SAFETY: non-null (checked) and `len` readable bytes for the call (the caller).
+    if len > isize::MAX as usize {
+        return Err(bad_arg(format!("key_len {len} is past any object")));
+    }
+    // SAFETY: non-null (checked), a length a slice may have (checked), and `len`
+    // readable bytes for the call (the caller).
     Ok(unsafe { std::slice::from_raw_parts(key.cast::<u8>(), len) })
 }
 

@@ -69,7 +69,11 @@ pub unsafe extern "C" fn curt_module_load_data(
         if image.is_null() {
             return Err(bad_arg("image is NULL"));
         }
-        // SAFETY: non-null (checked); wrapper.h requires `size` readable bytes.
+        if size > isize::MAX as usize {
+            return Err(bad_arg(format!("size {size} is past any object")));
+        }
+        // SAFETY: non-null (checked), a length a slice may have (checked); wrapper.h
+        // requires `size` readable bytes.
         let bytes = unsafe { std::slice::from_raw_parts(image.cast::<u8>(), size) };
         put(module, Module::load_data(bytes)?);
         Ok(())
@@ -83,7 +87,11 @@ fn options<'a>(options: *const *const c_char, n: usize) -> Res<Vec<&'a str>> {
     if options.is_null() {
         return Err(bad_arg("options is NULL with n_options > 0"));
     }
-    // SAFETY: non-null (checked); wrapper.h requires `n` string pointers.
+    if n > isize::MAX as usize / std::mem::size_of::<*const c_char>() {
+        return Err(bad_arg(format!("n_options {n} is past any array")));
+    }
+    // SAFETY: non-null (checked), a length a slice may have (checked); wrapper.h
+    // requires `n` string pointers.
     let ptrs = unsafe { std::slice::from_raw_parts(options, n) };
     ptrs.iter()
         .enumerate()
