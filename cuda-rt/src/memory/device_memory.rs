@@ -87,6 +87,10 @@ pub type CMallocFn = extern "C" fn(ctx: *mut c_void, size: usize, device: i32) -
 pub type CFreeFn = extern "C" fn(ctx: *mut c_void, ptr: u64, device: i32);
 
 /// A pair of Rust closures used as an allocator (CuPy's `PythonFunctionAllocator`).
+///
+/// Memory goes back to its `free` only once the device's queued work is done (a
+/// context synchronize, as `cuMemFree` waits), since the pair may hand it out again at
+/// once; when that wait cannot be made (during a capture) the memory is kept instead.
 #[derive(Clone)]
 pub struct ClosureAllocator {
     pub(super) malloc: Arc<MallocFn>,
@@ -132,6 +136,10 @@ impl ClosureAllocator {
 
 /// A C function pair with an opaque argument used as an allocator (CuPy's
 /// `CFunctionAllocator`; the C shim builds these).
+///
+/// Memory goes back to its `free` only once the device's queued work is done (a
+/// context synchronize, as `cuMemFree` waits), since the pair may hand it out again at
+/// once; when that wait cannot be made (during a capture) the memory is kept instead.
 #[derive(Clone, Copy)]
 pub struct CAllocator {
     pub(super) malloc: CMallocFn,
