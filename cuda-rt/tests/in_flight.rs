@@ -656,3 +656,67 @@ gpu_test!(malloc_async_during_a_capture_is_the_graphs_allocation, {
     p.copy_to_host(&mut back).unwrap();
     assert!(back.iter().all(|&b| b == 5));
 });
+
+/// Runs `f` on a thread of its own that begins a global-mode capture on a new
+/// stream, waits for `end` (from the test), then ends the capture: while it lasts,
+/// every other thread's waits are refused (and retried by the waits that hold lent
+/// memory). Returns the sender that ends it and the thread's result channel.
+fn global_capture_on_another_thread(
+) -> (std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<bool>) {
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<bool>();
+    let began = Arc::new(Barrier::new(2));
+    let b = began.clone();
+    std::thread::spawn(move || {
+        let s = Stream::non_blocking().unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        b.wait();
+        let _ = end_rx.recv();
+        let ended = s.end_capture().is_ok();
+        let _ = done_tx.send(ended);
+    });
+    began.wait();
+    (end_tx, done_rx)
+}
+
+// A staged host copy (pageable, at least PAGEABLE_THRESHOLD bytes) whose final wait is
+// refused by another thread's global-mode capture retries until that capture ends:
+// the capture's end must not wait for the copy. It did: `copy_from_host_async` ran
+// the whole staged copy, its waits included, under the capture transition lock,
+// which `end_capture` takes exclusively, so neither could go on (and every thread
+// that queued work blocked behind the waiting end).
+gpu_test!(a_staged_copy_waiting_out_a_global_capture_lets_it_end, {
+    let _serial = serial();
+    let other = Arc::new(Stream::non_blocking().unwrap());
+    let dev = cuda_rt::alloc(4 * N).unwrap();
+    let src = Arc::new(pattern(4 * N, 11));
+    // Warm: the staging buffers and events are cached, so the copy below makes no
+    // call the capture refuses before its wait.
+    dev.copy_from_host_async(&src[..], Some(&*other)).unwrap();
+    dev.memset(0, 4 * N).unwrap();
+    let (end, ended) = global_capture_on_another_thread();
+    let (copied_tx, copied) = std::sync::mpsc::channel();
+    {
+        let (dev, src, other) = (dev.clone(), src.clone(), other.clone());
+        std::thread::spawn(move || {
+            let r = dev.copy_from_host_async(&src[..], Some(&*other));
+            let _ = copied_tx.send(r.is_ok());
+        });
+    }
+    // The copy is queued and waits (refused) meanwhile.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    end.send(()).unwrap();
+    let t = std::time::Duration::from_secs(30);
+    assert!(
+        ended.recv_timeout(t).is_ok(),
+        "the capture's end waited for a staged copy that waited for the capture's end"
+    );
+    assert!(
+        copied.recv_timeout(t).is_ok(),
+        "the staged copy never ended"
+    );
+    other.synchronize().unwrap();
+    let mut back = vec![0u8; 4 * N];
+    dev.copy_to_host(&mut back).unwrap();
+    assert!(back == *src, "the staged copy's bytes");
+});

@@ -67,11 +67,16 @@ impl MemoryPointer {
         self.check_room(what, std::mem::size_of_val(src))?;
         let s = host_async_stream(what, stream)?;
         uses::check(Some(&s), &[self.m()])?;
-        // Under the capture transition lock, so that no capture can begin on `s`
-        // between the chunks (the copy is over when the closure returns).
-        uses::enqueue(&s, &[self.m()], || {
-            copy_host_to_device(self, as_bytes(src), &s)
-        })
+        // Not under the capture transition lock (`uses::enqueue`): the staged copy
+        // waits for its stream, and a wait refused by another thread's global-mode
+        // capture is retried until that capture ends, which takes that lock
+        // exclusively: held here, the capture could never end, and every thread that
+        // queues work would block behind it. Nothing needs noting either: the copy is
+        // over when this returns (an error path waits for the stream too), and `self`
+        // keeps the device memory for the whole call. A capture that another thread
+        // begins on `s` between the chunks is waited out (`stream::drain`: the refused
+        // wait invalidates it, so no graph keeps the chunks' copies).
+        copy_host_to_device(self, as_bytes(src), &s)
     }
 
     /// Fills all of `dst` from this pointer on `stream` (`None`: the current stream),
@@ -92,9 +97,8 @@ impl MemoryPointer {
         self.check_room(what, std::mem::size_of_val(dst))?;
         let s = host_async_stream(what, stream)?;
         uses::check(Some(&s), &[self.m()])?;
-        uses::enqueue(&s, &[self.m()], || {
-            copy_device_to_host(as_bytes_mut(dst), self, &s)
-        })
+        // Not under the capture transition lock, as in `copy_from_host_async`.
+        copy_device_to_host(as_bytes_mut(dst), self, &s)
     }
 
     /// Copies all of `src` to this pointer, synchronously. More bytes than the room left
