@@ -214,6 +214,22 @@ pub(crate) fn this_thread_captures() -> bool {
         .any(|e| e.thread == me && e.mode != CaptureMode::Relaxed)
 }
 
+/// Whether the capture that the stream `raw` is in (the driver's capture `id` for it,
+/// 0 when unknown) is one that cuda-rt began on another thread: found by its id, or
+/// as the capture begun on `raw` (not the per-thread default stream, whose handle
+/// names another stream on each thread). A wait that such a capture refuses ends
+/// when that thread ends it (see `stream::drain`).
+pub(crate) fn begun_by_another_thread(raw: usize, id: u64) -> bool {
+    if !any_capture_active() {
+        return false;
+    }
+    let me = std::thread::current().id();
+    captures().entries.iter().any(|e| {
+        e.thread != me
+            && ((id != 0 && e.id == id) || (raw != PER_THREAD_DEFAULT_HANDLE && e.stream == raw))
+    })
+}
+
 /// The status of `s`'s capture, with the graph being captured (null unless active).
 pub(crate) fn info<S: AsStream + ?Sized>(s: &S) -> Result<(CaptureStatus, sys::CUgraph)> {
     if s.as_raw() as usize == LEGACY_DEFAULT_HANDLE {

@@ -239,17 +239,29 @@ pub trait AsStream: sealed::Sealed {
 /// work may still run. A wait the driver refuses because another thread's capture is
 /// under way (a global-mode capture refuses waits on every thread) is retried until
 /// that capture ends; any other error (a lost context, where no work runs any more;
-/// this thread's own capture, or the stream's, which no wait here can outlast, and
-/// whose work went into the graph rather than running) is returned.
+/// this thread's own capture, which no wait here can outlast) is returned.
+///
+/// The stream itself capturing is not proof that the lent work went into a graph:
+/// another thread may have begun its capture (through cuda-rt) after the caller
+/// queued real work, which then still runs. Such a capture is waited out too (the
+/// refused wait invalidates it, and its thread ends it), and the refusal is returned
+/// once the stream is idle: the work may or may not have been captured, so the
+/// operation did not certainly happen. Only a capture this thread began, or one
+/// cuda-rt did not begin (a raw `cuStreamBeginCapture`, whose caller answers for
+/// it), is returned at once. A caller must not hold the capture transition lock
+/// here (`capture::enqueue_using`): that capture's end would wait for it.
 ///
 /// # Safety
 /// `raw` is a live stream or a default-stream handle whose context is current.
 pub(crate) unsafe fn drain(raw: sys::CUstream) -> Result<()> {
     let mut pause = std::time::Duration::from_micros(10);
+    // The refusal of a capture on the stream itself that was waited out, returned
+    // once the stream is idle.
+    let mut outlasted: Option<Error> = None;
     loop {
         // SAFETY: `raw` is live (caller).
         let e = match unsafe { result::stream::synchronize(raw) } {
-            Ok(()) => return Ok(()),
+            Ok(()) => return outlasted.map_or(Ok(()), Err),
             Err(e) => Error::from(e),
         };
         let refused_by_a_capture = e.driver_code().is_some_and(crate::error::is_capture_code);
@@ -257,11 +269,18 @@ pub(crate) unsafe fn drain(raw: sys::CUstream) -> Result<()> {
             return Err(e);
         }
         // SAFETY: as above.
-        let own = unsafe { result::stream::is_capturing(raw) };
-        if own.is_ok_and(|st| st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) {
-            // The stream itself captures: its work went into a graph and runs only
-            // when that graph does; no wait outlasts its capture from here.
-            return Err(e);
+        let own = unsafe { result::stream::get_capture_info(raw) };
+        if let Ok((st, id, _)) = own {
+            if st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                // The stream itself captures. Work queued before another thread began
+                // that capture still runs on the stream and uses what the caller
+                // lent: wait until that thread ends the capture. This thread's own
+                // capture (or one cuda-rt does not know) cannot be waited out here.
+                if !crate::capture::begun_by_another_thread(raw as usize, id) {
+                    return Err(e);
+                }
+                outlasted.get_or_insert(e);
+            }
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(std::time::Duration::from_millis(1));

@@ -720,3 +720,60 @@ gpu_test!(a_staged_copy_waiting_out_a_global_capture_lets_it_end, {
     dev.copy_to_host(&mut back).unwrap();
     assert!(back == *src, "the staged copy's bytes");
 });
+
+// A synchronous copy into page-locked memory whose stream another thread begins to
+// capture while the copy (queued before, held by the gate) is still to run: the wait
+// is refused because the stream captures, yet the queued copy is real and still
+// writes the memory. The copy must not return before it ran; it did (`stream::drain`
+// gave up on a stream that captures, taking its work for the graph's), handing back
+// the pinned range while the DMA was still to write it. Another thread's global-mode
+// capture keeps the copy's wait refused, and retried, until the stream's capture
+// has begun.
+gpu_test!(
+    a_sync_copy_outlasts_a_capture_begun_on_its_stream_after_it,
+    {
+        let _serial = serial();
+        let t = Arc::new(Stream::non_blocking().unwrap());
+        let dev = cuda_rt::alloc(N).unwrap();
+        dev.memset(0xAB, N).unwrap();
+        let mut host = cuda_rt::pinned::alloc_pinned_memory(N).unwrap();
+        host.as_mut_slice().unwrap().fill(0);
+        let mut gate = Gate::close(t.as_raw());
+        let (end, ended) = global_capture_on_another_thread();
+        let (back_tx, back) = std::sync::mpsc::channel();
+        {
+            let (dev, t) = (dev.clone(), t.clone());
+            std::thread::spawn(move || {
+                let r = dev.copy_to_host_async(&mut host.as_mut_slice().unwrap()[..N], Some(&*t));
+                // The borrow is over: the range is the caller's again.
+                host.as_mut_slice().unwrap()[..N].copy_from_slice(&pattern(N, 5));
+                let _ = back_tx.send((r.is_ok(), host));
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        t.begin_capture(CaptureMode::Relaxed).unwrap();
+        end.send(()).unwrap();
+        let _ = ended.recv_timeout(std::time::Duration::from_secs(30));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let early = back.try_recv().ok();
+        let held = gate.held();
+        assert!(
+            early.is_none() || !held,
+            "the copy returned while its DMA into the pinned range was still queued"
+        );
+        let _ = t.end_capture();
+        gate.open();
+        let (_ok, host) = match early {
+            Some(r) => r,
+            None => back
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .unwrap(),
+        };
+        t.synchronize().unwrap();
+        assert!(
+            host.as_slice().unwrap()[..N] == pattern(N, 5)[..],
+            "the copy wrote the range after it was handed back"
+        );
+        drop(gate);
+    }
+);
