@@ -376,3 +376,50 @@ cuda_rt::gpu_test!(
         c.join().unwrap();
     }
 );
+
+// A use on a stream of another device (a peer copy) is waited for on the host at the
+// free, with that device's context made current; the free itself must still go to
+// the memory's own stream, in its own context, after the work queued there. It went
+// with the peer's context current (the driver refuses a stream of another context,
+// and the fallback freed on the peer's legacy stream): the block could be handed to
+// another stream of the memory's device while a memset on its own stream, held by
+// the gate, was still to write it. Needs two devices.
+cuda_rt::gpu_test!(a_peer_use_leaves_the_free_in_its_own_stream_order, {
+    if cuda_rt::device_count().unwrap() < 2 {
+        eprintln!("skipped: needs two devices");
+        return;
+    }
+    const N: usize = 1 << 20;
+    let pool = MemoryAsyncPool::current(0).unwrap();
+    let s0 = Stream::non_blocking().unwrap();
+    let p = pool.malloc_on(N, &s0).unwrap();
+    let addr = p.ptr();
+    p.memset(0, N).unwrap();
+    let (s1, peer) = {
+        let _d1 = cuda_rt::Device::new(1).unwrap().enter().unwrap();
+        (Stream::non_blocking().unwrap(), cuda_rt::alloc(N).unwrap())
+    };
+    // The peer's use, recorded on the memory; done before the free.
+    peer.copy_from_device_async(&p, N, Some(&s1)).unwrap();
+    s1.synchronize().unwrap();
+    let mut gate = Gate::close(s0.as_raw());
+    p.memset_async(0xAB, N, Some(&s0)).unwrap();
+    drop(p);
+    let s2 = Stream::non_blocking().unwrap();
+    let q = pool.malloc_on(N, &s2).unwrap();
+    q.memset_async(0x11, N, Some(&s2)).unwrap();
+    s2.synchronize().unwrap();
+    let held = gate.held();
+    assert!(
+        !held || q.ptr() != addr,
+        "the block was handed to another stream while its own stream's memset was queued"
+    );
+    gate.open();
+    s0.synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    q.copy_to_host(&mut back).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0x11),
+        "the old owner's memset wrote the new owner's bytes"
+    );
+});

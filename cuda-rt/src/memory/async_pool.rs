@@ -393,8 +393,15 @@ impl MemoryAsync {
                 return self.wait_for_context();
             }
         }
-        self.uses
-            .order_before(self.device, &self.stream, count_host_wait)
+        let ordered = self
+            .uses
+            .order_before(self.device, &self.stream, count_host_wait);
+        // A peer's use (a stream of another device) was waited for with that device's
+        // context made current: the free that follows goes to this memory's stream,
+        // in its own context again (with the peer's context current the driver
+        // refused the stream, and the fallback then freed on the peer's legacy
+        // stream, not after the work still queued on this memory's own stream).
+        ordered && make_current(self.stream.device_id()).is_ok()
     }
 }
 
