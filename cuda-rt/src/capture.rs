@@ -552,6 +552,57 @@ pub(crate) fn enqueue_using<S: AsStream + ?Sized, M: Keepable, R>(
     Ok((r, note_use_slow(s, mems)))
 }
 
+/// Runs `enqueue`, which queues work on `s` that the caller waits for
+/// (`stream::drain`, an event) before it gives back what the work uses: a borrowed
+/// host slice, staging buffers, memory a synchronous call lent. No capture may take
+/// such work. A capture another thread began through cuda-rt on `s` (or into which `s`
+/// was forked) would put it in a graph that runs it at each launch, long after the
+/// caller took back what it lent and noted no use; and were that capture begun and
+/// ended around the enqueue, the caller's wait would find an idle stream and report the
+/// work done.
+///
+/// Under [`TRANSITION`] no such capture can begin or end between the enqueue and the
+/// check after it. A capture that took the work is invalidated on the spot (the
+/// driver refuses a wait on a capturing stream and invalidates its capture, so no
+/// graph comes of it and the work never runs) and an `Invalidated` capture error is
+/// returned. While no capture is active this costs a shared lock and one relaxed load.
+/// `enqueue` must not wait (the lock is held), nor run under the lock already.
+#[inline]
+pub(crate) fn enqueue_uncaptured<S: AsStream + ?Sized, R>(
+    s: &S,
+    what: &str,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let _steady = TRANSITION.read().unwrap_or_else(|e| e.into_inner());
+    let r = enqueue()?;
+    if any_capture_active() {
+        refuse_taken_work(s, what)?;
+    }
+    Ok(r)
+}
+
+/// [`enqueue_uncaptured`]'s check while some capture is active.
+#[cold]
+fn refuse_taken_work<S: AsStream + ?Sized>(s: &S, what: &str) -> Result<()> {
+    if matches!(info(s), Ok((CaptureStatus::None, _))) {
+        return Ok(());
+    }
+    // SAFETY: the stream is live while `s` is borrowed, and its context is current
+    // (the caller just queued work on it). Refused on a capturing stream, which
+    // invalidates its capture: the point of the call.
+    let _ = unsafe { result::stream::synchronize(s.as_raw()) };
+    Err(Error::capture(
+        CaptureKind::Invalidated,
+        format!(
+            "{what} on stream {:#x}: a capture under way on the stream took this call's \
+             work, which the call must wait for before it returns; that capture is \
+             invalidated (no graph comes of it, and the work never runs). Capture on a \
+             stream no other thread queues synchronous work on meanwhile",
+            s.as_raw() as usize
+        ),
+    ))
+}
+
 /// [`enqueue_using`]'s note while some capture is active: `true` when `s` captures
 /// (into a capture cuda-rt began, or any other: then nothing can be noted, and an
 /// event recorded on it for a free would say nothing, see `memory::uses`).

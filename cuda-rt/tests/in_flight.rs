@@ -777,3 +777,67 @@ gpu_test!(
         drop(gate);
     }
 );
+
+// A synchronous copy queued on a stream that another thread captures: the copy must
+// run (and be waited for) or fail, never land in that thread's graph. Before
+// `capture::enqueue_uncaptured`, a capture begun and ended around the copy's enqueue
+// (a narrow window, so the test runs many rounds) took the copy into its graph, which
+// kept neither the device memory nor the page-locked range, and the copy's wait then
+// found an idle stream and reported the copy done: its bytes never came, and every
+// launch of that graph would have written the range after it was given back.
+gpu_test!(
+    a_capture_of_another_thread_never_takes_a_synchronous_copy,
+    {
+        let _serial = serial();
+        const M: usize = 64 << 10;
+        let s = Arc::new(Stream::non_blocking().unwrap());
+        let dev = cuda_rt::alloc(M).unwrap();
+        dev.copy_from_host(&pattern(M, 3)).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let worker = {
+            let (s, dev, stop) = (s.clone(), dev.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut host = cuda_rt::pinned::alloc_pinned_memory(M).unwrap();
+                let (mut ok, mut refused) = (0u64, 0u64);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let h = &mut host.as_mut_slice().unwrap()[..M];
+                    h.fill(0);
+                    match cuda_rt::pinned::copy_device_to_host(h, &dev, &*s) {
+                        Ok(()) => {
+                            assert!(
+                                h[..] == pattern(M, 3)[..],
+                                "a synchronous copy reported done without its bytes"
+                            );
+                            ok += 1;
+                        }
+                        Err(_) => refused += 1,
+                    }
+                }
+                (ok, refused)
+            })
+        };
+        let mut taken = 0;
+        for _ in 0..300 {
+            s.begin_capture(CaptureMode::Relaxed).unwrap();
+            std::thread::yield_now();
+            if let Ok(g) = s.end_capture() {
+                if g.node_count().unwrap() != 0 {
+                    taken += 1;
+                }
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (ok, refused) = worker.join().unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(
+            taken, 0,
+            "{taken} graphs of 300 took another thread's synchronous copy ({ok} copies done, \
+         {refused} refused)"
+        );
+        // With no capture under way the stream copies as before.
+        let mut host = cuda_rt::pinned::alloc_pinned_memory(M).unwrap();
+        let h = &mut host.as_mut_slice().unwrap()[..M];
+        cuda_rt::pinned::copy_device_to_host(h, &dev, &*s).unwrap();
+        assert!(h[..] == pattern(M, 3)[..]);
+    }
+);

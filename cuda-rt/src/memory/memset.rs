@@ -118,7 +118,9 @@ impl MemoryPointer {
         match (is_async, &stream) {
             (false, None) => set(None).map_err(|e| capture_error(what, e)),
             (false, Some(s)) => {
-                set(Some(s.as_raw()))?;
+                // Not into a capture begun on `s` since the check above: it would set
+                // the memory at each launch of its graph, which does not keep it.
+                crate::capture::enqueue_uncaptured(s, what, || set(Some(s.as_raw())))?;
                 synchronize(s)
             }
             // The memory's free waits for the stream (or, captured, the graph keeps it

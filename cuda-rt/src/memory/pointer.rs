@@ -421,9 +421,7 @@ impl MemoryPointer {
             refuse_own_capture(what)?;
         }
         let src = as_bytes(src);
-        // The driver may write the device after this returns (a staged pageable copy):
-        // the memory's free waits for `s`.
-        uses::enqueue(&s, &[self.m()], || {
+        let enqueue = || {
             // SAFETY: the `src.len()` bytes behind this pointer fit (`check_room`) in
             // memory its object keeps alive (`BaseMemory`) while `self` is borrowed, and
             // until `s` has passed the copy (`uses`). The driver stages pageable `src`
@@ -438,10 +436,16 @@ impl MemoryPointer {
                     s.as_raw(),
                 )
             }?)
-        })?;
+        };
+        // Not into a capture (one begun on `s` since `host_async_stream` asked): its
+        // graph would read `src` at each launch, after the borrow.
+        crate::capture::enqueue_uncaptured(&s, what, enqueue)?;
         if pinned {
-            synchronize(&s)?;
+            return synchronize(&s);
         }
+        // The driver may write the device after this returns (a staged pageable copy):
+        // the memory's free waits for `s`.
+        uses::record(&s, &[self.m()]);
         Ok(())
     }
 
@@ -468,20 +472,20 @@ impl MemoryPointer {
             refuse_own_capture(what)?;
         }
         let dst = as_bytes_mut(dst);
-        // SAFETY: the `dst.len()` bytes behind this pointer fit (`check_room`) in memory
-        // its object keeps alive (`BaseMemory`) while `self` is borrowed. The driver
-        // completes a copy into pageable `dst` before it returns; page-locked `dst` is
-        // waited for below, so it stays borrowed mutably until the copy has written it;
-        // any bytes are valid for it (`Pod`). `s` keeps its stream alive, and
-        // `host_async_stream` made its context current.
-        unsafe {
-            result::memory::memcpy_dtoh_async(
-                dst.as_mut_ptr().cast(),
-                self.ptr(),
-                dst.len(),
-                s.as_raw(),
-            )
-        }?;
+        let (ptr, len) = (dst.as_mut_ptr(), dst.len());
+        // Not into a capture: page-locked `dst` is waited for below, and a graph
+        // would write it at each launch, after the borrow.
+        crate::capture::enqueue_uncaptured(&s, what, || {
+            // SAFETY: the `len` bytes behind this pointer fit (`check_room`) in memory
+            // its object keeps alive (`BaseMemory`) while `self` is borrowed. The driver
+            // completes a copy into pageable `dst` before it returns; page-locked `dst`
+            // is waited for below, so it stays borrowed mutably until the copy has
+            // written it; any bytes are valid for it (`Pod`). `s` keeps its stream
+            // alive, and `host_async_stream` made its context current.
+            Ok(unsafe {
+                result::memory::memcpy_dtoh_async(ptr.cast(), self.ptr(), len, s.as_raw())
+            }?)
+        })?;
         if pinned {
             synchronize(&s)?;
         }
@@ -508,7 +512,9 @@ impl MemoryPointer {
                     .map_err(|e| capture_error(what, e))
             }
             SyncVia::Stream(s) => {
-                self.d2d(src, size, Some(&s))?;
+                // Not into a capture begun on `s` since `sync_via` asked: it would
+                // copy at each launch of its graph, which keeps neither memory.
+                crate::capture::enqueue_uncaptured(&s, what, || self.d2d(src, size, Some(&s)))?;
                 synchronize(&s)
             }
         }

@@ -127,17 +127,21 @@ impl MemoryPointer {
                     .map_err(|e| capture_error(what, e.into()))
             }
             SyncVia::Stream(s) => {
-                // SAFETY: the destination as above; `src` stays borrowed until the copy
-                // is waited for below; `s` keeps the current stream alive, and
-                // `sync_via` made its context current.
-                unsafe {
-                    result::memory::memcpy_htod_async(
-                        self.ptr(),
-                        src.as_ptr().cast(),
-                        src.len(),
-                        s.as_raw(),
-                    )
-                }?;
+                // Not into a capture begun on `s` since `sync_via` asked: the copy is
+                // waited for before `src` is given back.
+                crate::capture::enqueue_uncaptured(&s, what, || {
+                    // SAFETY: the destination as above; `src` stays borrowed until the
+                    // copy is waited for below; `s` keeps the current stream alive, and
+                    // `sync_via` made its context current.
+                    Ok(unsafe {
+                        result::memory::memcpy_htod_async(
+                            self.ptr(),
+                            src.as_ptr().cast(),
+                            src.len(),
+                            s.as_raw(),
+                        )
+                    }?)
+                })?;
                 synchronize(&s)
             }
         }
@@ -170,17 +174,17 @@ impl MemoryPointer {
                     .map_err(|e| capture_error(what, e.into()))
             }
             SyncVia::Stream(s) => {
-                // SAFETY: as above; `dst` stays borrowed mutably until the copy is
-                // waited for below; `s` keeps the current stream alive, and `sync_via`
-                // made its context current.
-                unsafe {
-                    result::memory::memcpy_dtoh_async(
-                        dst.as_mut_ptr().cast(),
-                        self.ptr(),
-                        dst.len(),
-                        s.as_raw(),
-                    )
-                }?;
+                let (ptr, len) = (dst.as_mut_ptr(), dst.len());
+                // Not into a capture begun on `s` since `sync_via` asked: the copy is
+                // waited for before `dst` is given back.
+                crate::capture::enqueue_uncaptured(&s, what, || {
+                    // SAFETY: as above; `dst` stays borrowed mutably until the copy is
+                    // waited for below; `s` keeps the current stream alive, and
+                    // `sync_via` made its context current.
+                    Ok(unsafe {
+                        result::memory::memcpy_dtoh_async(ptr.cast(), self.ptr(), len, s.as_raw())
+                    }?)
+                })?;
                 synchronize(&s)
             }
         }

@@ -768,9 +768,14 @@ impl PinnedMemoryPointer {
             }
             _ => false,
         };
-        copy(s)?;
-        // SAFETY: `s` is live while `stream` is borrowed, of the fence's device.
-        if let Err(e) = unsafe { f.record(s) } {
+        // Not into a capture that another thread began on `s` since `refuse_capture`
+        // asked: its graph would copy at each launch, after the fence said done.
+        let recorded = crate::capture::enqueue_uncaptured(stream, what, || {
+            copy(s)?;
+            // SAFETY: `s` is live while `stream` is borrowed, of the fence's device.
+            Ok(unsafe { f.record(s) })
+        })?;
+        if let Err(e) = recorded {
             // The copy is queued but cannot be fenced: wait for it here (an error path
             // only), so nothing it uses is reused under it. The earlier fence stays.
             // SAFETY: as above.

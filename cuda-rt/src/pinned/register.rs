@@ -116,18 +116,21 @@ impl RegisteredMemory<'_> {
         refuse_own_capture("RegisteredMemory::copy_to_device")?;
         context::make_current(stream.device_id())?;
         let s = stream.as_raw();
-        // SAFETY: the bytes fit behind `dst` (`check_room`), which keeps the device
-        // memory allocated for the whole call; `self.bytes` is borrowed until the copy
-        // is waited for below; `s` is live while `stream` is borrowed (`AsStream`), its
-        // context made current above.
-        unsafe {
-            result::memory::memcpy_htod_async(
-                dst.ptr(),
-                self.bytes.as_ptr().cast(),
-                self.bytes.len(),
-                s,
-            )
-        }?;
+        // Not into a capture: the copy is waited for before the bytes are given back.
+        crate::capture::enqueue_uncaptured(stream, "RegisteredMemory::copy_to_device", || {
+            // SAFETY: the bytes fit behind `dst` (`check_room`), which keeps the device
+            // memory allocated for the whole call; `self.bytes` is borrowed until the
+            // copy is waited for below; `s` is live while `stream` is borrowed
+            // (`AsStream`), its context made current above.
+            Ok(unsafe {
+                result::memory::memcpy_htod_async(
+                    dst.ptr(),
+                    self.bytes.as_ptr().cast(),
+                    self.bytes.len(),
+                    s,
+                )
+            }?)
+        })?;
         // SAFETY: as above.
         unsafe { crate::stream::drain(s) }
     }
@@ -149,18 +152,16 @@ impl RegisteredMemory<'_> {
         refuse_own_capture("RegisteredMemory::copy_from_device")?;
         context::make_current(stream.device_id())?;
         let s = stream.as_raw();
-        // SAFETY: the bytes fit behind `src` (`check_room`), which keeps the device
-        // memory allocated for the whole call; `self.bytes` is borrowed mutably until
-        // the copy is waited for below, and any byte is a valid `u8`; `s` is live while
-        // `stream` is borrowed (`AsStream`), its context made current above.
-        unsafe {
-            result::memory::memcpy_dtoh_async(
-                self.bytes.as_mut_ptr().cast(),
-                src.ptr(),
-                self.bytes.len(),
-                s,
-            )
-        }?;
+        let (bytes, len) = (self.bytes.as_mut_ptr(), self.bytes.len());
+        // Not into a capture: the copy is waited for before the bytes are given back.
+        crate::capture::enqueue_uncaptured(stream, "RegisteredMemory::copy_from_device", || {
+            // SAFETY: the bytes fit behind `src` (`check_room`), which keeps the device
+            // memory allocated for the whole call; `self.bytes` is borrowed mutably
+            // until the copy is waited for below, and any byte is a valid `u8`; `s` is
+            // live while `stream` is borrowed (`AsStream`), its context made current
+            // above.
+            Ok(unsafe { result::memory::memcpy_dtoh_async(bytes.cast(), src.ptr(), len, s) }?)
+        })?;
         // SAFETY: as above.
         unsafe { crate::stream::drain(s) }
     }

@@ -23,7 +23,9 @@
 //! capturing current stream before any CUDA call). While this thread captures in
 //! global or thread-local mode, which refuse the wait on any stream, the copy is
 //! refused before anything is queued: it could not wait for its work before giving the
-//! host slice back.
+//! host slice back. No capture takes part of a copy: should another thread begin one
+//! on the stream while the copy runs, the copy fails and that capture is invalidated
+//! (see `capture::enqueue_uncaptured`).
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -36,6 +38,7 @@ use cuda_sys::result;
 use super::bytes;
 use super::fence::{give_event, take_event};
 use super::PinnedMemoryPointer;
+use crate::capture::enqueue_uncaptured;
 use crate::device::context;
 use crate::error::{ArgumentKind, Error, Result};
 use crate::memory::pointer::refuse_own_capture;
@@ -632,9 +635,14 @@ pub unsafe fn copy_host_to_device_raw(
     // Live while `stream` is borrowed (`AsStream`), its context made current above.
     let s = stream.as_raw();
     if src.len() < PAGEABLE_THRESHOLD {
-        // SAFETY: `dst` is the caller's promise (see `# Safety`); `src` is borrowed
-        // until the copy is waited for just after; `s` is live and current.
-        unsafe { result::memory::memcpy_htod_async(dst, src.as_ptr().cast(), src.len(), s) }?;
+        // Not into a capture: the copy is waited for before `src` is given back.
+        enqueue_uncaptured(stream, "copy_host_to_device", || {
+            // SAFETY: `dst` is the caller's promise (see `# Safety`); `src` is borrowed
+            // until the copy is waited for just after; `s` is live and current.
+            Ok(unsafe {
+                result::memory::memcpy_htod_async(dst, src.as_ptr().cast(), src.len(), s)
+            }?)
+        })?;
         // SAFETY: as above.
         return unsafe { crate::stream::drain(s) };
     }
@@ -657,21 +665,25 @@ pub unsafe fn copy_host_to_device_raw(
     for (j, &(start, len)) in plan.iter().enumerate() {
         let slot = j % k;
         latch.wait(slot);
-        // SAFETY: the source is staging buffer `slot` (pinned memory the plan holds),
-        // filled by the workers (waited for above) and not refilled before this copy's
-        // event is waited for; the chunk lies in `dst..dst + src.len()`, the caller's
-        // (see `# Safety`); `s` is live and current. The drain waits for the stream
-        // before the buffers go back on an error path.
-        unsafe {
-            result::memory::memcpy_htod_async(
-                dst + start as u64,
-                bufs[slot].ptr() as usize as *const c_void,
-                len,
-                s,
-            )
-        }?;
-        // SAFETY: the slot's event is the plan's (live until it drops); `s` as above.
-        unsafe { result::event::record(events.events[slot] as sys::CUevent, s) }?;
+        // Chunk by chunk, not into a capture that another thread begins on `s` meanwhile
+        // (the lock is not held across the waits, which such a capture may refuse).
+        enqueue_uncaptured(stream, "copy_host_to_device", || {
+            // SAFETY: the source is staging buffer `slot` (pinned memory the plan
+            // holds), filled by the workers (waited for above) and not refilled before
+            // this copy's event is waited for; the chunk lies in `dst..dst + src.len()`,
+            // the caller's (see `# Safety`); `s` is live and current. The drain waits
+            // for the stream before the buffers go back on an error path.
+            unsafe {
+                result::memory::memcpy_htod_async(
+                    dst + start as u64,
+                    bufs[slot].ptr() as usize as *const c_void,
+                    len,
+                    s,
+                )
+            }?;
+            // SAFETY: the slot's event is the plan's (live until it drops); `s` as above.
+            Ok(unsafe { result::event::record(events.events[slot] as sys::CUevent, s) }?)
+        })?;
         if j >= 1 {
             if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
                 let prev = (j - 1) % k;
@@ -728,10 +740,15 @@ pub unsafe fn copy_device_to_host_raw(
     // Live while `stream` is borrowed (`AsStream`), its context made current above.
     let s = stream.as_raw();
     if dst.len() < PAGEABLE_THRESHOLD {
-        // SAFETY: `src` is the caller's promise (see `# Safety`); `dst` is borrowed
-        // mutably until the copy is waited for just after, and any byte is a valid
-        // `u8`; `s` is live and current.
-        unsafe { result::memory::memcpy_dtoh_async(dst.as_mut_ptr().cast(), src, dst.len(), s) }?;
+        // Not into a capture: the copy is waited for before `dst` is given back.
+        enqueue_uncaptured(stream, "copy_device_to_host", || {
+            // SAFETY: `src` is the caller's promise (see `# Safety`); `dst` is borrowed
+            // mutably until the copy is waited for just after, and any byte is a valid
+            // `u8`; `s` is live and current.
+            Ok(unsafe {
+                result::memory::memcpy_dtoh_async(dst.as_mut_ptr().cast(), src, dst.len(), s)
+            }?)
+        })?;
         // SAFETY: as above.
         return unsafe { crate::stream::drain(s) };
     }
@@ -744,20 +761,23 @@ pub unsafe fn copy_device_to_host_raw(
     // Start k DMAs; as chunk j lands, hand it to the workers, and once chunk j - 1
     // has left its buffer, start the DMA of chunk j - 1 + k into it.
     for (j, &(start, len)) in plan.iter().enumerate().take(k) {
-        // SAFETY: the destination is staging buffer `j` (pinned memory the plan holds,
-        // read by no worker yet); the chunk lies in `src..src + dst.len()`, the
-        // caller's (see `# Safety`); `s` is live and current. The drain waits for the
-        // stream before the buffers go back on an error path.
-        unsafe {
-            result::memory::memcpy_dtoh_async(
-                bufs[j].ptr() as usize as *mut c_void,
-                src + start as u64,
-                len,
-                s,
-            )
-        }?;
-        // SAFETY: the slot's event is the plan's (live until it drops); `s` as above.
-        unsafe { result::event::record(events.events[j] as sys::CUevent, s) }?;
+        // Chunk by chunk, not into a capture (as in `copy_host_to_device_raw`).
+        enqueue_uncaptured(stream, "copy_device_to_host", || {
+            // SAFETY: the destination is staging buffer `j` (pinned memory the plan
+            // holds, read by no worker yet); the chunk lies in `src..src + dst.len()`,
+            // the caller's (see `# Safety`); `s` is live and current. The drain waits
+            // for the stream before the buffers go back on an error path.
+            unsafe {
+                result::memory::memcpy_dtoh_async(
+                    bufs[j].ptr() as usize as *mut c_void,
+                    src + start as u64,
+                    len,
+                    s,
+                )
+            }?;
+            // SAFETY: the slot's event is the plan's (live until it drops); `s` as above.
+            Ok(unsafe { result::event::record(events.events[j] as sys::CUevent, s) }?)
+        })?;
     }
     for (j, &(start, len)) in plan.iter().enumerate() {
         let slot = j % k;
@@ -769,18 +789,20 @@ pub unsafe fn copy_device_to_host_raw(
             if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
                 let prev = (j - 1) % k;
                 latch.wait(prev);
-                // SAFETY: as for the first copies: buffer `prev` has been read out by
-                // the workers (waited for just above).
-                unsafe {
-                    result::memory::memcpy_dtoh_async(
-                        bufs[prev].ptr() as usize as *mut c_void,
-                        src + next_start as u64,
-                        next_len,
-                        s,
-                    )
-                }?;
-                // SAFETY: the plan's event; `s` as above.
-                unsafe { result::event::record(events.events[prev] as sys::CUevent, s) }?;
+                enqueue_uncaptured(stream, "copy_device_to_host", || {
+                    // SAFETY: as for the first copies: buffer `prev` has been read out
+                    // by the workers (waited for just above).
+                    unsafe {
+                        result::memory::memcpy_dtoh_async(
+                            bufs[prev].ptr() as usize as *mut c_void,
+                            src + next_start as u64,
+                            next_len,
+                            s,
+                        )
+                    }?;
+                    // SAFETY: the plan's event; `s` as above.
+                    Ok(unsafe { result::event::record(events.events[prev] as sys::CUevent, s) }?)
+                })?;
             }
         }
     }
