@@ -332,6 +332,68 @@ gpu_test!(
     }
 );
 
+// Item 1, a stream-ordered pool grown for another stream's arena (`malloc_on_stream`):
+// its block must come from `cuMemAllocAsync` on that stream. Allocated on the thread's
+// current stream instead (the legacy default here), the driver may hand over memory
+// freed on that stream while work queued there before the free still writes it, and
+// the arena's stream then uses it in no order with that work. The gate holds a memset
+// of freed stream-ordered memory on the legacy stream; the new owner's bytes, written
+// on `side`, must survive it.
+gpu_test!(a_stream_ordered_pool_grows_on_the_stream_of_its_arena, {
+    use cuda_rt::memory::{malloc_async, MemoryPool, PoolAllocator};
+    let _serial = serial();
+    let side = Stream::non_blocking().unwrap();
+    let mut gate = Gate::close(std::ptr::null_mut());
+    let old = malloc_async(N).unwrap();
+    old.memset_async(0xAB, N, None).unwrap();
+    drop(old);
+    let pool = MemoryPool::with_allocator(PoolAllocator::StreamOrdered);
+    let p = pool.malloc_on_stream(&side, N).unwrap();
+    p.memset_async(0x11, N, Some(&side)).unwrap();
+    // Let `side` run what it may (ordered after the gate, it waits: no sync here).
+    let t0 = std::time::Instant::now();
+    while !side.query().unwrap_or(true) && t0.elapsed() < std::time::Duration::from_millis(500) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let held = gate.held();
+    gate.open();
+    cuda_rt::device::synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    p.copy_to_host(&mut back).unwrap();
+    assert!(
+        !held || back.iter().all(|&b| b == 0x11),
+        "the stream-ordered pool handed out memory still written by the legacy stream's work"
+    );
+    drop(p);
+    drop(gate);
+});
+
+// A stream-ordered pool does not grow on a capturing stream: `cuMemAllocAsync` there
+// makes graph memory (it exists only while a launch of the graph runs), which the pool
+// would cache and hand out as its own. Refused; the capture goes on.
+gpu_test!(a_stream_ordered_pool_does_not_grow_on_a_capturing_stream, {
+    use cuda_rt::memory::{MemoryPool, PoolAllocator};
+    let _serial = serial();
+    let pool = MemoryPool::with_allocator(PoolAllocator::StreamOrdered);
+    let s = Stream::non_blocking().unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let r = pool.malloc_on_stream(&s, N);
+    let g = s.end_capture();
+    let e = r.expect_err("a stream-ordered pool grew with graph memory");
+    assert!(
+        matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::Refused,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(g.is_ok(), "the capture stayed valid: {:?}", g.err());
+    assert_eq!(pool.stats().total_bytes, 0);
+});
+
 // Item 5, hand-built graphs: a copy, memset or kernel node is refused memory of a
 // graph that never ran, before its first launch and after the graph went unlaunched
 // (by the time the node runs, the address may be another graph's memory); ordinary

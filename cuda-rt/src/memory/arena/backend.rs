@@ -62,6 +62,16 @@ pub trait Backend: Send + Sync {
     /// allocation of this backend.
     fn alloc(&self, size: usize) -> Result<u64, BackendError>;
 
+    /// [`alloc`](Backend::alloc) for the arena of stream key `key`: what the pool
+    /// calls when a malloc in that arena grows it. The memory is first used by work
+    /// ordered on that arena's stream, so a backend whose allocations are themselves
+    /// stream-ordered (CUDA's `cuMemAllocAsync`) must allocate on that stream, not on
+    /// whatever stream is current on the calling thread. The default is `alloc`.
+    fn alloc_for(&self, size: usize, key: u64) -> Result<u64, BackendError> {
+        let _ = key;
+        self.alloc(size)
+    }
+
     /// Gives back an allocation made by [`alloc`](Backend::alloc); `size` is the size
     /// it was allocated with. Each allocation is freed exactly once.
     fn free(&self, addr: u64, size: usize);
@@ -175,6 +185,9 @@ macro_rules! forward_backend {
         impl<B: Backend + ?Sized> Backend for $ptr<B> {
             fn alloc(&self, size: usize) -> Result<u64, BackendError> {
                 (**self).alloc(size)
+            }
+            fn alloc_for(&self, size: usize, key: u64) -> Result<u64, BackendError> {
+                (**self).alloc_for(size, key)
             }
             fn free(&self, addr: u64, size: usize) {
                 (**self).free(addr, size)

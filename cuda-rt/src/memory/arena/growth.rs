@@ -39,7 +39,7 @@ impl<B: Backend> Pool<B> {
                     Ok(r) => return r,
                     Err(g) => Err(g),
                 },
-                None => self.try_grow(rounded),
+                None => self.try_grow(rounded, arena.key),
             };
             let (cause, limit) = match grown {
                 Ok(addr) => {
@@ -256,14 +256,15 @@ impl<B: Backend> Pool<B> {
         cuts.clear();
     }
 
-    /// Reserves `size` against the limit, then asks the backend.
-    fn try_grow(&self, size: u64) -> Result<u64, Growth> {
+    /// Reserves `size` against the limit, then asks the backend for memory of the
+    /// arena of stream key `key` (where the block is first used).
+    fn try_grow(&self, size: u64, key: u64) -> Result<u64, Growth> {
         let old = self.reserve(size)?;
         let Ok(len) = usize::try_from(size) else {
             self.reserved.fetch_sub(size, Ordering::AcqRel);
             return Err(Growth::Backend(BackendError::OutOfMemory(None)));
         };
-        match self.backend.alloc(len) {
+        match self.backend.alloc_for(len, key) {
             Ok(addr) => {
                 self.peak_reserved.fetch_max(old + size, Ordering::Relaxed);
                 self.backend_allocs.fetch_add(1, Ordering::Relaxed);
@@ -328,6 +329,50 @@ mod tests {
         p.set_expandable_segments(true);
         assert!(p.expandable_segments());
         p
+    }
+
+    /// A backend that records the arena key of each growth (its memory from a
+    /// counting fake backend).
+    #[derive(Default)]
+    struct Keyed {
+        inner: FakeBackend,
+        keys: std::sync::Mutex<Vec<u64>>,
+    }
+
+    impl Backend for Keyed {
+        fn alloc(&self, _: usize) -> Result<u64, BackendError> {
+            Err(BackendError::Other(
+                "the pool grows through alloc_for".into(),
+            ))
+        }
+        fn alloc_for(&self, size: usize, key: u64) -> Result<u64, BackendError> {
+            self.keys.lock().unwrap().push(key);
+            self.inner.alloc(size)
+        }
+        fn free(&self, addr: u64, size: usize) {
+            self.inner.free(addr, size)
+        }
+    }
+
+    /// A stream-ordered backend allocates on a stream: the pool names the arena that
+    /// grows (the malloc's stream), whatever thread or stream is current, also on
+    /// the retry after out of memory.
+    #[test]
+    fn a_miss_asks_the_backend_for_memory_of_its_own_arena() {
+        let p = Pool::new(Keyed::default());
+        let per_thread = 1 << 63 | 3;
+        let a = p.malloc(MIB, 7).unwrap();
+        let b = p.malloc(MIB, per_thread).unwrap();
+        p.free(a).unwrap();
+        p.set_limit(2 * MIB as u64);
+        // Over the limit: the cached block of arena 7 goes back, and the retry grows
+        // arena 9.
+        let c = p.malloc(MIB, 9).unwrap();
+        assert_eq!(p.stats().oom_retries, 1);
+        assert_eq!(*p.backend().keys.lock().unwrap(), [7, per_thread, 9]);
+        p.free(b).unwrap();
+        p.free(c).unwrap();
+        p.check().unwrap();
     }
 
     #[test]

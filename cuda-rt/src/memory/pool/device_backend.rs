@@ -10,12 +10,13 @@ use cuda_sys::driver as sys;
 use cuda_sys::result;
 
 use crate::device::context::make_current;
-use crate::error::Error;
+use crate::error::{CaptureKind, Error};
 use crate::memory::arena::{Backend, BackendError, SegmentSpec};
 use crate::memory::device_memory::{drain_device, CAllocator, ClosureAllocator};
 use crate::memory::hook;
 use crate::stream::current_stream_handle;
 
+use super::stream_key::handle_of_key;
 use super::stream_uses::FENCE_FLAGS;
 
 /// The memory a [`MemoryPool`](super::MemoryPool) caches (CuPy's
@@ -31,8 +32,12 @@ pub enum PoolAllocator {
     /// `cuMemFree`: the host may read and write the blocks too.
     Managed,
     /// The driver's stream-ordered allocator: `cuMemAllocAsync` on the stream of the
-    /// malloc that misses (the arena's stream, where the block is first used); the
-    /// cache goes back with `cuMemFreeAsync` after the context's work has completed.
+    /// malloc that misses (the arena's stream, where the block is first used, also
+    /// for [`MemoryPool::malloc_on_stream`](super::MemoryPool::malloc_on_stream) of a
+    /// stream that is not current); the cache goes back with `cuMemFreeAsync` after
+    /// the context's work has completed. A miss on a stream that is capturing a graph
+    /// is refused ([`Error::Capture`](crate::Error::Capture)): there the driver would
+    /// allocate graph memory, not memory the pool can keep.
     StreamOrdered,
     /// A pair of Rust closures (CuPy's `PythonFunctionAllocator`), called with the
     /// device's context current. The pool calls `free` only after the context's work
@@ -153,6 +158,34 @@ impl DeviceBackend {
         }
     }
 
+    /// `size` bytes of `cuMemAllocAsync` on `stream` (a live stream of this device, or
+    /// a default-stream handle), which must not be capturing: there the driver would
+    /// make the allocation a node of the graph, memory that exists only while a launch
+    /// of that graph runs, which the pool would then cache and hand out as its own.
+    fn alloc_ordered(&self, size: usize, stream: usize) -> std::result::Result<u64, BackendError> {
+        let dev = self.device;
+        driver_alloc(make_current(dev).and_then(|()| {
+            let stream = stream as sys::CUstream;
+            // SAFETY: the caller's stream is live for the call and of `dev`, whose
+            // context is current.
+            let status = unsafe { result::stream::is_capturing(stream) }?;
+            if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                return Err(Error::capture(
+                    CaptureKind::Refused,
+                    format!(
+                        "the stream-ordered memory pool of device {dev} cannot grow on stream \
+                         {:#x}: it is capturing a graph, where cuMemAllocAsync would make graph \
+                         memory, not memory the pool can keep (allocate with alloc during a \
+                         capture, or grow the pool before it)",
+                        stream as usize
+                    ),
+                ));
+            }
+            // SAFETY: as above.
+            Ok(unsafe { result::memory::alloc_async(size, stream) }?)
+        }))
+    }
+
     /// [`drain_device`] of this backend's device, before a user allocator or the
     /// stream-ordered one frees a block that work queued before the release may still
     /// use.
@@ -172,12 +205,9 @@ impl Backend for DeviceBackend {
                 let global = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL.0;
                 Ok(result::memory::alloc_managed(size, global)?)
             })),
-            PoolAllocator::StreamOrdered => driver_alloc(make_current(dev).and_then(|()| {
-                let stream = current_stream_handle(dev) as sys::CUstream;
-                // SAFETY: the thread's current stream of `dev` is alive while current
-                // (the thread keeps it) and belongs to `dev`, whose context is current.
-                Ok(unsafe { result::memory::alloc_async(size, stream) }?)
-            })),
+            // The pool grows through `alloc_for`, on the arena's stream; this is the
+            // thread's current stream (alive while current: the thread keeps it).
+            PoolAllocator::StreamOrdered => self.alloc_ordered(size, current_stream_handle(dev)),
             // The device's context is made current for the user's functions (as CuPy
             // runs them under the device); without a driver they run all the same.
             PoolAllocator::Closures(c) => {
@@ -188,6 +218,20 @@ impl Backend for DeviceBackend {
                 let _ = make_current(dev);
                 user_alloc(Ok((c.malloc)(c.ctx as *mut std::ffi::c_void, size, dev)))
             }
+        }
+    }
+
+    fn alloc_for(&self, size: usize, key: u64) -> std::result::Result<u64, BackendError> {
+        match self.source {
+            // Stream-ordered memory is valid only for work ordered after its
+            // allocation on the stream it was allocated on, and the driver may give
+            // memory freed on that stream under work still queued there: allocated on
+            // the thread's current stream, a block of another stream's arena
+            // (`malloc_on_stream`) was used on that other stream with no order at all.
+            // The arena's key names its stream for the malloc that grows it (the
+            // malloc's own stream, alive for the call).
+            PoolAllocator::StreamOrdered => self.alloc_ordered(size, handle_of_key(key)),
+            _ => self.alloc(size),
         }
     }
 
@@ -351,6 +395,20 @@ impl<B: Backend> Backend for HookedBackend<B> {
         let dev = self.device;
         hook::each(|h| h.alloc_pre(dev, size));
         let r = self.backend.alloc(size);
+        if let Ok(p) = r {
+            hook::each(|h| h.alloc_post(dev, size, p));
+        }
+        r
+    }
+
+    #[inline]
+    fn alloc_for(&self, size: usize, key: u64) -> std::result::Result<u64, BackendError> {
+        if !hook::has_hooks() {
+            return self.backend.alloc_for(size, key);
+        }
+        let dev = self.device;
+        hook::each(|h| h.alloc_pre(dev, size));
+        let r = self.backend.alloc_for(size, key);
         if let Ok(p) = r {
             hook::each(|h| h.alloc_post(dev, size, p));
         }

@@ -27,6 +27,18 @@ pub(crate) fn stream_key(handle: usize) -> u64 {
     }
 }
 
+/// The stream handle that the arena key `key` names on the thread that mallocs from
+/// its arena: the key itself, except a per-thread key, which names the per-thread
+/// default stream (only its own thread's mallocs reach that arena).
+#[inline]
+pub(crate) fn handle_of_key(key: u64) -> usize {
+    if key & PER_THREAD_KEY_BIT != 0 {
+        PER_THREAD_DEFAULT_HANDLE
+    } else {
+        key as usize
+    }
+}
+
 #[inline]
 fn per_thread_key() -> u64 {
     THREAD_KEY.with(|k| match k.get() {
@@ -59,5 +71,10 @@ mod tests {
             .unwrap();
         assert_ne!(other, mine, "one arena per thread");
         assert_ne!(other & PER_THREAD_KEY_BIT, 0);
+        // And back: a key names its stream for the arena's own mallocs.
+        assert_eq!(handle_of_key(mine), PER_THREAD_DEFAULT_HANDLE);
+        assert_eq!(handle_of_key(other), PER_THREAD_DEFAULT_HANDLE);
+        assert_eq!(handle_of_key(0), 0);
+        assert_eq!(handle_of_key(0x7f00_dead_b000), 0x7f00_dead_b000);
     }
 }
