@@ -552,10 +552,29 @@ impl Stream {
     /// [`Error::InvalidState`] while something else still holds the stream (a
     /// [`StreamRef`], a thread on which it is current, memory allocated on it); the
     /// stream then stays owned by those holders and is destroyed when they go.
+    ///
+    /// A stream the caching pool allocated on is first waited for (a host
+    /// synchronisation): its new owner may destroy it at once, and the driver may
+    /// give its handle to the next stream created, whose mallocs would then take
+    /// blocks freed onto this one from under its queued work (what dropping a
+    /// `Stream` avoids by keeping it until its work is done). A wait that fails (the
+    /// stream is capturing, a lost context) is returned as the error, and the stream
+    /// stays owned: destroyed once its work is done, as a drop does.
     pub fn into_raw(self) -> Result<sys::CUstream> {
         let handle = self.inner.handle;
         match Arc::try_unwrap(self.inner) {
             Ok(inner) => {
+                if retire::pooled(handle) {
+                    // SAFETY: an owned stream, alive (`inner` holds it) on its device,
+                    // whose context `make_current` made current.
+                    let drained = make_current(inner.device)
+                        .and_then(|()| unsafe { drain(handle as sys::CUstream) });
+                    if let Err(e) = drained {
+                        // Dropped as an owner: kept until its work is done.
+                        drop(inner);
+                        return Err(e);
+                    }
+                }
                 std::mem::forget(inner);
                 Ok(handle as sys::CUstream)
             }

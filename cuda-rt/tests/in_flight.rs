@@ -280,6 +280,64 @@ gpu_test!(
     }
 );
 
+// Item 1, a stream given up: `Stream::into_raw` hands the handle to a new owner, who
+// may destroy it at once (the driver defers the destruction until the work is done,
+// not the handle's reuse), so a block freed onto it while its work still writes it
+// could go to the next stream created with that handle, as for a dropped stream.
+// `into_raw` of a stream a pool allocated on waits for its work: the gate is opened
+// from another thread a little later, and `into_raw` must return only after that.
+gpu_test!(
+    a_stream_given_up_with_into_raw_has_finished_its_blocks_work,
+    {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let _serial = serial();
+        let pool = cuda_rt::get_default_memory_pool();
+        let s1 = Stream::non_blocking().unwrap();
+        let old_handle = s1.ptr();
+        let buf = pool.malloc_on_stream(&s1, N).unwrap();
+        let gate = Gate::close(s1.as_raw());
+        buf.memset_async(0xAB, N, Some(&s1)).unwrap();
+        drop(buf);
+        let opened = Arc::new(AtomicBool::new(false));
+        let (opener, o) = (gate.opener(), opened.clone());
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            o.store(true, Ordering::SeqCst);
+            let _ = opener.send(());
+        });
+        let raw = s1.into_raw().unwrap();
+        let waited = opened.load(Ordering::SeqCst);
+        // The new owner destroys it; streams are made until one has its handle.
+        // SAFETY: the stream was given up above, is destroyed once and not used again.
+        unsafe { cuda_rt::cuda_sys::result::stream::destroy(raw) }.unwrap();
+        let mut made = Vec::new();
+        while made.len() < 8 {
+            let s = Stream::non_blocking().unwrap();
+            let same = s.ptr() == old_handle;
+            made.push(s);
+            if same {
+                break;
+            }
+        }
+        let s2 = made.last().unwrap();
+        let next = pool.malloc_on_stream(s2, N).unwrap();
+        next.memset_async(0x11, N, Some(s2)).unwrap();
+        t.join().unwrap();
+        cuda_rt::device::synchronize().unwrap();
+        let mut back = vec![0u8; N];
+        next.copy_to_host(&mut back).unwrap();
+        assert!(
+            waited,
+            "into_raw gave up a stream while work queued on it still wrote a block freed onto it"
+        );
+        assert!(
+            back.iter().all(|&b| b == 0x11),
+            "the new owner holds the given-up stream's bytes"
+        );
+        drop(gate);
+    }
+);
+
 // Item 1, a user's allocator: memory of a closure pair freed while work queued on
 // another stream still writes it. The pair may hand the memory out again at once (it
 // is not `cuMemFree`, which waits for the device), so its free must run only after

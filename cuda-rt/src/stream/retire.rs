@@ -11,7 +11,9 @@
 //! ([`note_arena_key`]) and that still has work queued when its last owner goes is
 //! not destroyed yet: it is kept, which keeps its handle from being given out again,
 //! and destroyed once its work is done, looked at whenever a stream is created or
-//! dropped. A stream no pool ever keyed is destroyed at once, as before.
+//! dropped. A stream no pool ever keyed is destroyed at once, as before. A stream
+//! given up with `Stream::into_raw` leaves cuda-rt's hands (its new owner may destroy
+//! it at once): one that a pool keyed is waited for first.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,12 +40,18 @@ pub(crate) fn note_arena_key(key: u64) {
     lock(&POOLED).insert(key);
 }
 
+/// Whether some pool made an arena for the stream handle `handle`: an owned stream
+/// with that handle is let go (destroyed, or given up with `Stream::into_raw`) only
+/// once its queued work is done.
+pub(super) fn pooled(handle: usize) -> bool {
+    lock(&POOLED).contains(&(handle as u64))
+}
+
 /// Destroys the owned stream `handle`, its last owner gone: now, or once its queued
 /// work is done when a pool may hold blocks freed onto it (see the module docs).
 pub(super) fn retire(handle: usize) {
     destroy_finished();
-    let pooled = lock(&POOLED).contains(&(handle as u64));
-    if pooled && !idle(handle) {
+    if pooled(handle) && !idle(handle) {
         let mut kept = lock(&KEPT);
         kept.push(handle);
         N_KEPT.store(kept.len(), Ordering::Relaxed);
