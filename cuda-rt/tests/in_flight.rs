@@ -280,6 +280,53 @@ gpu_test!(
     }
 );
 
+// Item 1, synchronous calls on the legacy default stream: CUDA's plain memset and
+// device-to-device copy of device memory return before the device ran them (queued on
+// the legacy stream, here behind the gate). A block of a non-blocking stream's arena
+// freed just after must not go to that stream's next malloc while they wait.
+fn held_sync_op_on_the_legacy_stream(copy: bool) {
+    let _serial = serial();
+    let pool = cuda_rt::get_default_memory_pool();
+    let side = Stream::non_blocking().unwrap();
+    let src = cuda_rt::alloc(N).unwrap();
+    src.memset(0xAB, N).unwrap();
+    cuda_rt::device::synchronize().unwrap();
+    let p = pool.malloc_on_stream(&side, N).unwrap();
+    let addr = p.ptr();
+    let mut gate = Gate::close(std::ptr::null_mut());
+    if copy {
+        p.copy_from_device(&src, N).unwrap();
+    } else {
+        p.memset(0xAB, N).unwrap();
+    }
+    drop(p);
+    let q = pool.malloc_on_stream(&side, N).unwrap();
+    q.memset_async(0x11, N, Some(&side)).unwrap();
+    side.synchronize().unwrap();
+    let held = gate.held();
+    gate.open();
+    cuda_rt::device::synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    q.copy_to_host(&mut back).unwrap();
+    assert!(
+        !held || q.ptr() != addr,
+        "copy {copy}: the block under the legacy stream's queued work was handed out again"
+    );
+    assert!(
+        back.iter().all(|&b| b == 0x11),
+        "copy {copy}: the legacy stream's work wrote the new owner's bytes"
+    );
+    drop(gate);
+}
+
+gpu_test!(a_memset_queued_on_the_legacy_stream_keeps_its_block, {
+    held_sync_op_on_the_legacy_stream(false);
+});
+
+gpu_test!(a_device_copy_queued_on_the_legacy_stream_keeps_its_block, {
+    held_sync_op_on_the_legacy_stream(true);
+});
+
 // Item 1, a stream given up: `Stream::into_raw` hands the handle to a new owner, who
 // may destroy it at once (the driver defers the destruction until the work is done,
 // not the handle's reuse), so a block freed onto it while its work still writes it

@@ -8,10 +8,14 @@ use super::pointer::{capture_error, stream_or_current, sync_via, synchronize, Sy
 use super::{uses, MemoryPointer};
 use crate::device::context::make_current;
 use crate::error::{ArgumentKind, Error, Result};
-use crate::stream::AsStream;
+use crate::stream::{AsStream, StreamRef};
 
 impl MemoryPointer {
-    /// Sets `size` bytes to `value`, synchronously.
+    /// Sets `size` bytes to `value`, synchronously. When the current stream is the
+    /// legacy default stream this is CUDA's plain memset, which may return before the
+    /// device has run it (queued on that stream, in order with the later work of that
+    /// stream and of blocking streams); the memory's free waits for it, as for every
+    /// other synchronous form.
     pub fn memset(&self, value: u8, size: usize) -> Result<()> {
         self.memset_impl("memset", Fill::U8(value), size, false, None)
     }
@@ -116,7 +120,15 @@ impl MemoryPointer {
             }?)
         };
         match (is_async, &stream) {
-            (false, None) => set(None).map_err(|e| capture_error(what, e)),
+            (false, None) => {
+                set(None).map_err(|e| capture_error(what, e))?;
+                // CUDA's plain memset of device memory returns before the device has
+                // written: it is queued on the legacy default stream. The memory's
+                // free waits for that stream, as for `memset_async` on it (a block of
+                // that stream's own arena: one key compare).
+                uses::record(&StreamRef::legacy_default(self.device_id()), &[self.m()]);
+                Ok(())
+            }
             (false, Some(s)) => {
                 // Not into a capture begun on `s` since the check above: it would set
                 // the memory at each launch of its graph, which does not keep it.

@@ -496,7 +496,9 @@ impl MemoryPointer {
     // Device -> device
 
     /// Copies `size` bytes from `src` to this pointer, synchronously; across devices
-    /// with `cuMemcpyPeer`.
+    /// with `cuMemcpyPeer`. When the current stream is the legacy default stream this
+    /// is CUDA's plain copy, which may return before the device has run it (queued on
+    /// that stream, as [`memset`](Self::memset)); both frees wait for it.
     pub fn copy_from_device(&self, src: &MemoryPointer, size: usize) -> Result<()> {
         let what = "copy_from_device";
         self.check_room(what, size)?;
@@ -509,7 +511,14 @@ impl MemoryPointer {
             SyncVia::Legacy => {
                 make_current(self.device_id())?;
                 self.d2d(src, size, None)
-                    .map_err(|e| capture_error(what, e))
+                    .map_err(|e| capture_error(what, e))?;
+                // CUDA's plain device-to-device copy returns before the copy has run:
+                // it is queued on the legacy default stream (of this pointer's device).
+                // Both frees wait for that stream, as for `copy_from_device_async` on
+                // it (blocks of that stream's own arena: one key compare each).
+                let legacy = StreamRef::legacy_default(self.device_id());
+                uses::record(&legacy, &[self.m(), src.m()]);
+                Ok(())
             }
             SyncVia::Stream(s) => {
                 // Not into a capture begun on `s` since `sync_via` asked: it would

@@ -20,7 +20,7 @@ use crate::memory::pointer::{
 };
 use crate::memory::uses;
 use crate::memory::{MemoryPointer, Pod};
-use crate::stream::AsStream;
+use crate::stream::{AsStream, StreamRef};
 
 /// Whether a synchronous copy to or from the host slice `buf` goes through the pinned
 /// staging buffers ([`copy_host_to_device`]): pageable memory of at
@@ -124,7 +124,13 @@ impl MemoryPointer {
                 // in memory its object keeps alive (`BaseMemory`) while `self` is
                 // borrowed; `src` is borrowed for this synchronous copy.
                 unsafe { result::memory::memcpy_htod(self.ptr(), src) }
-                    .map_err(|e| capture_error(what, e.into()))
+                    .map_err(|e| capture_error(what, e.into()))?;
+                // CUDA's plain copy from pageable memory returns once the source is
+                // staged, before the device has been written: the rest is queued on
+                // the legacy default stream, which the memory's free waits for (a
+                // block of that stream's own arena: one key compare).
+                uses::record(&StreamRef::legacy_default(self.device_id()), &[self.m()]);
+                Ok(())
             }
             SyncVia::Stream(s) => {
                 // Not into a capture begun on `s` since `sync_via` asked: the copy is
