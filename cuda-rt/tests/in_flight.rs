@@ -722,6 +722,49 @@ gpu_test!(cuda_rt_calls_in_a_host_function_are_refused, {
 
 // Item 9: a stream or an event whose last owner is dropped in a host function is kept
 // (leaked), not destroyed there: the driver may not be called in a host function.
+// The last memory of a dropped `MemoryPool::new` pool dropped in a host function:
+// the orphaned pool releases its cache there (a poll of its fences) and, its last
+// object gone, is dropped there (a wait for its fences). CUDA forbids both in a host
+// function, and the wait is for a fence recorded on the same stream after the
+// function: it would never end. The stream must get past the function.
+gpu_test!(
+    an_orphaned_pool_dropped_in_a_host_function_waits_for_no_fence,
+    {
+        use cuda_rt::memory::MemoryPool;
+        let _serial = serial();
+        let side = Stream::non_blocking().unwrap();
+        let other = Stream::non_blocking().unwrap();
+        let pool = MemoryPool::new();
+        let p = pool.malloc(N).unwrap();
+        let q = pool.malloc(N).unwrap();
+        // Both used on other streams: their frees fence rather than park (a parking slot
+        // of this thread would keep the pool alive).
+        p.memset_async(1, N, Some(&other)).unwrap();
+        q.memset_async(2, N, Some(&side)).unwrap();
+        let mut gate = Gate::close(side.as_raw());
+        side.launch_host_func(move || drop(p)).unwrap();
+        drop(pool);
+        // q awaits a fence recorded on `side` behind the host function, which now holds
+        // the pool's last memory.
+        drop(q);
+        gate.open();
+        let t0 = std::time::Instant::now();
+        while !side.query().unwrap_or(false) && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let passed = side.query().unwrap_or(false);
+        if !passed {
+            // Its drop would wait for the stuck stream.
+            std::mem::forget(gate);
+        }
+        assert!(
+            passed,
+            "the pool dropped in a host function waited for work queued behind it"
+        );
+        other.synchronize().unwrap();
+    }
+);
+
 gpu_test!(a_stream_and_an_event_dropped_in_a_host_function_are_kept, {
     use cuda_rt::cuda_sys::driver as sys;
     let s = Stream::non_blocking().unwrap();

@@ -271,6 +271,13 @@ impl Backend for DeviceBackend {
     // from `free_raw_after` until `fence_release`.
 
     fn fence_done(&self, fence: u64) -> bool {
+        // CUDA forbids CUDA calls in a host function (they may fail or deadlock), where
+        // the last memory of an orphaned pool may be dropped, which releases its cache
+        // (a poll) or drops the pool (a wait, for a fence that may be queued behind the
+        // very function: a deadlock). Not known to be done, as a failed query.
+        if result::stream::in_host_function() {
+            return false;
+        }
         // An error is not done: while another thread holds a global-mode capture every
         // query fails though the stream still uses the block, so the block stays
         // awaiting until a later query succeeds. A dead context fails for good: its
@@ -281,6 +288,10 @@ impl Backend for DeviceBackend {
     }
 
     fn fence_wait(&self, fence: u64) -> bool {
+        // Never in a host function (see `fence_done`).
+        if result::stream::in_host_function() {
+            return false;
+        }
         // A failed wait is not done either (as in `fence_done`).
         // SAFETY: as in `fence_done`.
         unsafe { result::event::synchronize(fence as usize as sys::CUevent) }.is_ok()
