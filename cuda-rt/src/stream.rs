@@ -363,7 +363,11 @@ impl StreamRef {
     /// # Safety
     /// `handle` must be a stream of `device` (or 0/2), alive for as long as this
     /// reference, or a clone of it, is used (also by memory allocated on it, or by a
-    /// thread on which it is made current).
+    /// thread on which it is made current). A stream a pool allocated on through it
+    /// must be destroyed only once the work queued on it is done: the pool keys its
+    /// cache by stream handle, and the driver may give a destroyed stream's handle to
+    /// the next stream at once, whose mallocs would take blocks freed onto the old
+    /// one from under that work (cuda-rt keeps its own `Stream`s until then).
     pub unsafe fn from_raw(handle: sys::CUstream, device: i32) -> Self {
         StreamRef {
             handle: handle as usize,
@@ -666,7 +670,9 @@ impl ExternalStream {
     ///
     /// # Safety
     /// `handle` must be a live stream of `device` (or 0/2 for its default streams) and
-    /// stay alive for as long as this value, or a copy of it, is used.
+    /// stay alive for as long as this value, or a copy of it, is used; a stream a pool
+    /// allocated on through it is destroyed only once its queued work is done (see
+    /// [`StreamRef::from_raw`]).
     pub unsafe fn from_raw(handle: sys::CUstream, device: i32) -> ExternalStream {
         ExternalStream {
             handle: handle as usize,
