@@ -15,10 +15,12 @@
 //!
 //! PyTorch passes a filter (a `std::function`) telling which streams belong to the
 //! capture; a C library cannot call it, so the filter used is the driver's: a stream
-//! whose capture is active allocates into the window opened last on its device that
-//! it was first seen in (its capture id is bound to the window at its first
-//! allocation). Allocations on streams that are not capturing go to the default
-//! pool as usual. With no window open, the check is one relaxed atomic load.
+//! whose capture is active allocates into the window it was bound to at its first
+//! allocation: the latest unbound window of its device opened by the allocating
+//! thread (PyTorch opens it on the thread that begins the capture), else the latest
+//! unbound one of its device. Allocations on streams that are not capturing go to
+//! the default pool as usual. With no window open, the check is one relaxed atomic
+//! load.
 //!
 //! # Peaks with the graph pools
 //! PyTorch's `max_memory_reserved()` counts its graphs' private pools; so does
@@ -38,6 +40,7 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::thread::ThreadId;
 
 use cuda_rt::cuda_sys::driver as sys;
 use cuda_rt::cuda_sys::result;
@@ -54,6 +57,36 @@ struct Window {
     key: PoolKey,
     /// The driver's id of the capture allocating into this window, once seen.
     capture: Option<u64>,
+    /// The thread that opened it: PyTorch begins allocating to a graph's pool on the
+    /// thread that then begins the capture (`CUDAGraph::capture_begin`).
+    thread: ThreadId,
+}
+
+/// The window that capture `id`'s allocation on `device`, made on `thread`, goes to:
+/// the one bound to `id` already, else an unbound one of the device opened by
+/// `thread` (the latest), else any unbound one of the device (the latest); `bind`
+/// says whether the capture is to be bound to it now.
+///
+/// The thread comes first: two threads capturing at once (each in its window, as
+/// `torch.cuda.graph` does with its own pool) would otherwise bind each capture to
+/// the window opened last, the other thread's, and each graph's memory would live in
+/// the other graph's pool: releasing one graph's pool then gives back memory the
+/// other graph still replays into.
+fn pick_window(
+    windows: &[Window],
+    device: i32,
+    id: u64,
+    thread: ThreadId,
+) -> Option<(usize, bool)> {
+    if let Some(i) = windows.iter().rposition(|w| w.capture == Some(id)) {
+        return Some((i, false));
+    }
+    let unbound = |w: &&Window| w.key.0 == device && w.capture.is_none();
+    windows
+        .iter()
+        .rposition(|w| unbound(&w) && w.thread == thread)
+        .or_else(|| windows.iter().rposition(|w| unbound(&w)))
+        .map(|i| (i, true))
 }
 
 struct Pools {
@@ -195,18 +228,12 @@ fn route_slow(device: i32, stream: *mut c_void) -> Option<MemoryPool> {
     if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
         return None;
     }
+    let me = std::thread::current().id();
     with_pools(|p| {
-        let i = match p.windows.iter().rposition(|w| w.capture == Some(id)) {
-            Some(i) => i,
-            None => {
-                let i = p
-                    .windows
-                    .iter()
-                    .rposition(|w| w.key.0 == device && w.capture.is_none())?;
-                p.windows[i].capture = Some(id);
-                i
-            }
-        };
+        let (i, bind) = pick_window(&p.windows, device, id, me)?;
+        if bind {
+            p.windows[i].capture = Some(id);
+        }
         let key = p.windows[i].key;
         p.pools.get(&key).map(|(pool, _)| pool.clone())
     })
@@ -251,7 +278,11 @@ pub unsafe extern "C" fn curt_torch_begin_allocate_to_pool(
                     .entry(key)
                     .or_insert_with(|| (MemoryPool::new(), 0))
                     .1 += 1;
-                p.windows.push(Window { key, capture: None });
+                p.windows.push(Window {
+                    key,
+                    capture: None,
+                    thread: std::thread::current().id(),
+                });
                 OPEN.store(p.windows.len(), Ordering::Relaxed);
             })
         },
@@ -377,6 +408,55 @@ mod tests {
             assert_ne!(rc, 0);
             assert_eq!(bytes, u64::MAX, "nothing written on error");
         }
+    }
+
+    #[test]
+    fn concurrent_captures_bind_to_the_windows_their_threads_opened() {
+        // Thread A opens its window, then thread B opens its own; both capture. A's
+        // first allocation must go to A's pool, not to the window opened last.
+        let a = std::thread::current().id();
+        let b = std::thread::spawn(|| std::thread::current().id())
+            .join()
+            .unwrap();
+        let window = |id1, thread| Window {
+            key: (0, 1, id1),
+            capture: None,
+            thread,
+        };
+        let mut w = vec![window(10, a), window(20, b)];
+        assert_eq!(
+            pick_window(&w, 0, 111, a),
+            Some((0, true)),
+            "A's own window"
+        );
+        w[0].capture = Some(111);
+        assert_eq!(
+            pick_window(&w, 0, 222, b),
+            Some((1, true)),
+            "B's own window"
+        );
+        w[1].capture = Some(222);
+        // Bound: found by the capture, from any thread.
+        assert_eq!(pick_window(&w, 0, 111, b), Some((0, false)));
+        assert_eq!(pick_window(&w, 0, 222, a), Some((1, false)));
+        // An unknown capture with every window bound: none.
+        assert_eq!(pick_window(&w, 0, 333, a), None);
+        // A capture on a thread that opened no window takes the latest unbound one of
+        // its device (PyTorch's filter cannot be called).
+        let c = std::thread::spawn(|| std::thread::current().id())
+            .join()
+            .unwrap();
+        let w = vec![
+            window(10, a),
+            window(20, b),
+            Window {
+                key: (1, 1, 30),
+                capture: None,
+                thread: c,
+            },
+        ];
+        assert_eq!(pick_window(&w, 0, 444, c), Some((1, true)));
+        assert_eq!(pick_window(&w, 1, 444, a), Some((2, true)));
     }
 
     #[test]
