@@ -904,6 +904,15 @@ impl AllocState {
         }
     }
 
+    /// The stream of its graph's last launch, when the graph owns the block and was
+    /// launched (the block exists outside the graph only then).
+    pub(crate) fn last_launch(&self) -> Option<StreamRef> {
+        match &*self.phase() {
+            Phase::GraphOwned(rec) => rec.with_last(StreamRef::clone),
+            _ => None,
+        }
+    }
+
     fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
         self.phase.lock().unwrap_or_else(|e| e.into_inner())
     }

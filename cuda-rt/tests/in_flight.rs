@@ -221,6 +221,57 @@ gpu_test!(allocations_of_a_graph_never_launched_are_refused, {
     q.memset(4, N).unwrap();
 });
 
+// A graph's own allocation (kept past its capture), used on another stream after a
+// launch, then dropped with its graph: the free (queued on the stream of the graph's
+// last launch, ordered after nothing else) handed the block back to the graph memory
+// pool while the other stream's memset was still queued on it, for the next graph's
+// allocation. The gate is opened from another thread a little later: the drop must
+// have waited for it, and the next owner keeps its bytes.
+gpu_test!(
+    a_graph_allocation_used_on_another_stream_is_freed_after_that_use,
+    {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let _serial = serial();
+        let s = Stream::non_blocking().unwrap();
+        let side = Stream::non_blocking().unwrap();
+        let (p, g) = captured_allocation(&s, 1);
+        g.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        let mut gate = Gate::close(side.as_raw());
+        p.memset_async(0xAB, N, Some(&side)).unwrap();
+        let opened = Arc::new(AtomicBool::new(false));
+        let opener = {
+            let (tx, o) = (gate.opener(), opened.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                o.store(true, Ordering::SeqCst);
+                let _ = tx.send(());
+            })
+        };
+        drop(g);
+        drop(p);
+        let waited = opened.load(Ordering::SeqCst);
+        // The next owner: another graph's allocation of the same size.
+        let (q, g2) = captured_allocation(&s, 7);
+        g2.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        opener.join().unwrap();
+        gate.open();
+        side.synchronize().unwrap();
+        assert!(
+            waited,
+            "the graph's allocation was freed while a memset on another stream was queued on it"
+        );
+        let mut back = vec![0u8; N];
+        q.copy_to_host(&mut back).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 7),
+            "the next owner holds the old owner's memset"
+        );
+        drop(g2);
+    }
+);
+
 // Item 1, a stream's end: a block freed into its own stream's arena while work queued
 // on the stream still writes it, then the stream dropped. The driver tends to give the
 // next stream created the dropped stream's handle, whose arena the pool would then

@@ -52,13 +52,25 @@ use crate::capture::{self, AllocState};
 use crate::device::context::make_current;
 use crate::device::get_device_id;
 use crate::error::Result;
+use crate::memory::pool::stream_uses::StreamUses;
 use crate::memory::{BaseMemory, MemoryPointer};
 use crate::stream::{current_stream_of, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE};
 
 /// Memory allocated during a capture: a memory-allocation node's block.
 pub(crate) struct GraphMemory {
     state: Arc<AllocState>,
+    /// The streams that used the block outside its graph (after a launch made it):
+    /// its free, on the stream of the graph's last launch, is ordered after that
+    /// launch only, and a later launch of the graph on another stream frees and
+    /// allocates it again without waiting for them either; so when the last pointer
+    /// goes, their work is waited for (see `Drop`). Empty costs nothing.
+    uses: StreamUses,
 }
+
+/// A stream key no stream has: every stream that uses a graph's block is recorded
+/// (the graph's launch stream changes with its launches, so no stream is the block's
+/// own).
+const NO_STREAM_KEY: u64 = u64::MAX;
 
 impl fmt::Debug for GraphMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -91,11 +103,61 @@ unsafe impl BaseMemory for GraphMemory {
     fn check_use(&self, stream: Option<&StreamRef>) -> Result<()> {
         self.state.check_use(stream)
     }
+    /// Records `stream` (a use outside the graph, after a launch made the block): the
+    /// last pointer's drop waits for its work. Uses captured into a graph are the
+    /// capture's (see [`capture`]), never recorded here.
+    fn record_stream(&self, stream: &StreamRef) -> Result<()> {
+        self.record_use(stream);
+        Ok(())
+    }
+    fn record_use(&self, stream: &StreamRef) {
+        self.uses.record(stream, self.state.device, NO_STREAM_KEY);
+    }
 }
 
 impl Drop for GraphMemory {
     fn drop(&mut self) {
         self.state.last_pointer_gone();
+        if self.uses.any() {
+            self.wait_for_uses();
+        }
+    }
+}
+
+impl GraphMemory {
+    /// The last pointer went after work on other streams used the block (a copy or
+    /// memset queued on a stream other than the launch's, `record_stream`): that work
+    /// is waited for now. Without it the block would be freed (once the graph goes too)
+    /// on the stream of the graph's last launch, or freed and allocated again by a
+    /// later launch on any stream, while that work still writes it: the graph memory
+    /// pool then hands it to another graph's allocation. Where no wait is possible
+    /// (this thread is capturing, a host function, the driver refuses) the block is
+    /// never freed (leaked).
+    #[cold]
+    #[inline(never)]
+    fn wait_for_uses(&self) {
+        let device = self.state.device;
+        let waited = match self.state.last_launch() {
+            Some(last)
+                if !result::stream::in_host_function()
+                    && !capture::this_thread_captures()
+                    && make_current(device).is_ok() =>
+            {
+                // The launch stream waits for every recorded stream's work (events,
+                // or host waits where an event cannot tell), then the host for it.
+                self.uses.order_before(device, &last, || ())
+                    // SAFETY: `last` keeps the stream of the graph's last launch alive
+                    // (or is a default stream); its device's context was made current
+                    // above.
+                    && unsafe { result::stream::synchronize(last.as_raw()) }.is_ok()
+            }
+            _ => false,
+        };
+        if !waited {
+            self.uses.clear();
+            // The state's drop frees the block: it never runs.
+            std::mem::forget(Arc::clone(&self.state));
+        }
     }
 }
 
@@ -134,7 +196,10 @@ fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
             id,
         ));
         entry.allocs.push(Arc::clone(&state));
-        Ok(MemoryPointer::from_memory(Arc::new(GraphMemory { state })))
+        Ok(MemoryPointer::from_memory(Arc::new(GraphMemory {
+            state,
+            uses: StreamUses::default(),
+        })))
     });
     match r {
         Ok(Some(r)) => Some(r),
