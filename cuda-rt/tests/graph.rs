@@ -1108,3 +1108,36 @@ gpu_test!(
         );
     }
 );
+
+// A graph is not launched into another capture (as a recorder's executable is not):
+// the captured graph would run its nodes at its own launches, after the launched
+// graph and the memory it keeps alive are gone.
+gpu_test!(a_graph_is_not_launched_into_another_capture, {
+    let _serial = serial();
+    let s = Stream::non_blocking().unwrap();
+    let buf = cuda_rt::alloc(N * 4).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    buf.memset_async(1, N * 4, Some(&s)).unwrap();
+    let inner = s.end_capture().unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let e = inner.launch(&s).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::Refused,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let outer = s.end_capture().unwrap();
+    assert_eq!(
+        outer.node_count().unwrap(),
+        0,
+        "nothing went into the outer graph"
+    );
+    // Outside a capture it launches.
+    inner.launch(&s).unwrap();
+    s.synchronize().unwrap();
+});

@@ -400,6 +400,9 @@ impl Graph {
     /// needed. Launches on one stream run one after the other.
     #[inline]
     pub fn launch<S: AsStream + ?Sized>(&self, stream: &S) -> Result<()> {
+        if any_capture_active() {
+            refuse_launch_into_capture(stream)?;
+        }
         let e = self.exec()?;
         make_current(stream.device_id())?;
         if !self.launched.get() {
@@ -643,6 +646,29 @@ impl Graph {
     /// instantiates again.
     fn changed(&self) {
         self.drop_exec();
+    }
+}
+
+/// A graph is not launched into a capture (as a recorder's executable is not, see
+/// `recorder`): the captured graph would run this graph's nodes at its own launches,
+/// while what this graph keeps alive (memory, modules, closures) goes with this graph,
+/// and its own allocations belong to its executable. One relaxed load on the launch
+/// path while no capture is under way.
+#[cold]
+fn refuse_launch_into_capture<S: AsStream + ?Sized>(stream: &S) -> Result<()> {
+    match capture_info(stream)?.0 {
+        CaptureStatus::None => Ok(()),
+        _ => Err(Error::capture(
+            CaptureKind::Refused,
+            format!(
+                "Graph::launch: stream {:#x} of device {} is capturing a graph, and a graph is \
+                 not launched into another capture (the captured graph would run its nodes \
+                 after this graph and what it keeps alive are gone); launch it on a stream \
+                 that is not capturing, or add it with Graph::add_child_graph_node",
+                stream.as_raw() as usize,
+                stream.device_id()
+            ),
+        )),
     }
 }
 

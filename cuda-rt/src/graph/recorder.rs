@@ -12,9 +12,9 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use super::{CaptureMode, Graph, InstantiateFlags, Updated};
-use crate::capture::{self, any_capture_active, CaptureStatus};
+use crate::capture;
 use crate::device::{get_device_id, Device, DeviceScope};
-use crate::error::{CaptureKind, Error, Result};
+use crate::error::Result;
 use crate::stream::{AsStream, Stream, StreamRef};
 use arguments::KernelNodes;
 use lru::Lru;
@@ -213,34 +213,14 @@ impl Recording {
     /// Launches the executable on `stream`.
     #[inline]
     fn launch<S: AsStream + ?Sized>(&mut self, stream: &S) -> Result<()> {
-        if any_capture_active() {
-            refuse_capturing(stream)?;
-        }
+        // Refused on a capturing stream (see `refuse_launch_into_capture`): the
+        // recorder could not tell when that graph stops using what the recording
+        // keeps alive.
         self.graph.launch(stream)?;
         if self.last.as_ref().map(StreamRef::handle) != Some(stream.as_raw() as usize) {
             self.last = Some(stream.as_stream_ref());
         }
         Ok(())
-    }
-}
-
-/// A recording's executable is not launched into another capture: the recorder could
-/// not tell when that graph stops using what the recording keeps alive.
-#[cold]
-fn refuse_capturing<S: AsStream + ?Sized>(stream: &S) -> Result<()> {
-    match capture::info(stream)?.0 {
-        CaptureStatus::None => Ok(()),
-        _ => Err(Error::capture(
-            CaptureKind::Refused,
-            format!(
-                "Recorder: stream {:#x} of device {} is capturing a graph, and a recording is \
-                 not launched into another capture (its executable would be copied into that \
-                 graph, out of the recorder's reach); run the recorder on a stream that is \
-                 not capturing",
-                stream.as_raw() as usize,
-                stream.device_id()
-            ),
-        )),
     }
 }
 
