@@ -1102,3 +1102,54 @@ gpu_test!(
         assert!(h[..] == pattern(M, 3)[..]);
     }
 );
+
+// A pool's cached block never goes into a graph: freed on its own stream with no
+// fence, it may still be written by work queued there before the capture began, and
+// the graph, launched on another stream, is not ordered after that work. During a
+// capture the default pool makes the graph's own memory (as `alloc` does) and any
+// other pool refuses; before, `malloc_on_stream` handed the capture the block the
+// gated memset below still had to write.
+gpu_test!(a_pools_cached_block_is_not_handed_to_a_capture, {
+    use cuda_rt::memory::MemoryPool;
+    let _serial = serial();
+    let s = Stream::non_blocking().unwrap();
+    let t = Stream::non_blocking().unwrap();
+    let default = cuda_rt::get_default_memory_pool();
+    let other = MemoryPool::new();
+    // Cached on `s`'s arena of both pools with work still queued on it.
+    let mut gate = Gate::close(s.as_raw());
+    for pool in [&default, &other] {
+        let p = pool.malloc_on_stream(&s, N).unwrap();
+        p.memset_async(0xAB, N, Some(&s)).unwrap();
+        drop(p);
+    }
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let e = other.malloc_on_stream(&s, N).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Capture {
+                kind: CaptureKind::Refused,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let q = default.malloc_on_stream(&s, N).unwrap();
+    q.memset_async(0x11, N, Some(&s)).unwrap();
+    let g = s.end_capture().unwrap();
+    assert_eq!(g.owned_allocation_count(), 1, "the graph's own memory");
+    // Launched elsewhere while the memset of the cached block still waits.
+    g.launch(&t).unwrap();
+    t.synchronize().unwrap();
+    assert!(gate.held(), "the gate held the earlier memset");
+    gate.open();
+    s.synchronize().unwrap();
+    let mut back = vec![0u8; N];
+    q.copy_to_host(&mut back).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0x11),
+        "the graph's memory was a block still written by work queued before the capture"
+    );
+    drop(g);
+});

@@ -175,11 +175,51 @@ pub fn capture_aware_alloc(size: usize) -> Option<Result<MemoryPointer>> {
 
 #[cold]
 fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
-    let s = current_stream_of(get_device_id());
+    capture_alloc_on(&current_stream_of(get_device_id()), size)
+}
+
+/// What a [`MemoryPool`](crate::memory::MemoryPool)'s malloc from the arena of `s`
+/// calls while some capture is active: `None` when `s` is not in a capture cuda-rt
+/// began (the pool serves it as usual), else the default pool's allocation as a memory
+/// node of that graph, as [`alloc`](crate::memory::alloc) makes it, and for any other
+/// pool a `Refused` capture error. A cached block must not go into a graph: its
+/// previous owner's work may still be queued on `s` from before the capture, and the
+/// graph, launched on any stream, would not be ordered after that work. `size` is not
+/// 0.
+#[cold]
+#[inline(never)]
+pub(crate) fn pool_malloc_in_capture(
+    s: &StreamRef,
+    size: usize,
+    default_pool: bool,
+) -> Option<Result<MemoryPointer>> {
     if s.handle() == LEGACY_DEFAULT_HANDLE {
         return None;
     }
-    let r = capture::with_entry_of(&s, |entry| -> Result<MemoryPointer> {
+    if default_pool {
+        return capture_alloc_on(s, size);
+    }
+    match capture::with_entry_of(s, |_| ()) {
+        Ok(None) => None,
+        Ok(Some(())) => Some(Err(crate::error::Error::capture(
+            crate::error::CaptureKind::Refused,
+            format!(
+                "MemoryPool::malloc on stream {:#x} of device {}: the stream is capturing a                  graph, and a pool's cached block may still be used by work queued before                  the capture, which the graph would not wait for; allocate with                  cuda_rt::alloc (or the default pool) during a capture, which makes the                  graph's own memory",
+                s.handle(),
+                s.device_id()
+            ),
+        ))),
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// [`capture_alloc`] on the stream `s` (the allocation's arena): `None` when `s` is
+/// not in a capture cuda-rt began.
+fn capture_alloc_on(s: &StreamRef, size: usize) -> Option<Result<MemoryPointer>> {
+    if s.handle() == LEGACY_DEFAULT_HANDLE {
+        return None;
+    }
+    let r = capture::with_entry_of(s, |entry| -> Result<MemoryPointer> {
         let device = s.device_id();
         make_current(device)?;
         // SAFETY: `s` keeps the current stream alive; its device's context was made
@@ -187,14 +227,7 @@ fn capture_alloc(size: usize) -> Option<Result<MemoryPointer>> {
         let ptr = unsafe { result::memory::alloc_async(size, s.as_raw()) }
             .map_err(|e| crate::error::explain_capture(e.into(), "allocation during a capture"))?;
         let id = entry.id;
-        // The same current stream as `s`, owned.
-        let state = Arc::new(AllocState::capturing(
-            ptr,
-            size,
-            device,
-            current_stream_of(device),
-            id,
-        ));
+        let state = Arc::new(AllocState::capturing(ptr, size, device, s.clone(), id));
         entry.allocs.push(Arc::clone(&state));
         Ok(MemoryPointer::from_memory(Arc::new(GraphMemory {
             state,

@@ -12,7 +12,7 @@ use crate::memory::arena::{limit_from_fraction, PoolSnapshot, PoolStats};
 use crate::memory::device_memory::check_device;
 use crate::memory::hook;
 use crate::memory::MemoryPointer;
-use crate::stream::{current_stream_handle, AsStream};
+use crate::stream::{current_stream_handle, current_stream_of, AsStream, StreamRef};
 
 use super::device_backend::{DeviceBackend, PoolAllocator};
 use super::device_pool::{CudaDevicePool, DevicePool, DevicePoolRef};
@@ -246,11 +246,27 @@ impl MemoryPool {
         size: usize,
         site: &'static Location<'static>,
     ) -> Result<MemoryPointer> {
+        if crate::capture::any_capture_active() && size != 0 {
+            if let Some(r) = self.malloc_in_capture(&current_stream_of(device), size) {
+                return r;
+            }
+        }
         let key = stream_key(current_stream_handle(device));
         if let Some(p) = self.malloc_reparked(device, size, key) {
             return Ok(p);
         }
         self.malloc_general(device, size, key, site)
+    }
+
+    /// A malloc from the arena of `s` while some capture is active: `None` unless `s`
+    /// is in a capture cuda-rt began (see `graph_memory::pool_malloc_in_capture`:
+    /// the default pool makes the graph's own memory there, another pool refuses).
+    #[cold]
+    #[inline(never)]
+    fn malloc_in_capture(&self, s: &StreamRef, size: usize) -> Option<Result<MemoryPointer>> {
+        let default_pool =
+            matches!(self.pools, DevicePoolsRef::Static(p) if std::ptr::eq(p, &DEFAULT_POOL));
+        crate::memory::graph_memory::pool_malloc_in_capture(s, size, default_pool)
     }
 
     /// [`malloc`](Self::malloc) from the arena of `stream` on the stream's device,
@@ -269,6 +285,11 @@ impl MemoryPool {
     #[track_caller]
     #[inline]
     pub fn malloc_on_stream(&self, stream: &dyn AsStream, size: usize) -> Result<MemoryPointer> {
+        if crate::capture::any_capture_active() && size != 0 {
+            if let Some(r) = self.malloc_in_capture(&stream.as_stream_ref(), size) {
+                return r;
+            }
+        }
         let (device, key) = (stream.device_id(), stream_key(stream.ptr()));
         if let Some(p) = self.malloc_reparked(device, size, key) {
             return Ok(p);
@@ -303,7 +324,9 @@ impl MemoryPool {
         let DevicePoolRef::Static(core) = self.pools().existing(device)? else {
             return None;
         };
-        if hook::has_hooks() {
+        // During a capture the caller's `malloc_on_stream` decides (a capturing
+        // stream gets no cached block).
+        if hook::has_hooks() || crate::capture::any_capture_active() {
             return None;
         }
         let slot = parked::slot(core.home_id())?;
