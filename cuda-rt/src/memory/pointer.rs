@@ -420,26 +420,12 @@ impl MemoryPointer {
         if pinned {
             refuse_own_capture(what)?;
         }
-        let src = as_bytes(src);
-        let enqueue = || {
-            // SAFETY: the `src.len()` bytes behind this pointer fit (`check_room`) in
-            // memory its object keeps alive (`BaseMemory`) while `self` is borrowed, and
-            // until `s` has passed the copy (`uses`). The driver stages pageable `src`
-            // before it returns; page-locked `src` is waited for below, so it stays
-            // borrowed until the copy has read it. `s` keeps its stream alive, and
-            // `host_async_stream` made its context current.
-            Ok(unsafe {
-                result::memory::memcpy_htod_async(
-                    self.ptr(),
-                    src.as_ptr().cast(),
-                    src.len(),
-                    s.as_raw(),
-                )
-            }?)
-        };
-        // Not into a capture (one begun on `s` since `host_async_stream` asked): its
-        // graph would read `src` at each launch, after the borrow.
-        crate::capture::enqueue_uncaptured(&s, what, enqueue)?;
+        // SAFETY: the bytes fit (`check_room`) in memory that `self`'s object keeps
+        // alive while borrowed, and until `s` has passed the copy (`uses`). The driver
+        // stages pageable `src` before it returns; page-locked `src` is waited for
+        // below, so it stays borrowed until the copy has read it. `host_async_stream`
+        // made `s`'s context current.
+        unsafe { self.htod_uncaptured(what, as_bytes(src), &s) }?;
         if pinned {
             return synchronize(&s);
         }
@@ -471,25 +457,68 @@ impl MemoryPointer {
         if pinned {
             refuse_own_capture(what)?;
         }
-        let dst = as_bytes_mut(dst);
-        let (ptr, len) = (dst.as_mut_ptr(), dst.len());
-        // Not into a capture: page-locked `dst` is waited for below, and a graph
-        // would write it at each launch, after the borrow.
-        crate::capture::enqueue_uncaptured(&s, what, || {
-            // SAFETY: the `len` bytes behind this pointer fit (`check_room`) in memory
-            // its object keeps alive (`BaseMemory`) while `self` is borrowed. The driver
-            // completes a copy into pageable `dst` before it returns; page-locked `dst`
-            // is waited for below, so it stays borrowed mutably until the copy has
-            // written it; any bytes are valid for it (`Pod`). `s` keeps its stream
-            // alive, and `host_async_stream` made its context current.
-            Ok(unsafe {
-                result::memory::memcpy_dtoh_async(ptr.cast(), self.ptr(), len, s.as_raw())
-            }?)
-        })?;
+        // SAFETY: the bytes fit (`check_room`) in memory that `self`'s object keeps
+        // alive while borrowed. The driver completes a copy into pageable `dst` before
+        // it returns; page-locked `dst` is waited for below, so it stays borrowed
+        // mutably until the copy has written it; any bytes are valid for it (`Pod`).
+        // `host_async_stream` made `s`'s context current.
+        unsafe { self.dtoh_uncaptured(what, as_bytes_mut(dst), &s) }?;
         if pinned {
             synchronize(&s)?;
         }
         Ok(())
+    }
+
+    /// Queues the copy of `src` to this pointer on `s`, never into a capture
+    /// ([`enqueue_uncaptured`](crate::capture::enqueue_uncaptured)): what a caller that
+    /// waits for the copy, or whose `src` the driver stages before returning, queues.
+    ///
+    /// # Safety
+    /// `src.len()` bytes fit behind this pointer; `src` stays borrowed until the copy
+    /// has read it (the caller waits for `s`, or `src` is pageable); `s`'s context is
+    /// current.
+    pub(crate) unsafe fn htod_uncaptured(
+        &self,
+        what: &str,
+        src: &[u8],
+        s: &StreamRef,
+    ) -> Result<()> {
+        crate::capture::enqueue_uncaptured(s, what, || {
+            // SAFETY: the caller's promise (see `# Safety`); the memory stays allocated
+            // while `self` is borrowed, and `s` keeps its stream alive.
+            Ok(unsafe {
+                result::memory::memcpy_htod_async(
+                    self.ptr(),
+                    src.as_ptr().cast(),
+                    src.len(),
+                    s.as_raw(),
+                )
+            }?)
+        })
+    }
+
+    /// Queues the copy of this pointer's first `dst.len()` bytes into `dst` on `s`,
+    /// never into a capture (see [`htod_uncaptured`](Self::htod_uncaptured)).
+    ///
+    /// # Safety
+    /// `dst.len()` bytes fit behind this pointer; `dst` stays borrowed mutably until
+    /// the copy has written it (the caller waits for `s`, or `dst` is pageable, which
+    /// the driver fills before returning); `s`'s context is current.
+    pub(crate) unsafe fn dtoh_uncaptured(
+        &self,
+        what: &str,
+        dst: &mut [u8],
+        s: &StreamRef,
+    ) -> Result<()> {
+        let (ptr, len) = (dst.as_mut_ptr(), dst.len());
+        crate::capture::enqueue_uncaptured(s, what, || {
+            // SAFETY: the caller's promise (see `# Safety`); any bytes are valid `u8`s;
+            // the memory stays allocated while `self` is borrowed, and `s` keeps its
+            // stream alive.
+            Ok(unsafe {
+                result::memory::memcpy_dtoh_async(ptr.cast(), self.ptr(), len, s.as_raw())
+            }?)
+        })
     }
 
     // -------------------------------------------------------------------------

@@ -133,21 +133,10 @@ impl MemoryPointer {
                 Ok(())
             }
             SyncVia::Stream(s) => {
-                // Not into a capture begun on `s` since `sync_via` asked: the copy is
-                // waited for before `src` is given back.
-                crate::capture::enqueue_uncaptured(&s, what, || {
-                    // SAFETY: the destination as above; `src` stays borrowed until the
-                    // copy is waited for below; `s` keeps the current stream alive, and
-                    // `sync_via` made its context current.
-                    Ok(unsafe {
-                        result::memory::memcpy_htod_async(
-                            self.ptr(),
-                            src.as_ptr().cast(),
-                            src.len(),
-                            s.as_raw(),
-                        )
-                    }?)
-                })?;
+                // Not into a capture begun on `s` since `sync_via` asked.
+                // SAFETY: the destination as above; `src` stays borrowed until the copy
+                // is waited for below; `sync_via` made `s`'s context current.
+                unsafe { self.htod_uncaptured(what, src, &s) }?;
                 synchronize(&s)
             }
         }
@@ -180,17 +169,10 @@ impl MemoryPointer {
                     .map_err(|e| capture_error(what, e.into()))
             }
             SyncVia::Stream(s) => {
-                let (ptr, len) = (dst.as_mut_ptr(), dst.len());
-                // Not into a capture begun on `s` since `sync_via` asked: the copy is
-                // waited for before `dst` is given back.
-                crate::capture::enqueue_uncaptured(&s, what, || {
-                    // SAFETY: as above; `dst` stays borrowed mutably until the copy is
-                    // waited for below; `s` keeps the current stream alive, and
-                    // `sync_via` made its context current.
-                    Ok(unsafe {
-                        result::memory::memcpy_dtoh_async(ptr.cast(), self.ptr(), len, s.as_raw())
-                    }?)
-                })?;
+                // Not into a capture begun on `s` since `sync_via` asked.
+                // SAFETY: as above; `dst` stays borrowed mutably until the copy is
+                // waited for below; `sync_via` made `s`'s context current.
+                unsafe { self.dtoh_uncaptured(what, dst, &s) }?;
                 synchronize(&s)
             }
         }

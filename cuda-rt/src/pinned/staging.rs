@@ -758,26 +758,31 @@ pub unsafe fn copy_device_to_host_raw(
         (&p.chunks, p.k, &p.bufs, &p.events, p.workers, &p.latch);
     let base = dst.as_mut_ptr() as usize;
     let streaming = STREAM_D2H.load(Ordering::Relaxed) && dst.len() >= STREAM_D2H_MIN;
-    // Start k DMAs; as chunk j lands, hand it to the workers, and once chunk j - 1
-    // has left its buffer, start the DMA of chunk j - 1 + k into it.
-    for (j, &(start, len)) in plan.iter().enumerate().take(k) {
-        // Chunk by chunk, not into a capture (as in `copy_host_to_device_raw`).
+    // Queues the DMA of the chunk at `start` into staging buffer `slot`, and its
+    // event: chunk by chunk, never into a capture (as in `copy_host_to_device_raw`).
+    let fetch = |slot: usize, start: usize, len: usize| {
         enqueue_uncaptured(stream, "copy_device_to_host", || {
-            // SAFETY: the destination is staging buffer `j` (pinned memory the plan
-            // holds, read by no worker yet); the chunk lies in `src..src + dst.len()`,
-            // the caller's (see `# Safety`); `s` is live and current. The drain waits
-            // for the stream before the buffers go back on an error path.
+            // SAFETY: the destination is staging buffer `slot` (pinned memory the plan
+            // holds, read out by the workers: never yet, or waited for by the caller);
+            // the chunk lies in `src..src + dst.len()`, the caller's (see `# Safety`);
+            // `s` is live and current. The drain waits for the stream before the
+            // buffers go back on an error path.
             unsafe {
                 result::memory::memcpy_dtoh_async(
-                    bufs[j].ptr() as usize as *mut c_void,
+                    bufs[slot].ptr() as usize as *mut c_void,
                     src + start as u64,
                     len,
                     s,
                 )
             }?;
             // SAFETY: the slot's event is the plan's (live until it drops); `s` as above.
-            Ok(unsafe { result::event::record(events.events[j] as sys::CUevent, s) }?)
-        })?;
+            Ok(unsafe { result::event::record(events.events[slot] as sys::CUevent, s) }?)
+        })
+    };
+    // Start k DMAs; as chunk j lands, hand it to the workers, and once chunk j - 1
+    // has left its buffer, start the DMA of chunk j - 1 + k into it.
+    for (j, &(start, len)) in plan.iter().enumerate().take(k) {
+        fetch(j, start, len)?;
     }
     for (j, &(start, len)) in plan.iter().enumerate() {
         let slot = j % k;
@@ -788,21 +793,9 @@ pub unsafe fn copy_device_to_host_raw(
         if j >= 1 {
             if let Some(&(next_start, next_len)) = plan.get(j - 1 + k) {
                 let prev = (j - 1) % k;
+                // Buffer `prev` read out by the workers before its next DMA.
                 latch.wait(prev);
-                enqueue_uncaptured(stream, "copy_device_to_host", || {
-                    // SAFETY: as for the first copies: buffer `prev` has been read out
-                    // by the workers (waited for just above).
-                    unsafe {
-                        result::memory::memcpy_dtoh_async(
-                            bufs[prev].ptr() as usize as *mut c_void,
-                            src + next_start as u64,
-                            next_len,
-                            s,
-                        )
-                    }?;
-                    // SAFETY: the plan's event; `s` as above.
-                    Ok(unsafe { result::event::record(events.events[prev] as sys::CUevent, s) }?)
-                })?;
+                fetch(prev, next_start, next_len)?;
             }
         }
     }
