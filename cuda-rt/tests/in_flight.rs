@@ -272,6 +272,37 @@ gpu_test!(
     }
 );
 
+/// A new stream with a block of the default pool freed onto its own arena while a
+/// memset of it (0xAB) is held on the stream by a gate: the stream, its handle, the
+/// block's address and the gate.
+fn stream_with_a_held_freed_block() -> (Stream, usize, u64, Gate) {
+    let s = Stream::non_blocking().unwrap();
+    let handle = s.ptr();
+    let buf = cuda_rt::get_default_memory_pool()
+        .malloc_on_stream(&s, N)
+        .unwrap();
+    let addr = buf.ptr();
+    let gate = Gate::close(s.as_raw());
+    buf.memset_async(0xAB, N, Some(&s)).unwrap();
+    drop(buf);
+    (s, handle, addr, gate)
+}
+
+/// New streams, made until one has the handle `old` (the driver tends to give a
+/// destroyed stream's handle to the next stream), or eight: the last is the one to use.
+fn streams_until_handle(old: usize) -> Vec<Stream> {
+    let mut made = Vec::new();
+    while made.len() < 8 {
+        let s = Stream::non_blocking().unwrap();
+        let same = s.ptr() == old;
+        made.push(s);
+        if same {
+            break;
+        }
+    }
+    made
+}
+
 // Item 1, a stream's end: a block freed into its own stream's arena while work queued
 // on the stream still writes it, then the stream dropped. The driver tends to give the
 // next stream created the dropped stream's handle, whose arena the pool would then
@@ -283,27 +314,13 @@ gpu_test!(
     {
         let _serial = serial();
         let pool = cuda_rt::get_default_memory_pool();
-        let s1 = Stream::non_blocking().unwrap();
-        let old_handle = s1.ptr();
-        let buf = pool.malloc_on_stream(&s1, N).unwrap();
-        let addr = buf.ptr();
-        let mut gate = Gate::close(s1.as_raw());
-        buf.memset_async(0xAB, N, Some(&s1)).unwrap();
-        drop(buf);
+        let (s1, old_handle, addr, mut gate) = stream_with_a_held_freed_block();
         drop(s1);
         assert!(
             !gate.held() || cuda_rt::testing::streams_kept_for_their_work().contains(&old_handle),
             "the stream was destroyed with its work queued"
         );
-        let mut made = Vec::new();
-        while made.len() < 8 {
-            let s = Stream::non_blocking().unwrap();
-            let same = s.ptr() == old_handle;
-            made.push(s);
-            if same {
-                break;
-            }
-        }
+        let made = streams_until_handle(old_handle);
         let s2 = made.last().unwrap();
         let next = pool.malloc_on_stream(s2, N).unwrap();
         next.memset_async(0x11, N, Some(s2)).unwrap();
@@ -390,12 +407,7 @@ gpu_test!(
         use std::sync::atomic::{AtomicBool, Ordering};
         let _serial = serial();
         let pool = cuda_rt::get_default_memory_pool();
-        let s1 = Stream::non_blocking().unwrap();
-        let old_handle = s1.ptr();
-        let buf = pool.malloc_on_stream(&s1, N).unwrap();
-        let gate = Gate::close(s1.as_raw());
-        buf.memset_async(0xAB, N, Some(&s1)).unwrap();
-        drop(buf);
+        let (s1, old_handle, _, gate) = stream_with_a_held_freed_block();
         let opened = Arc::new(AtomicBool::new(false));
         let (opener, o) = (gate.opener(), opened.clone());
         let t = std::thread::spawn(move || {
@@ -408,15 +420,7 @@ gpu_test!(
         // The new owner destroys it; streams are made until one has its handle.
         // SAFETY: the stream was given up above, is destroyed once and not used again.
         unsafe { cuda_rt::cuda_sys::result::stream::destroy(raw) }.unwrap();
-        let mut made = Vec::new();
-        while made.len() < 8 {
-            let s = Stream::non_blocking().unwrap();
-            let same = s.ptr() == old_handle;
-            made.push(s);
-            if same {
-                break;
-            }
-        }
+        let made = streams_until_handle(old_handle);
         let s2 = made.last().unwrap();
         let next = pool.malloc_on_stream(s2, N).unwrap();
         next.memset_async(0x11, N, Some(s2)).unwrap();

@@ -193,9 +193,6 @@ pub(crate) fn pool_malloc_in_capture(
     size: usize,
     default_pool: bool,
 ) -> Option<Result<MemoryPointer>> {
-    if s.handle() == LEGACY_DEFAULT_HANDLE {
-        return None;
-    }
     if default_pool {
         return capture_alloc_on(s, size);
     }
