@@ -386,6 +386,13 @@ pub fn streaming_stores() -> (bool, bool) {
     crate::pinned::staging::streaming_stores()
 }
 
+/// Makes this thread's updates of a recording's kernel nodes by arguments fail after
+/// `n` more node updates succeed, as a driver refusal would (`None`: never), for the
+/// tests of an update that fails partway; not part of the stable API.
+pub fn fail_kernel_node_updates_after(n: Option<usize>) {
+    crate::graph::arguments::fail_node_updates_after(n)
+}
+
 /// The handles of the dropped streams kept, not destroyed yet, because work was still
 /// queued on them while a pool may hold blocks freed onto them (their handles must not
 /// go to another stream before that work is done; see `Stream`'s drop).

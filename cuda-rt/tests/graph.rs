@@ -320,6 +320,25 @@ gpu_test!(
         }
         let e = graph.try_clone().unwrap_err();
         assert!(e.to_string().contains("cannot be cloned"), "{e}");
+        // Nor updated, either way round: each executable has its own addresses.
+        let mut plain = {
+            let _on = s.enter().unwrap();
+            s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+            // SAFETY: out holds N f32 and outlives the graph (dropped below, first).
+            unsafe { add_one(&k, &s, out.ptr(), N) };
+            s.end_capture().unwrap()
+        };
+        let mut graph = graph;
+        for e in [plain.update(&graph), graph.update(&plain)] {
+            let e = e.unwrap_err();
+            assert!(e.to_string().contains("cannot be updated"), "{e}");
+        }
+        drop(plain);
+        for _ in 0..2 {
+            graph.launch(&s).unwrap();
+            s.synchronize().unwrap();
+            assert!(read(&out, N).iter().all(|&v| v == 2.0));
+        }
         drop(graph);
         // the pointer outlives the graph: the last launch's block is still there
         assert!(read(&out, N).iter().all(|&v| v == 2.0));

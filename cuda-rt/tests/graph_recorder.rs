@@ -869,3 +869,63 @@ gpu_test!(
         s.synchronize().unwrap();
     }
 );
+
+gpu_test!(
+    an_update_of_kernels_that_fails_partway_never_leaves_a_mixed_executable,
+    {
+        let _serial = serial();
+        let k = typed();
+        let s = Stream::non_blocking().unwrap();
+        let bufs: Vec<MemoryPointer> = (0..3).map(|_| cuda_rt::alloc(N * 4).unwrap()).collect();
+        for b in &bufs {
+            write(b, &vec![0.0; N]);
+        }
+        let mut rec = Recorder::new();
+        let n = N as i32;
+        let runs = std::cell::Cell::new(0);
+        // Three add_one on `y`; the closure's `fail_at`-th run (counting from 1) fails.
+        let call = |rec: &mut Recorder<u8>, y: u64, fail_at: usize| {
+            rec.update(&1, &s, |cs| {
+                runs.set(runs.get() + 1);
+                if runs.get() == fail_at {
+                    return Err(Error::invalid_state(cuda_rt::StateKind::Other, "mine"));
+                }
+                for _ in 0..3 {
+                    // SAFETY: add_one(float* x, int n) gets a buffer of N f32 on
+                    // device 0 that outlives the recorder.
+                    unsafe { k.add_one.launch_on(cs, &shape(N), &[&y, &n]) }?;
+                }
+                Ok(())
+            })
+        };
+        assert_eq!(call(&mut rec, bufs[0].ptr(), 0).unwrap(), Outcome::Recorded);
+        // The second node's new arguments fail after the first's were set: the
+        // executable holds both buffers, so it goes, and the capture that follows
+        // records the key afresh.
+        cuda_rt::testing::fail_kernel_node_updates_after(Some(1));
+        let o = call(&mut rec, bufs[1].ptr(), 0);
+        cuda_rt::testing::fail_kernel_node_updates_after(None);
+        assert_eq!(o.unwrap(), Outcome::Recorded);
+        assert_eq!(runs.get(), 3, "taken once, then captured");
+        s.synchronize().unwrap();
+        assert!(read(&bufs[0]).iter().all(|&v| v == 3.0));
+        assert!(read(&bufs[1]).iter().all(|&v| v == 3.0));
+
+        // The same, and the capture after it fails: the error comes back and no
+        // executable is left for the key, so nothing replays the mixed one.
+        cuda_rt::testing::fail_kernel_node_updates_after(Some(1));
+        let e = call(&mut rec, bufs[2].ptr(), runs.get() + 2).unwrap_err();
+        cuda_rt::testing::fail_kernel_node_updates_after(None);
+        assert!(e.to_string().contains("mine"), "{e}");
+        assert!(!rec.contains(&1), "the mixed executable went");
+        assert!(!s.is_capturing().unwrap());
+        // A replay of the key records it again, on the buffer it names now.
+        assert_eq!(call(&mut rec, bufs[2].ptr(), 0).unwrap(), Outcome::Recorded);
+        s.synchronize().unwrap();
+        let sums: Vec<f32> = bufs.iter().map(|b| read(b)[0]).collect();
+        assert_eq!(sums, [3.0, 3.0, 3.0], "no launch of a mixed executable");
+        for b in &bufs {
+            assert!(read(b).iter().all(|&v| v == 3.0));
+        }
+    }
+);

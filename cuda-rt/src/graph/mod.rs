@@ -449,8 +449,21 @@ impl Graph {
     /// re-instantiating (`cuGraphExecUpdate`). The topology (nodes, node types,
     /// edges, kernels' functions) must be the same; otherwise an error says what
     /// differs and this executable is unchanged. This graph then keeps alive what
-    /// `from` refers to as well.
+    /// `from` refers to as well. Either graph owning allocations of its capture (their
+    /// addresses belong to each executable) is refused the same way.
     pub fn update(&mut self, from: &Graph) -> Result<()> {
+        let owned = self.allocs.len().max(from.allocs.len());
+        if owned != 0 {
+            return Err(Error::invalid_state(
+                StateKind::GraphOwnsAllocations,
+                format!(
+                    "Graph::update: a graph owns {owned} allocation(s) made during its \
+                     capture and still referred to outside it; their addresses belong to \
+                     that graph's executable, so it cannot be updated (instantiate the \
+                     other graph instead)"
+                ),
+            ));
+        }
         let e = self.exec()?;
         make_current(self.device)?;
         // SAFETY: this graph's executable and `from`'s graph are owned by them and live

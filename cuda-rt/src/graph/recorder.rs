@@ -536,9 +536,10 @@ impl<K: Hash + Eq> Recorder<K> {
     /// the launches match the recording's kernel nodes, the nodes whose arguments
     /// changed get the new ones and the executable is launched: `Some(Updated)`.
     /// `None` when that cannot be done (no such recording, other work, other kernels
-    /// or shapes, a refusal of the driver): nothing was launched or changed but the
-    /// arguments of some nodes (which an update by capture gives again), and the
-    /// caller updates by capture.
+    /// or shapes, a refusal of the driver): nothing was launched, and the caller
+    /// updates by capture. A refusal after some nodes took their new arguments drops
+    /// the recording (after its launches), so that no executable holding old and new
+    /// arguments at once is left for a replay, whatever the capture then does.
     fn update_arguments<Q, S, F>(
         &mut self,
         key: &Q,
@@ -582,15 +583,29 @@ impl<K: Hash + Eq> Recorder<K> {
         };
         let _on = enter_device(device)?;
         let set = arguments::with_taken(|taken| {
+            if !nodes.matches(taken) {
+                return Some(false);
+            }
             // SAFETY: `exec` is the recording's live executable, instantiated from the
             // graph the nodes belong to (kept by the recording: `ArgUpdates`); the
             // launches were checked as any launch is, and what their arguments name is
             // valid for every run of the executable: the `# Safety` of the launches
             // the closure made (which promise it for every replay of a recording).
-            nodes.matches(taken) && unsafe { nodes.set(exec, taken) }.is_ok()
+            unsafe { nodes.set(exec, taken) }.ok().map(|_| true)
         });
-        if !set {
-            return Ok(None);
+        match set {
+            Some(true) => {}
+            Some(false) => return Ok(None),
+            None => {
+                // Some nodes may hold the new arguments and the others the old: the
+                // executable is neither recording. It goes (after its launches), so
+                // that a capture failing next cannot leave it to be replayed; the
+                // caller records the key afresh.
+                if let Some(rec) = self.cache.remove(key) {
+                    retire(rec, &mut self.retired);
+                }
+                return Ok(None);
+            }
         }
         // What the capture kept (the kernels' modules, what the closure tied to it)
         // is the recording's from now on; what it kept before goes after the launches

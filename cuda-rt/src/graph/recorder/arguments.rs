@@ -33,6 +33,40 @@ thread_local! {
     static TAKEN: RefCell<Launches> = RefCell::new(Launches::default());
 }
 
+#[cfg(any(test, feature = "test-util"))]
+thread_local! {
+    /// How many more node updates this thread makes before one fails as the driver's
+    /// would (`usize::MAX`: never); set by `testing::fail_kernel_node_updates_after`.
+    static FAIL_AFTER: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// Makes this thread's node updates fail after `n` more succeed (`None`: never fail),
+/// for the tests of a partial update, which no driver refusal makes on demand.
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) fn fail_node_updates_after(n: Option<usize>) {
+    FAIL_AFTER.with(|f| f.set(n.unwrap_or(usize::MAX)));
+}
+
+/// Whether this node update is the one to fail (`fail_node_updates_after`).
+#[cfg(any(test, feature = "test-util"))]
+fn failing_now() -> bool {
+    FAIL_AFTER.with(|f| match f.get() {
+        usize::MAX => false,
+        0 => true,
+        n => {
+            f.set(n - 1);
+            false
+        }
+    })
+}
+
+/// Outside the tests no update fails on purpose.
+#[cfg(not(any(test, feature = "test-util")))]
+#[inline(always)]
+fn failing_now() -> bool {
+    false
+}
+
 /// What identifies a kernel node apart from its arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Shape {
@@ -368,6 +402,14 @@ impl KernelNodes {
             };
             // Forgotten first: on an error this node's arguments are unknown.
             self.known[i] = false;
+            if failing_now() {
+                return Err(crate::Error::Driver(result::DriverError {
+                    call: "cuGraphExecKernelNodeSetParams",
+                    code: sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE,
+                    name: "CUDA_ERROR_INVALID_VALUE",
+                    description: "failed on purpose (testing::fail_kernel_node_updates_after)",
+                }));
+            }
             // SAFETY: `exec` and the node's graph are live and related (caller); the
             // function and shape are the node's own; `ptrs` holds one pointer per
             // argument the launch checked, each into `taken.slots`, alive for the call;
