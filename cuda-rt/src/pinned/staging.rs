@@ -340,6 +340,20 @@ impl Workers {
     /// Sets the number of workers (`None`: the default, only if never set), spawning
     /// or retiring threads; returns how many run.
     fn resize(&'static self, n: Option<usize>) -> usize {
+        self.resize_with(n, |i| {
+            std::thread::Builder::new()
+                .name(format!("cuda-rt-staging-{i}"))
+                .spawn(move || self.run())
+                .map(drop)
+        })
+    }
+
+    /// `resize`, starting worker `i` with `spawn(i)`.
+    fn resize_with(
+        &'static self,
+        n: Option<usize>,
+        spawn: impl Fn(usize) -> std::io::Result<()>,
+    ) -> usize {
         let to_spawn = {
             let mut q = self.lock();
             match n {
@@ -354,10 +368,7 @@ impl Workers {
         self.cv.notify_all();
         let mut failed = 0;
         for i in 0..to_spawn {
-            let spawned = std::thread::Builder::new()
-                .name(format!("cuda-rt-staging-{i}"))
-                .spawn(move || self.run());
-            if spawned.is_err() {
+            if spawn(i).is_err() {
                 failed += 1;
             }
         }
@@ -365,6 +376,16 @@ impl Workers {
         q.live -= failed;
         if failed != 0 {
             q.target = q.live;
+        }
+        // Copies submitted while the failed threads were counted as live may wait in
+        // the queue; with no worker left to take them, this thread does.
+        while q.live == 0 {
+            let Some(job) = q.jobs.pop_front() else { break };
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            drop(q);
+            copy(job.dst, job.src, job.len, job.streaming);
+            job.latch.done(job.slot);
+            q = self.lock();
         }
         q.target
     }
@@ -807,6 +828,37 @@ pub unsafe fn copy_device_to_host_raw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_queued_for_workers_that_failed_to_start_are_made_all_the_same() {
+        let w: &'static Workers = Box::leak(Box::new(Workers {
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                target: 0,
+                live: 0,
+            }),
+            cv: Condvar::new(),
+            queued: AtomicUsize::new(0),
+        }));
+        let src: Vec<u8> = (0..=255).cycle().take(1 << 20).collect();
+        let mut dst = vec![0u8; src.len()];
+        let latch = Arc::new(Latch::new());
+        let (d, s) = (dst.as_mut_ptr() as usize, src.as_ptr() as usize);
+        // Another thread's copy comes while the threads being started count as live,
+        // and then no thread starts.
+        let threads = w.resize_with(Some(2), |i| {
+            if i == 0 {
+                w.submit(&latch, 0, (d, s, src.len()), false);
+                assert!(!w.lock().jobs.is_empty(), "queued for the workers");
+            }
+            Err(std::io::Error::other("no thread"))
+        });
+        assert_eq!(threads, 0);
+        latch.wait_all();
+        assert!(w.lock().jobs.is_empty());
+        assert_eq!(w.queued.load(Ordering::Acquire), 0);
+        assert!(dst == src, "every piece copied");
+    }
 
     #[test]
     fn chunks_cover_the_range_exactly_once() {
