@@ -110,3 +110,49 @@ gpu_test!(an_expandable_pool_frees_everything_when_it_goes, {
         "{free_before} bytes free before, {free_after} after"
     );
 });
+
+gpu_test!(
+    a_tail_left_mapped_by_an_unmap_that_could_not_wait_is_unmapped_before_it_grows_again,
+    {
+        use cuda_rt::graph::CaptureMode;
+        use cuda_rt::{Stream, StreamCaptureExt};
+        let _alone = alone();
+        cuda_rt::device::set_device_id(0).unwrap();
+        let pool = MemoryPool::new();
+        pool.set_expandable_segments(true).unwrap();
+        let a = pool.malloc(5 * MIB).unwrap();
+        let pa = pattern(5 * MIB / 4, 9);
+        a.copy_from_host(&pa).unwrap();
+        let b = pool.malloc(64 * MIB).unwrap();
+        drop(b);
+        // This thread's capture refuses the wait before the unmap: the free tail
+        // stays mapped while the pool's books give it back.
+        let s = Stream::non_blocking().unwrap();
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        pool.free_all_blocks(None);
+        let _ = s.end_capture();
+        let st = pool.stats();
+        assert!(
+            st.total_bytes < 16 * MIB as u64,
+            "the books gave the tail back: {st:?}"
+        );
+        // Growing over that tail again waits, unmaps what was left, and maps anew.
+        let c = pool.malloc(32 * MIB).unwrap();
+        assert_eq!(
+            c.ptr(),
+            a.ptr() + 5 * MIB as u64,
+            "c grows the same segment"
+        );
+        c.memset_u32(0x5A5A_5A5A, 8 * MIB).unwrap();
+        let mut back = vec![0u32; 8 * MIB];
+        c.copy_to_host(&mut back).unwrap();
+        assert!(back.iter().all(|&v| v == 0x5A5A_5A5A));
+        let mut back_a = vec![0u32; 5 * MIB / 4];
+        a.copy_to_host(&mut back_a).unwrap();
+        assert!(back_a == pa, "a's data survived");
+        drop((a, c));
+        // And nothing is left mapped once the pool goes: its reservation is freed.
+        pool.free_all_blocks(None);
+        assert_eq!(pool.stats().total_bytes, 0);
+    }
+);

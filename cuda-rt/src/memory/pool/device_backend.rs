@@ -158,6 +158,29 @@ impl DeviceBackend {
         }
     }
 
+    /// Unmaps the granules of `addr..addr + len` that a `segment_unmap` whose wait
+    /// failed left mapped (the pool's books say unmapped), once the device's work,
+    /// which may still use them, is done; an error while it cannot be waited for.
+    fn unmap_left_mapped(&self, addr: u64, len: u64) -> std::result::Result<(), BackendError> {
+        if self.granules().range(addr..addr + len).next().is_none() {
+            return Ok(());
+        }
+        if !self.drain() {
+            return Err(BackendError::Other(
+                format!(
+                    "device {}: part of {addr:#x}..{:#x} is still mapped, left by an \
+                     unmap that could not wait for the device's work (a capture was \
+                     active); that work cannot be waited for now either",
+                    self.device,
+                    addr + len
+                )
+                .into(),
+            ));
+        }
+        self.unmap_granules(addr, len);
+        Ok(())
+    }
+
     /// `size` bytes of `cuMemAllocAsync` on `stream` (a live stream of this device, or
     /// a default-stream handle), which must not be capturing: there the driver would
     /// make the allocation a node of the graph, memory that exists only while a launch
@@ -333,6 +356,7 @@ impl Backend for DeviceBackend {
         if let Err(e) = make_current(self.device) {
             return Err(BackendError::Other(Box::new(e)));
         }
+        self.unmap_left_mapped(addr, len)?;
         let mut at = addr;
         let mapped = loop {
             if at >= addr + len {
@@ -371,17 +395,19 @@ impl Backend for DeviceBackend {
         let _ = base;
         // Work queued before the release may still use the range (a free tail, or
         // a hole a growth punches): `cuMemUnmap` does not wait for it as `cuMemFree`
-        // does. A wait that fails (another thread's global-mode capture, a dead
-        // context) says nothing about that work: the range then stays mapped
-        // (leaked; a later growth over it fails to map and reports it) rather than
-        // unmapped under a kernel.
+        // does. A wait that fails (this thread's capture, another thread's
+        // global-mode capture, a dead context) says nothing about that work: the
+        // range then stays mapped rather than unmapped under a kernel, and a later
+        // growth over it waits again and unmaps it first (`unmap_left_mapped`).
         if self.drain() {
             self.unmap_granules(addr, len);
         }
     }
 
     fn segment_release(&self, base: u64, size: u64) {
-        if make_current(self.device).is_ok() {
+        // Granules an unmap left mapped go first (a reservation with mappings in it
+        // cannot be freed); while they cannot, the reservation stays (leaked).
+        if make_current(self.device).is_ok() && self.unmap_left_mapped(base, size).is_ok() {
             // SAFETY: a reservation of `segment_reserve` of `size` bytes, released once
             // by the pool after unmapping all of it.
             let _ = unsafe { result::vmm::address_free(base, size as usize) };
