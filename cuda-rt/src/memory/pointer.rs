@@ -122,13 +122,29 @@ impl SyncVia {
     }
 }
 
-/// Whether the host buffer `buf` is page-locked (allocated by `cuMemHostAlloc` or
-/// registered): then an asynchronous copy really runs after the call returns. Pageable
-/// memory is an error code of `cuPointerGetAttribute`, so `false`.
-pub(crate) fn is_page_locked<T: Pod>(buf: &[T]) -> bool {
-    !buf.is_empty()
-        && result::memory::pointer_get_memory_type(buf.as_ptr() as u64)
-            .is_ok_and(|t| t == sys::CUmemorytype::CU_MEMORYTYPE_HOST)
+/// Whether a driver copy to or from the host buffer `buf` may run after the call
+/// returns, so that it must be waited for: page-locked memory (`cuMemHostAlloc`,
+/// registered), managed memory, and memory the driver cannot answer for. Only plain
+/// pageable memory, for which `cuPointerGetAttribute` answers
+/// `CUDA_ERROR_INVALID_VALUE`, is `false`. `device`'s context is made current first.
+pub(crate) fn is_page_locked<T: Pod>(buf: &[T], device: i32) -> bool {
+    if buf.is_empty() {
+        return false;
+    }
+    // The query is answered with a context current (the copy makes it current next).
+    let _ = make_current(device);
+    match result::memory::pointer_get_memory_type(buf.as_ptr() as u64) {
+        // Page-locked host memory, or memory the device reaches directly (managed
+        // memory): the driver's asynchronous copy reads or writes it after returning.
+        Ok(_) => true,
+        // Only "not a pointer CUDA knows" is plain pageable memory, which the driver
+        // stages before returning. Any other failure cannot tell: the copy is waited
+        // for, as for page-locked memory, rather than the slice given back early.
+        Err(e) => !matches!(
+            e,
+            result::Error::Driver(d) if d.code == sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE
+        ),
+    }
 }
 
 /// Whether `s` is capturing a graph now (an invalidated capture counts: the stream is
@@ -808,6 +824,28 @@ mod tests {
         assert!(p.memset_u32_async(0, 5, None).is_err());
         assert!(p.memset_u32(0, usize::MAX).is_err());
     }
+
+    crate::gpu_test!(only_plain_pageable_memory_is_left_unwaited, {
+        // Asked on a thread with no context current yet: the answer is the same.
+        let pageable = vec![7u8; 1 << 20];
+        let fresh = std::thread::scope(|s| s.spawn(|| is_page_locked(&pageable, 0)).join());
+        assert!(!fresh.unwrap(), "pageable memory is staged by the driver");
+        assert!(!is_page_locked(&pageable, 0));
+        let pinned = crate::pinned::alloc_pinned_memory(4096).unwrap();
+        assert!(is_page_locked(pinned.as_slice().unwrap(), 0));
+        make_current(0).unwrap();
+        let global = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL.0;
+        let managed = result::memory::alloc_managed(4096, global).unwrap();
+        // SAFETY: 4096 bytes of managed memory, readable on the host, not written while
+        // the slice lives (nothing runs on the device), freed after it.
+        let m = unsafe { std::slice::from_raw_parts(managed as *const u8, 4096) };
+        assert!(
+            is_page_locked(m, 0),
+            "a copy of managed memory runs after the call"
+        );
+        // SAFETY: allocated above, freed once, no slice of it left.
+        unsafe { result::memory::free(managed) }.unwrap();
+    });
 
     crate::gpu_test!(sync_copies_are_refused_while_the_current_stream_captures, {
         let p = crate::memory::alloc(1024).unwrap();

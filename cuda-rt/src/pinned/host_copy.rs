@@ -27,8 +27,8 @@ use crate::stream::{AsStream, StreamRef};
 /// least [`PAGEABLE_THRESHOLD`] bytes. Smaller
 /// copies, and page-locked memory (which the DMA engine reads directly), use the
 /// driver's copy.
-fn staged<T: Pod>(buf: &[T]) -> bool {
-    large_pageable(buf, is_page_locked(buf))
+fn staged<T: Pod>(buf: &[T], device: i32) -> bool {
+    large_pageable(buf, is_page_locked(buf, device))
 }
 
 /// [`staged`] for a buffer whose page-locking (`pinned`) is known.
@@ -59,7 +59,7 @@ impl MemoryPointer {
     ) -> Result<()> {
         // Asked once: the driver's path needs the answer too. A thread holding a
         // capture cannot wait for the staged chunks.
-        let pinned = is_page_locked(src);
+        let pinned = is_page_locked(src, self.device_id());
         if !large_pageable(src, pinned) || crate::capture::this_thread_captures() {
             return self.copy_from_host_async_direct(src, stream, pinned);
         }
@@ -89,7 +89,7 @@ impl MemoryPointer {
         dst: &mut [T],
         stream: Option<&dyn AsStream>,
     ) -> Result<()> {
-        let pinned = is_page_locked(dst);
+        let pinned = is_page_locked(dst, self.device_id());
         if !large_pageable(dst, pinned) || crate::capture::this_thread_captures() {
             return self.copy_to_host_async_direct(dst, stream, pinned);
         }
@@ -111,7 +111,7 @@ impl MemoryPointer {
         }
         self.mem().check_use(None)?;
         let via = sync_via(what)?;
-        if staged(src) {
+        if staged(src, self.device_id()) {
             let s = via.stream(self.device_id());
             return copy_host_to_device(self, as_bytes(src), &s)
                 .map_err(|e| capture_error(what, e));
@@ -152,7 +152,7 @@ impl MemoryPointer {
         }
         self.mem().check_use(None)?;
         let via = sync_via(what)?;
-        if staged(dst) {
+        if staged(dst, self.device_id()) {
             let s = via.stream(self.device_id());
             return copy_device_to_host(as_bytes_mut(dst), self, &s)
                 .map_err(|e| capture_error(what, e));
