@@ -582,21 +582,22 @@ impl<K: Hash + Eq> Recorder<K> {
             return Ok(None);
         };
         let _on = enter_device(device)?;
+        // `None`: other launches; `Some(false)`: the driver refused a node.
         let set = arguments::with_taken(|taken| {
-            if !nodes.matches(taken) {
-                return Some(false);
-            }
             // SAFETY: `exec` is the recording's live executable, instantiated from the
             // graph the nodes belong to (kept by the recording: `ArgUpdates`); the
             // launches were checked as any launch is, and what their arguments name is
             // valid for every run of the executable: the `# Safety` of the launches
-            // the closure made (which promise it for every replay of a recording).
-            unsafe { nodes.set(exec, taken) }.ok().map(|_| true)
+            // the closure made (which promise it for every replay of a recording);
+            // `taken` matches the nodes (`then` runs only then).
+            nodes
+                .matches(taken)
+                .then(|| unsafe { nodes.set(exec, taken) }.is_ok())
         });
         match set {
             Some(true) => {}
-            Some(false) => return Ok(None),
-            None => {
+            None => return Ok(None),
+            Some(false) => {
                 // Some nodes may hold the new arguments and the others the old: the
                 // executable is neither recording. It goes (after its launches), so
                 // that a capture failing next cannot leave it to be replayed; the

@@ -311,8 +311,23 @@ fn default_threads() -> usize {
 }
 
 fn workers() -> &'static Workers {
-    WORKERS.get_or_init(|| {
-        let w = Workers {
+    // Threads start on the first copy (`ensure_started`), not here: the pool is not
+    // 'static yet.
+    WORKERS.get_or_init(Workers::new)
+}
+
+impl Job {
+    /// Makes the copy and tells its latch.
+    fn make(self) {
+        copy(self.dst, self.src, self.len, self.streaming);
+        self.latch.done(self.slot);
+    }
+}
+
+impl Workers {
+    /// No thread, nothing queued.
+    fn new() -> Self {
+        Workers {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::with_capacity(256),
                 target: 0,
@@ -320,14 +335,9 @@ fn workers() -> &'static Workers {
             }),
             cv: Condvar::new(),
             queued: AtomicUsize::new(0),
-        };
-        // Threads start on the first copy (`ensure_started`), not here: `w` is not
-        // 'static yet.
-        w
-    })
-}
+        }
+    }
 
-impl Workers {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -383,8 +393,7 @@ impl Workers {
             let Some(job) = q.jobs.pop_front() else { break };
             self.queued.fetch_sub(1, Ordering::AcqRel);
             drop(q);
-            copy(job.dst, job.src, job.len, job.streaming);
-            job.latch.done(job.slot);
+            job.make();
             q = self.lock();
         }
         q.target
@@ -418,8 +427,7 @@ impl Workers {
                     q = self.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            copy(job.dst, job.src, job.len, job.streaming);
-            job.latch.done(job.slot);
+            job.make();
         }
     }
 
@@ -831,15 +839,7 @@ mod tests {
 
     #[test]
     fn copies_queued_for_workers_that_failed_to_start_are_made_all_the_same() {
-        let w: &'static Workers = Box::leak(Box::new(Workers {
-            queue: Mutex::new(Queue {
-                jobs: VecDeque::new(),
-                target: 0,
-                live: 0,
-            }),
-            cv: Condvar::new(),
-            queued: AtomicUsize::new(0),
-        }));
+        let w: &'static Workers = Box::leak(Box::new(Workers::new()));
         let src: Vec<u8> = (0..=255).cycle().take(1 << 20).collect();
         let mut dst = vec![0u8; src.len()];
         let latch = Arc::new(Latch::new());
