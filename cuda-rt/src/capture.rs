@@ -48,6 +48,7 @@ use cuda_sys::result;
 
 use crate::device::context::make_current;
 use crate::error::{explain_capture, CaptureKind, Error, Result, StateKind};
+use crate::event::{Event, EventFlags};
 use crate::stream::{
     current_stream_of, get_current_stream, AsStream, StreamRef, LEGACY_DEFAULT_HANDLE,
     PER_THREAD_DEFAULT_HANDLE,
@@ -123,6 +124,12 @@ struct Entry {
     /// Whether memory in `keep` was noted by a use on a stream other than the origin
     /// (see [`Ended::forked_uses`]).
     forked_uses: bool,
+    /// An event recorded on the origin stream just before the capture began (none on
+    /// the per-thread default stream, or when it could not be made): done once the
+    /// work queued there before the capture is. Another thread waiting for such work
+    /// (a synchronous copy queued before the capture) waits for it rather than for
+    /// the stream, which refuses waits while it captures (see [`fence_of`]).
+    fence: Option<Arc<Event>>,
 }
 
 impl Entry {
@@ -214,6 +221,37 @@ pub(crate) fn this_thread_captures() -> bool {
         .any(|e| e.thread == me && e.mode != CaptureMode::Relaxed)
 }
 
+/// An event recorded on `s` now, for [`Entry::fence`]: `None` on the per-thread
+/// default stream (each thread names another stream by its handle, so no other
+/// thread's wait can be for it), or when the event cannot be made or recorded (a
+/// global-mode capture elsewhere refusing the creation): waits then outlast the
+/// capture, as `stream::drain` says.
+fn fence_before_capture<S: AsStream + ?Sized>(s: &S) -> Option<Arc<Event>> {
+    if s.as_raw() as usize == PER_THREAD_DEFAULT_HANDLE {
+        return None;
+    }
+    let ev = Event::on_device(s.device_id(), EventFlags::DISABLE_TIMING).ok()?;
+    ev.record_on(s).ok()?;
+    Some(Arc::new(ev))
+}
+
+/// The fence of capture `id` (see [`Entry::fence`]) when another thread began it
+/// through cuda-rt on the stream `raw` itself: work this thread queued on `raw`
+/// before that capture began is done once the fence is. `None` for any other
+/// capture (this thread's own, one `raw` was forked into, one begun outside cuda-rt,
+/// one with no fence).
+pub(crate) fn fence_of(raw: usize, id: u64) -> Option<Arc<Event>> {
+    if !any_capture_active() || raw == PER_THREAD_DEFAULT_HANDLE {
+        return None;
+    }
+    let me = std::thread::current().id();
+    captures()
+        .entries
+        .iter()
+        .find(|e| e.thread != me && e.id == id && e.stream == raw)
+        .and_then(|e| e.fence.clone())
+}
+
 /// Whether the capture that the stream `raw` is in (the driver's capture `id` for it,
 /// 0 when unknown) is one that cuda-rt began on another thread: found by its id, or
 /// as the capture begun on `raw` (not the per-thread default stream, whose handle
@@ -277,6 +315,10 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
     }
     make_current(s.device_id())?;
     let _no_enqueue = TRANSITION.write().unwrap_or_else(|e| e.into_inner());
+    // Recorded under the lock, after every enqueue that could not be captured: the
+    // capture has not begun (were the stream capturing already, the begin below fails
+    // and the fence goes with it).
+    let fence = fence_before_capture(s);
     // SAFETY (the three calls below): the stream is live while `s` is borrowed
     // (`AsStream`), not the legacy default stream (refused above), and its context was
     // made current above.
@@ -302,6 +344,7 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
         allocs: Vec::new(),
         side_frees: Vec::new(),
         forked_uses: false,
+        fence,
     };
     // A record left on this stream by a capture that ended outside cuda-rt is stale
     // (a stream is in one capture at most): its allocations died with that capture.
@@ -1028,6 +1071,7 @@ mod tests {
             allocs: Vec::new(),
             side_frees: Vec::new(),
             forked_uses: false,
+            fence: None,
         }
     }
 

@@ -243,13 +243,23 @@ pub trait AsStream: sealed::Sealed {
 ///
 /// The stream itself capturing is not proof that the lent work went into a graph:
 /// another thread may have begun its capture (through cuda-rt) after the caller
-/// queued real work, which then still runs. Such a capture is waited out too (the
-/// refused wait invalidates it, and its thread ends it), and the refusal is returned
-/// once the stream is idle: the work may or may not have been captured, so the
-/// operation did not certainly happen. Only a capture this thread began, or one
-/// cuda-rt did not begin (a raw `cuStreamBeginCapture`, whose caller answers for
-/// it), is returned at once. A caller must not hold the capture transition lock
-/// here (`capture::enqueue_using`): that capture's end would wait for it.
+/// queued real work, which then still runs. That work was queued before the
+/// capture's fence (an event `capture::begin` records on the stream just before the
+/// capture begins, see `capture::fence_of`), so the fence is waited for instead of
+/// the stream: the stream is not touched (a wait on it would invalidate the capture),
+/// and the capturing thread need not end its capture first (it may be waiting for
+/// this thread). Where there is no fence (a capture the stream was forked into), the
+/// capture is waited out (the refused wait invalidates it, and its thread ends it),
+/// and the refusal is returned once the stream is idle: the work may or may not have
+/// been captured, so the operation did not certainly happen. Only a capture this
+/// thread began, or one cuda-rt did not begin (a raw `cuStreamBeginCapture`, whose
+/// caller answers for it), is returned at once. A caller must not hold the capture
+/// transition lock here (`capture::enqueue_using`): that capture's end would wait
+/// for it.
+///
+/// The callers queue their work through `capture::enqueue_uncaptured`, which
+/// refuses work a capture took: what they wait for here was queued outside any
+/// capture, so work queued before a capture of the stream is all there is.
 ///
 /// # Safety
 /// `raw` is a live stream or a default-stream handle whose context is current.
@@ -259,6 +269,12 @@ pub(crate) unsafe fn drain(raw: sys::CUstream) -> Result<()> {
     // once the stream is idle.
     let mut outlasted: Option<Error> = None;
     loop {
+        if crate::capture::any_capture_active() {
+            // SAFETY: `raw` is live (caller).
+            if let Some(waited) = unsafe { wait_for_fence(raw) } {
+                return waited.and(outlasted.map_or(Ok(()), Err));
+            }
+        }
         // SAFETY: `raw` is live (caller).
         let e = match unsafe { result::stream::synchronize(raw) } {
             Ok(()) => return outlasted.map_or(Ok(()), Err),
@@ -281,6 +297,42 @@ pub(crate) unsafe fn drain(raw: sys::CUstream) -> Result<()> {
                 }
                 outlasted.get_or_insert(e);
             }
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(1));
+    }
+}
+
+/// [`drain`] while some capture is under way: when `raw` itself is in a capture that
+/// another thread began through cuda-rt, waits for that capture's fence (the work
+/// queued before it began) and returns the outcome; `None` (nothing waited) when the
+/// stream does not capture so, or the capture has no fence.
+///
+/// A fence's wait refused by a capture (another thread's global-mode capture refuses
+/// every thread's waits) is retried until that capture ends, as `drain` does; the
+/// stream is never waited for here.
+///
+/// # Safety
+/// As for [`drain`].
+#[cold]
+unsafe fn wait_for_fence(raw: sys::CUstream) -> Option<Result<()>> {
+    // SAFETY: `raw` is live (caller).
+    let (st, id, _) = unsafe { result::stream::get_capture_info(raw) }.ok()?;
+    if st == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return None;
+    }
+    let fence = crate::capture::fence_of(raw as usize, id)?;
+    let mut pause = std::time::Duration::from_micros(10);
+    loop {
+        // SAFETY: the event is live while `fence` holds it; it was recorded before the
+        // capture began, so waiting for it is not a wait on captured work.
+        let e = match unsafe { result::event::synchronize(fence.as_raw()) } {
+            Ok(()) => return Some(Ok(())),
+            Err(e) => Error::from(e),
+        };
+        let refused_by_a_capture = e.driver_code().is_some_and(crate::error::is_capture_code);
+        if !refused_by_a_capture || crate::capture::this_thread_captures() {
+            return Some(Err(e));
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(std::time::Duration::from_millis(1));

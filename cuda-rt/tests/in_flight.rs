@@ -1043,6 +1043,80 @@ gpu_test!(
     }
 );
 
+// As above, but the capturing thread waits for the copying thread before it ends its
+// capture (a worker joined inside the capture). The copy's wait, refused because the
+// stream captures, waited for the capture to end, which waited for the copy: both
+// hung. Now the copy waits for the capture's fence (an event recorded on the stream
+// just before the capture began) and returns once its own DMA ran, without touching
+// the stream, so the capture goes on.
+gpu_test!(
+    a_sync_copy_queued_before_a_capture_returns_while_the_capture_waits_for_it,
+    {
+        let _serial = serial();
+        let t = Arc::new(Stream::non_blocking().unwrap());
+        let dev = cuda_rt::alloc(N).unwrap();
+        dev.copy_from_host(&pattern(N, 9)).unwrap();
+        let mut host = cuda_rt::pinned::alloc_pinned_memory(N).unwrap();
+        host.as_mut_slice().unwrap().fill(0);
+        // Warm: the fence's event comes from this thread's cache, so the capture's
+        // begin below makes no call another thread's global-mode capture could refuse.
+        t.begin_capture(CaptureMode::Relaxed).unwrap();
+        drop(t.end_capture().unwrap());
+        let mut gate = Gate::close(t.as_raw());
+        // Another thread's global-mode capture keeps the copy's wait refused (and
+        // retried) until this thread's capture of the copy's stream has begun.
+        let (end, ended) = global_capture_on_another_thread();
+        let (back_tx, back) = std::sync::mpsc::channel();
+        {
+            let (dev, t) = (dev.clone(), t.clone());
+            std::thread::spawn(move || {
+                let r = dev.copy_to_host_async(&mut host.as_mut_slice().unwrap()[..N], Some(&*t));
+                let _ = back_tx.send((r, host));
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        t.begin_capture(CaptureMode::Relaxed).unwrap();
+        end.send(()).unwrap();
+        let _ = ended.recv_timeout(std::time::Duration::from_secs(30));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let early = back.try_recv().ok();
+        let returned_early = early.is_some() && gate.held();
+        gate.open();
+        // The capture waits for the worker: the copy must come back meanwhile.
+        let got = early.or_else(|| back.recv_timeout(std::time::Duration::from_secs(20)).ok());
+        let ended_capture = t.end_capture();
+        assert!(
+            !returned_early,
+            "the copy returned while its DMA into the pinned range was still queued"
+        );
+        let Some((r, host)) = got else {
+            panic!("the copy waited for the end of a capture whose thread waited for the copy");
+        };
+        r.unwrap();
+        assert!(
+            host.as_slice().unwrap()[..N] == pattern(N, 9)[..],
+            "the copy returned without its bytes"
+        );
+        // The copy's wait did not touch the capturing stream (unless it asked just
+        // before the capture began, a window of microseconds): the capture survives.
+        match ended_capture {
+            Ok(g) => assert_eq!(g.node_count().unwrap(), 0, "the copy went into the graph"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    Error::Capture {
+                        kind: CaptureKind::Invalidated,
+                        ..
+                    }
+                ),
+                "{e}"
+            ),
+        }
+        t.synchronize().unwrap();
+        drop(gate);
+    }
+);
+
 // A synchronous copy queued on a stream that another thread captures: the copy must
 // run (and be waited for) or fail, never land in that thread's graph. Before
 // `capture::enqueue_uncaptured`, a capture begun and ended around the copy's enqueue
