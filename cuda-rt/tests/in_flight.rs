@@ -986,40 +986,64 @@ gpu_test!(a_staged_copy_waiting_out_a_global_capture_lets_it_end, {
     assert!(back == *src, "the staged copy's bytes");
 });
 
+/// What the copying thread of [`sync_copy_across_a_capture_of_its_stream`] sends once
+/// its copy returned: the result, the bytes the range held right then, and the range
+/// (which the thread then overwrote with `pattern(N, 5)`: it is the caller's again).
+type Returned = (
+    cuda_rt::Result<()>,
+    Vec<u8>,
+    cuda_rt::pinned::PinnedMemoryPointer,
+);
+
+/// A synchronous copy of `dev` (`N` bytes) into page-locked memory, queued by a thread
+/// of its own on a new stream `t` behind a closed gate, whose stream then captures:
+/// another thread's global-mode capture keeps the copy's wait refused (and retried)
+/// until this thread has begun a relaxed capture of `t`, then ends. Returns `t` (in
+/// that capture), the gate and where the copying thread sends [`Returned`].
+fn sync_copy_across_a_capture_of_its_stream(
+    dev: &cuda_rt::MemoryPointer,
+) -> (Arc<Stream>, Gate, std::sync::mpsc::Receiver<Returned>) {
+    let t = Arc::new(Stream::non_blocking().unwrap());
+    let mut host = cuda_rt::pinned::alloc_pinned_memory(N).unwrap();
+    host.as_mut_slice().unwrap().fill(0);
+    // Warm: the capture's fence comes from this thread's event cache, so its begin
+    // below makes no call another thread's global-mode capture could refuse.
+    t.begin_capture(CaptureMode::Relaxed).unwrap();
+    drop(t.end_capture().unwrap());
+    let gate = Gate::close(t.as_raw());
+    let (end, ended) = global_capture_on_another_thread();
+    let (back_tx, back) = std::sync::mpsc::channel();
+    {
+        let (dev, t) = (dev.clone(), t.clone());
+        std::thread::spawn(move || {
+            let r = dev.copy_to_host_async(&mut host.as_mut_slice().unwrap()[..N], Some(&*t));
+            let seen = host.as_slice().unwrap()[..N].to_vec();
+            // The borrow is over: the range is the caller's again.
+            host.as_mut_slice().unwrap()[..N].copy_from_slice(&pattern(N, 5));
+            let _ = back_tx.send((r, seen, host));
+        });
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    t.begin_capture(CaptureMode::Relaxed).unwrap();
+    end.send(()).unwrap();
+    let _ = ended.recv_timeout(std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    (t, gate, back)
+}
+
 // A synchronous copy into page-locked memory whose stream another thread begins to
 // capture while the copy (queued before, held by the gate) is still to run: the wait
 // is refused because the stream captures, yet the queued copy is real and still
 // writes the memory. The copy must not return before it ran; it did (`stream::drain`
 // gave up on a stream that captures, taking its work for the graph's), handing back
-// the pinned range while the DMA was still to write it. Another thread's global-mode
-// capture keeps the copy's wait refused, and retried, until the stream's capture
-// has begun.
+// the pinned range while the DMA was still to write it.
 gpu_test!(
     a_sync_copy_outlasts_a_capture_begun_on_its_stream_after_it,
     {
         let _serial = serial();
-        let t = Arc::new(Stream::non_blocking().unwrap());
         let dev = cuda_rt::alloc(N).unwrap();
         dev.memset(0xAB, N).unwrap();
-        let mut host = cuda_rt::pinned::alloc_pinned_memory(N).unwrap();
-        host.as_mut_slice().unwrap().fill(0);
-        let mut gate = Gate::close(t.as_raw());
-        let (end, ended) = global_capture_on_another_thread();
-        let (back_tx, back) = std::sync::mpsc::channel();
-        {
-            let (dev, t) = (dev.clone(), t.clone());
-            std::thread::spawn(move || {
-                let r = dev.copy_to_host_async(&mut host.as_mut_slice().unwrap()[..N], Some(&*t));
-                // The borrow is over: the range is the caller's again.
-                host.as_mut_slice().unwrap()[..N].copy_from_slice(&pattern(N, 5));
-                let _ = back_tx.send((r.is_ok(), host));
-            });
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        t.begin_capture(CaptureMode::Relaxed).unwrap();
-        end.send(()).unwrap();
-        let _ = ended.recv_timeout(std::time::Duration::from_secs(30));
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (t, mut gate, back) = sync_copy_across_a_capture_of_its_stream(&dev);
         let early = back.try_recv().ok();
         let held = gate.held();
         assert!(
@@ -1028,7 +1052,7 @@ gpu_test!(
         );
         let _ = t.end_capture();
         gate.open();
-        let (_ok, host) = match early {
+        let (_, _, host) = match early {
             Some(r) => r,
             None => back
                 .recv_timeout(std::time::Duration::from_secs(30))
@@ -1053,32 +1077,9 @@ gpu_test!(
     a_sync_copy_queued_before_a_capture_returns_while_the_capture_waits_for_it,
     {
         let _serial = serial();
-        let t = Arc::new(Stream::non_blocking().unwrap());
         let dev = cuda_rt::alloc(N).unwrap();
         dev.copy_from_host(&pattern(N, 9)).unwrap();
-        let mut host = cuda_rt::pinned::alloc_pinned_memory(N).unwrap();
-        host.as_mut_slice().unwrap().fill(0);
-        // Warm: the fence's event comes from this thread's cache, so the capture's
-        // begin below makes no call another thread's global-mode capture could refuse.
-        t.begin_capture(CaptureMode::Relaxed).unwrap();
-        drop(t.end_capture().unwrap());
-        let mut gate = Gate::close(t.as_raw());
-        // Another thread's global-mode capture keeps the copy's wait refused (and
-        // retried) until this thread's capture of the copy's stream has begun.
-        let (end, ended) = global_capture_on_another_thread();
-        let (back_tx, back) = std::sync::mpsc::channel();
-        {
-            let (dev, t) = (dev.clone(), t.clone());
-            std::thread::spawn(move || {
-                let r = dev.copy_to_host_async(&mut host.as_mut_slice().unwrap()[..N], Some(&*t));
-                let _ = back_tx.send((r, host));
-            });
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        t.begin_capture(CaptureMode::Relaxed).unwrap();
-        end.send(()).unwrap();
-        let _ = ended.recv_timeout(std::time::Duration::from_secs(30));
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (t, mut gate, back) = sync_copy_across_a_capture_of_its_stream(&dev);
         let early = back.try_recv().ok();
         let returned_early = early.is_some() && gate.held();
         gate.open();
@@ -1089,14 +1090,11 @@ gpu_test!(
             !returned_early,
             "the copy returned while its DMA into the pinned range was still queued"
         );
-        let Some((r, host)) = got else {
+        let Some((r, seen, host)) = got else {
             panic!("the copy waited for the end of a capture whose thread waited for the copy");
         };
         r.unwrap();
-        assert!(
-            host.as_slice().unwrap()[..N] == pattern(N, 9)[..],
-            "the copy returned without its bytes"
-        );
+        assert!(seen == pattern(N, 9), "the copy returned without its bytes");
         // The copy's wait did not touch the capturing stream (unless it asked just
         // before the capture began, a window of microseconds): the capture survives.
         match ended_capture {
@@ -1113,6 +1111,10 @@ gpu_test!(
             ),
         }
         t.synchronize().unwrap();
+        assert!(
+            host.as_slice().unwrap()[..N] == pattern(N, 5)[..],
+            "the copy wrote the range after it was handed back"
+        );
         drop(gate);
     }
 );
