@@ -130,6 +130,10 @@ struct Entry {
     /// (a synchronous copy queued before the capture) waits for it rather than for
     /// the stream, which refuses waits while it captures (see [`fence_of`]).
     fence: Option<Arc<Event>>,
+    /// The fences of streams forked into the capture through cuda-rt (see
+    /// [`wait_event_forking`]): the stream's handle, and an event recorded on it just
+    /// before it joined.
+    fork_fences: Vec<(usize, Arc<Event>)>,
 }
 
 impl Entry {
@@ -235,21 +239,69 @@ fn fence_before_capture<S: AsStream + ?Sized>(s: &S) -> Option<Arc<Event>> {
     Some(Arc::new(ev))
 }
 
-/// The fence of capture `id` (see [`Entry::fence`]) when another thread began it
-/// through cuda-rt on the stream `raw` itself: work this thread queued on `raw`
-/// before that capture began is done once the fence is. `None` for any other
-/// capture (this thread's own, one `raw` was forked into, one begun outside cuda-rt,
-/// one with no fence).
+/// The fence of the stream `raw` in capture `id` (see [`Entry::fence`] and
+/// [`Entry::fork_fences`]) when another thread began that capture through cuda-rt:
+/// work this thread queued on `raw` before `raw` was in the capture is done once the
+/// fence is. `None` for any other capture (this thread's own, one begun outside
+/// cuda-rt, one `raw` joined outside cuda-rt or with no fence).
 pub(crate) fn fence_of(raw: usize, id: u64) -> Option<Arc<Event>> {
     if !any_capture_active() || raw == PER_THREAD_DEFAULT_HANDLE {
         return None;
     }
     let me = std::thread::current().id();
-    captures()
-        .entries
+    let c = captures();
+    let e = c.entries.iter().find(|e| e.thread != me && e.id == id)?;
+    if e.stream == raw {
+        return e.fence.clone();
+    }
+    e.fork_fences
         .iter()
-        .find(|e| e.thread != me && e.id == id && e.stream == raw)
-        .and_then(|e| e.fence.clone())
+        .find(|(h, _)| *h == raw)
+        .map(|(_, f)| f.clone())
+}
+
+/// `StreamEventExt::wait_event` while some capture is under way: makes `s` wait for
+/// `event` (`cuStreamWaitEvent`), which forks `s` into a capture when `event` was
+/// recorded in one. Such a fork through cuda-rt gets a fence, as the capture's origin
+/// has ([`Entry::fence`]): an event recorded on `s` just before the wait, kept in the
+/// capture's record, which another thread's synchronous work queued on `s` before
+/// the fork is waited through (see `stream::drain`).
+///
+/// All of it runs under the exclusive side of [`TRANSITION`], as a capture's begin:
+/// an operation that may not be captured is queued either before the fence or after
+/// the fork (and then refused, see [`enqueue_uncaptured`]). The caller made `s`'s
+/// context current.
+///
+/// # Safety
+/// `event` is a live event.
+#[cold]
+pub(crate) unsafe fn wait_event_forking<S: AsStream + ?Sized>(
+    s: &S,
+    event: sys::CUevent,
+) -> Result<()> {
+    let raw = s.as_raw();
+    let _no_enqueue = TRANSITION.write().unwrap_or_else(|e| e.into_inner());
+    let fence = match info(s) {
+        Ok((CaptureStatus::None, _)) => fence_before_capture(s),
+        _ => None,
+    };
+    // SAFETY: `s` is live while borrowed (`AsStream`), its context is current
+    // (caller), and `event` is live (caller).
+    unsafe { result::stream::wait_event(raw, event) }?;
+    let Some(fence) = fence else {
+        return Ok(());
+    };
+    if let Ok((CaptureStatus::Active { id }, _)) = info(s) {
+        let mut c = captures();
+        if let Some(e) = c
+            .entries
+            .iter_mut()
+            .find(|e| e.id == id && e.device == s.device_id())
+        {
+            e.fork_fences.push((raw as usize, fence));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the capture that the stream `raw` is in (the driver's capture `id` for it,
@@ -345,6 +397,7 @@ pub(crate) fn begin<S: AsStream + ?Sized>(s: &S, mode: CaptureMode) -> Result<()
         side_frees: Vec::new(),
         forked_uses: false,
         fence,
+        fork_fences: Vec::new(),
     };
     // A record left on this stream by a capture that ended outside cuda-rt is stale
     // (a stream is in one capture at most): its allocations died with that capture.
@@ -1072,6 +1125,7 @@ mod tests {
             side_frees: Vec::new(),
             forked_uses: false,
             fence: None,
+            fork_fences: Vec::new(),
         }
     }
 

@@ -665,6 +665,12 @@ pub trait StreamEventExt: AsStream {
             return Ok(());
         }
         context_for(self)?;
+        if crate::capture::any_capture_active() {
+            // The wait may fork this stream into a capture: noted with a fence.
+            // SAFETY: the event is live while `event` is borrowed; the stream's
+            // context is current (`context_for`).
+            return unsafe { crate::capture::wait_event_forking(self, event.as_raw()) };
+        }
         // SAFETY: the stream is live while `self` is borrowed (an `AsStream` keeps it
         // alive, see `crate::stream`), and its context is current (`context_for`).
         // The event is live while `event` is borrowed (an `Event` destroys it on drop).

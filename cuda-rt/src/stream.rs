@@ -248,8 +248,10 @@ pub trait AsStream: sealed::Sealed {
 /// capture begins, see `capture::fence_of`), so the fence is waited for instead of
 /// the stream: the stream is not touched (a wait on it would invalidate the capture),
 /// and the capturing thread need not end its capture first (it may be waiting for
-/// this thread). Where there is no fence (a capture the stream was forked into), the
-/// capture is waited out (the refused wait invalidates it, and its thread ends it),
+/// this thread). A stream forked into a capture through cuda-rt (`wait_event` on an
+/// event recorded in it) has a fence of its own, recorded just before the fork. Where
+/// there is no fence (a fork made outside cuda-rt), the capture is waited
+/// out (the refused wait invalidates it, and its thread ends it),
 /// and the refusal is returned once the stream is idle: the work may or may not have
 /// been captured, so the operation did not certainly happen. Only a capture this
 /// thread began, or one cuda-rt did not begin (a raw `cuStreamBeginCapture`, whose

@@ -986,37 +986,86 @@ gpu_test!(a_staged_copy_waiting_out_a_global_capture_lets_it_end, {
     assert!(back == *src, "the staged copy's bytes");
 });
 
-/// What the copying thread of [`sync_copy_across_a_capture_of_its_stream`] sends once
-/// its copy returned: the result, the bytes the range held right then, and the range
-/// (which the thread then overwrote with `pattern(N, 5)`: it is the caller's again).
+/// What the copying thread of [`sync_copy_across_a_capture`] sends once its copy
+/// returned: the result, the bytes the range held right then, and the range (which
+/// the thread then overwrote with `pattern(N, 5)`: it is the caller's again).
 type Returned = (
     cuda_rt::Result<()>,
     Vec<u8>,
     cuda_rt::pinned::PinnedMemoryPointer,
 );
 
+/// A synchronous copy queued on a stream, and a capture that the stream is in by the
+/// time the copy waits (see [`sync_copy_across_a_capture`]).
+struct AcrossCapture {
+    /// The capture's origin (capturing, relaxed mode).
+    origin: Arc<Stream>,
+    /// The copy's stream: the origin, or a stream forked into its capture.
+    copy_on: Arc<Stream>,
+    /// Holds `copy_on` (the copy and everything after it) until opened.
+    gate: Gate,
+    /// Where the copying thread sends [`Returned`].
+    back: std::sync::mpsc::Receiver<Returned>,
+}
+
+impl AcrossCapture {
+    /// Joins a forked copy stream back and ends the capture.
+    fn end_capture(&self) -> cuda_rt::Result<Graph> {
+        if !Arc::ptr_eq(&self.origin, &self.copy_on) {
+            // A join refused (an invalidated capture) still ends the capture.
+            let joined = self.copy_on.record(None);
+            if let Ok(ev) = &joined {
+                let _ = self.origin.wait_event(ev);
+            }
+        }
+        self.origin.end_capture()
+    }
+
+    /// Waits for the capture's streams after it ended.
+    fn synchronize(&self) {
+        self.origin.synchronize().unwrap();
+        self.copy_on.synchronize().unwrap();
+    }
+}
+
+/// Makes `to` wait for the work queued on `from` (an event recorded there): forks `to`
+/// into `from`'s capture, or joins `from` back into `to`'s.
+fn fork(from: &Stream, to: &Stream) {
+    let ev = from.record(None).unwrap();
+    to.wait_event(&ev).unwrap();
+}
+
 /// A synchronous copy of `dev` (`N` bytes) into page-locked memory, queued by a thread
-/// of its own on a new stream `t` behind a closed gate, whose stream then captures:
-/// another thread's global-mode capture keeps the copy's wait refused (and retried)
-/// until this thread has begun a relaxed capture of `t`, then ends. Returns `t` (in
-/// that capture), the gate and where the copying thread sends [`Returned`].
-fn sync_copy_across_a_capture_of_its_stream(
-    dev: &cuda_rt::MemoryPointer,
-) -> (Arc<Stream>, Gate, std::sync::mpsc::Receiver<Returned>) {
-    let t = Arc::new(Stream::non_blocking().unwrap());
+/// of its own on a new stream behind a closed gate, which is then in a capture that
+/// this thread began: the copy's stream itself (`forked` false), or another stream
+/// forked into that capture after the copy was queued. Another thread's global-mode
+/// capture keeps the copy's wait refused (and retried) until then, and ends.
+fn sync_copy_across_a_capture(dev: &cuda_rt::MemoryPointer, forked: bool) -> AcrossCapture {
+    let origin = Arc::new(Stream::non_blocking().unwrap());
+    let copy_on = if forked {
+        Arc::new(Stream::non_blocking().unwrap())
+    } else {
+        origin.clone()
+    };
     let mut host = cuda_rt::pinned::alloc_pinned_memory(N).unwrap();
     host.as_mut_slice().unwrap().fill(0);
-    // Warm: the capture's fence comes from this thread's event cache, so its begin
-    // below makes no call another thread's global-mode capture could refuse.
-    t.begin_capture(CaptureMode::Relaxed).unwrap();
-    drop(t.end_capture().unwrap());
-    let gate = Gate::close(t.as_raw());
+    // Warm: the fences come from this thread's event cache, so the capture below
+    // makes no call another thread's global-mode capture could refuse.
+    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    if forked {
+        fork(&origin, &copy_on);
+    }
+    if forked {
+        fork(&copy_on, &origin);
+    }
+    drop(origin.end_capture().unwrap());
+    let gate = Gate::close(copy_on.as_raw());
     let (end, ended) = global_capture_on_another_thread();
     let (back_tx, back) = std::sync::mpsc::channel();
     {
-        let (dev, t) = (dev.clone(), t.clone());
+        let (dev, copy_on) = (dev.clone(), copy_on.clone());
         std::thread::spawn(move || {
-            let r = dev.copy_to_host_async(&mut host.as_mut_slice().unwrap()[..N], Some(&*t));
+            let r = dev.copy_to_host_async(&mut host.as_mut_slice().unwrap()[..N], Some(&*copy_on));
             let seen = host.as_slice().unwrap()[..N].to_vec();
             // The borrow is over: the range is the caller's again.
             host.as_mut_slice().unwrap()[..N].copy_from_slice(&pattern(N, 5));
@@ -1024,11 +1073,19 @@ fn sync_copy_across_a_capture_of_its_stream(
         });
     }
     std::thread::sleep(std::time::Duration::from_millis(200));
-    t.begin_capture(CaptureMode::Relaxed).unwrap();
+    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    if forked {
+        fork(&origin, &copy_on);
+    }
     end.send(()).unwrap();
     let _ = ended.recv_timeout(std::time::Duration::from_secs(30));
     std::thread::sleep(std::time::Duration::from_millis(200));
-    (t, gate, back)
+    AcrossCapture {
+        origin,
+        copy_on,
+        gate,
+        back,
+    }
 }
 
 // A synchronous copy into page-locked memory whose stream another thread begins to
@@ -1043,79 +1100,108 @@ gpu_test!(
         let _serial = serial();
         let dev = cuda_rt::alloc(N).unwrap();
         dev.memset(0xAB, N).unwrap();
-        let (t, mut gate, back) = sync_copy_across_a_capture_of_its_stream(&dev);
-        let early = back.try_recv().ok();
-        let held = gate.held();
+        let mut c = sync_copy_across_a_capture(&dev, false);
+        let early = c.back.try_recv().ok();
+        let held = c.gate.held();
         assert!(
             early.is_none() || !held,
             "the copy returned while its DMA into the pinned range was still queued"
         );
-        let _ = t.end_capture();
-        gate.open();
+        let _ = c.end_capture();
+        c.gate.open();
         let (_, _, host) = match early {
             Some(r) => r,
-            None => back
+            None => c
+                .back
                 .recv_timeout(std::time::Duration::from_secs(30))
                 .unwrap(),
         };
-        t.synchronize().unwrap();
+        c.synchronize();
         assert!(
             host.as_slice().unwrap()[..N] == pattern(N, 5)[..],
             "the copy wrote the range after it was handed back"
         );
-        drop(gate);
     }
 );
 
+/// The capturing thread waits for the copying thread of `c` before it ends its
+/// capture (a worker joined inside the capture): the copy must return meanwhile, not
+/// before its DMA ran, with its bytes (`pattern(N, 9)`), and the capture must end with
+/// no node of the copy.
+fn a_capture_waits_for_the_copy(mut c: AcrossCapture) {
+    let early = c.back.try_recv().ok();
+    let returned_early = early.is_some() && c.gate.held();
+    c.gate.open();
+    let got = early.or_else(|| c.back.recv_timeout(std::time::Duration::from_secs(20)).ok());
+    let ended_capture = c.end_capture();
+    assert!(
+        !returned_early,
+        "the copy returned while its DMA into the pinned range was still queued"
+    );
+    let Some((r, seen, host)) = got else {
+        panic!("the copy waited for the end of a capture whose thread waited for the copy");
+    };
+    r.unwrap();
+    assert!(seen == pattern(N, 9), "the copy returned without its bytes");
+    // The copy's wait did not touch the capturing stream (unless it asked just before
+    // the stream joined the capture, a window of microseconds): the capture survives.
+    match ended_capture {
+        Ok(g) => {
+            let copies = g
+                .nodes()
+                .unwrap()
+                .iter()
+                .filter(|n| {
+                    n.node_type().ok()
+                        == Some(
+                            cuda_rt::cuda_sys::driver::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY,
+                        )
+                })
+                .count();
+            assert_eq!(copies, 0, "the copy went into the graph");
+        }
+        Err(e) => assert!(
+            matches!(
+                e,
+                Error::Capture {
+                    kind: CaptureKind::Invalidated,
+                    ..
+                }
+            ),
+            "{e}"
+        ),
+    }
+    c.synchronize();
+    assert!(
+        host.as_slice().unwrap()[..N] == pattern(N, 5)[..],
+        "the copy wrote the range after it was handed back"
+    );
+}
+
 // As above, but the capturing thread waits for the copying thread before it ends its
-// capture (a worker joined inside the capture). The copy's wait, refused because the
-// stream captures, waited for the capture to end, which waited for the copy: both
-// hung. Now the copy waits for the capture's fence (an event recorded on the stream
-// just before the capture began) and returns once its own DMA ran, without touching
-// the stream, so the capture goes on.
+// capture. The copy's wait, refused because the stream captures, waited for the
+// capture to end, which waited for the copy: both hung. Now the copy waits for the
+// capture's fence (an event recorded on the stream just before the capture began) and
+// returns once its own DMA ran, without touching the stream, so the capture goes on.
 gpu_test!(
     a_sync_copy_queued_before_a_capture_returns_while_the_capture_waits_for_it,
     {
         let _serial = serial();
         let dev = cuda_rt::alloc(N).unwrap();
         dev.copy_from_host(&pattern(N, 9)).unwrap();
-        let (t, mut gate, back) = sync_copy_across_a_capture_of_its_stream(&dev);
-        let early = back.try_recv().ok();
-        let returned_early = early.is_some() && gate.held();
-        gate.open();
-        // The capture waits for the worker: the copy must come back meanwhile.
-        let got = early.or_else(|| back.recv_timeout(std::time::Duration::from_secs(20)).ok());
-        let ended_capture = t.end_capture();
-        assert!(
-            !returned_early,
-            "the copy returned while its DMA into the pinned range was still queued"
-        );
-        let Some((r, seen, host)) = got else {
-            panic!("the copy waited for the end of a capture whose thread waited for the copy");
-        };
-        r.unwrap();
-        assert!(seen == pattern(N, 9), "the copy returned without its bytes");
-        // The copy's wait did not touch the capturing stream (unless it asked just
-        // before the capture began, a window of microseconds): the capture survives.
-        match ended_capture {
-            Ok(g) => assert_eq!(g.node_count().unwrap(), 0, "the copy went into the graph"),
-            Err(e) => assert!(
-                matches!(
-                    e,
-                    Error::Capture {
-                        kind: CaptureKind::Invalidated,
-                        ..
-                    }
-                ),
-                "{e}"
-            ),
-        }
-        t.synchronize().unwrap();
-        assert!(
-            host.as_slice().unwrap()[..N] == pattern(N, 5)[..],
-            "the copy wrote the range after it was handed back"
-        );
-        drop(gate);
+        a_capture_waits_for_the_copy(sync_copy_across_a_capture(&dev, false));
+    }
+);
+
+// The same with the copy's stream forked into the capture (`wait_event` on an event
+// recorded in it) after the copy was queued: the fork records the stream's fence.
+gpu_test!(
+    a_sync_copy_queued_before_its_stream_joined_a_capture_returns_while_the_capture_waits,
+    {
+        let _serial = serial();
+        let dev = cuda_rt::alloc(N).unwrap();
+        dev.copy_from_host(&pattern(N, 9)).unwrap();
+        a_capture_waits_for_the_copy(sync_copy_across_a_capture(&dev, true));
     }
 );
 
