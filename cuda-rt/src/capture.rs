@@ -225,13 +225,16 @@ pub(crate) fn this_thread_captures() -> bool {
         .any(|e| e.thread == me && e.mode != CaptureMode::Relaxed)
 }
 
-/// An event recorded on `s` now, for [`Entry::fence`]: `None` on the per-thread
-/// default stream (each thread names another stream by its handle, so no other
-/// thread's wait can be for it), or when the event cannot be made or recorded (a
-/// global-mode capture elsewhere refusing the creation): waits then outlast the
-/// capture, as `stream::drain` says.
+/// An event recorded on `s` now, for [`Entry::fence`]: `None` on the default streams
+/// (each thread names another per-thread default stream by the same handle, so no
+/// other thread's wait can be for it; the legacy one never captures), or when the
+/// event cannot be made or recorded (a global-mode capture elsewhere refusing the
+/// creation): waits then outlast the capture, as `stream::drain` says.
 fn fence_before_capture<S: AsStream + ?Sized>(s: &S) -> Option<Arc<Event>> {
-    if s.as_raw() as usize == PER_THREAD_DEFAULT_HANDLE {
+    let raw = s.as_raw() as usize;
+    // The legacy default stream never captures, and a record there would be an
+    // implicit dependency of every blocking stream capturing meanwhile.
+    if raw == PER_THREAD_DEFAULT_HANDLE || raw == LEGACY_DEFAULT_HANDLE {
         return None;
     }
     let ev = Event::on_device(s.device_id(), EventFlags::DISABLE_TIMING).ok()?;
