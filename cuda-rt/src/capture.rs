@@ -125,10 +125,11 @@ struct Entry {
     /// (see [`Ended::forked_uses`]).
     forked_uses: bool,
     /// An event recorded on the origin stream just before the capture began (none on
-    /// the per-thread default stream, or when it could not be made): done once the
-    /// work queued there before the capture is. Another thread waiting for such work
-    /// (a synchronous copy queued before the capture) waits for it rather than for
-    /// the stream, which refuses waits while it captures (see [`fence_of`]).
+    /// a default stream, or when it could not be made, see [`fence_before_capture`]):
+    /// done once the work queued there before the capture is. Another thread waiting
+    /// for such work (a synchronous copy queued before the capture) waits for it
+    /// rather than for the stream, which refuses waits while it captures (see
+    /// [`fence_of`]).
     fence: Option<Arc<Event>>,
     /// The fences of streams forked into the capture through cuda-rt (see
     /// [`wait_event_forking`]): the stream's handle, and an event recorded on it just

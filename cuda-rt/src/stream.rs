@@ -250,10 +250,10 @@ pub trait AsStream: sealed::Sealed {
 /// and the capturing thread need not end its capture first (it may be waiting for
 /// this thread). A stream forked into a capture through cuda-rt (`wait_event` on an
 /// event recorded in it) has a fence of its own, recorded just before the fork. Where
-/// there is no fence (a fork made outside cuda-rt), the capture is waited
-/// out (the refused wait invalidates it, and its thread ends it),
-/// and the refusal is returned once the stream is idle: the work may or may not have
-/// been captured, so the operation did not certainly happen. Only a capture this
+/// there is no fence (a fork made outside cuda-rt), the capture is waited out (the
+/// refused wait invalidates it, and its thread ends it), and the refusal is returned
+/// once the stream is idle: the work may or may not have been captured, so the
+/// operation did not certainly happen. Only a capture this
 /// thread began, or one cuda-rt did not begin (a raw `cuStreamBeginCapture`, whose
 /// caller answers for it), is returned at once. A caller must not hold the capture
 /// transition lock here (`capture::enqueue_using`): that capture's end would wait
@@ -271,14 +271,16 @@ pub(crate) unsafe fn drain(raw: sys::CUstream) -> Result<()> {
     // once the stream is idle.
     let mut outlasted: Option<Error> = None;
     loop {
-        if crate::capture::any_capture_active() {
-            // SAFETY: `raw` is live (caller).
-            if let Some(waited) = unsafe { wait_for_fence(raw) } {
-                return waited.and(outlasted.map_or(Ok(()), Err));
-            }
-        }
         // SAFETY: `raw` is live (caller).
-        let e = match unsafe { result::stream::synchronize(raw) } {
+        let fence = unsafe { fence_of_capture(raw) };
+        let waited = match &fence {
+            // SAFETY: the fence's event is live while `fence` holds it, and was
+            // recorded before the stream was in the capture: not captured work.
+            Some(f) => unsafe { result::event::synchronize(f.as_raw()) },
+            // SAFETY: `raw` is live (caller).
+            None => unsafe { result::stream::synchronize(raw) },
+        };
+        let e = match waited {
             Ok(()) => return outlasted.map_or(Ok(()), Err),
             Err(e) => Error::from(e),
         };
@@ -286,59 +288,48 @@ pub(crate) unsafe fn drain(raw: sys::CUstream) -> Result<()> {
         if !refused_by_a_capture || crate::capture::this_thread_captures() {
             return Err(e);
         }
-        // SAFETY: as above.
-        let own = unsafe { result::stream::get_capture_info(raw) };
-        if let Ok((st, id, _)) = own {
-            if st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-                // The stream itself captures. Work queued before another thread began
-                // that capture still runs on the stream and uses what the caller
-                // lent: wait until that thread ends the capture. This thread's own
-                // capture (or one cuda-rt does not know) cannot be waited out here.
-                if !crate::capture::begun_by_another_thread(raw as usize, id) {
-                    return Err(e);
+        if fence.is_none() {
+            // SAFETY: as above.
+            let own = unsafe { result::stream::get_capture_info(raw) };
+            if let Ok((st, id, _)) = own {
+                if st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                    // The stream itself captures, with no fence. Work queued before
+                    // another thread began that capture still runs on the stream and
+                    // uses what the caller lent: wait until that thread ends the
+                    // capture. This thread's own capture (or one cuda-rt does not
+                    // know) cannot be waited out here.
+                    if !crate::capture::begun_by_another_thread(raw as usize, id) {
+                        return Err(e);
+                    }
+                    outlasted.get_or_insert(e);
                 }
-                outlasted.get_or_insert(e);
             }
         }
+        // A fence's wait refused by another thread's global-mode capture, or the
+        // stream's: retried until that capture ends.
         std::thread::sleep(pause);
         pause = (pause * 2).min(std::time::Duration::from_millis(1));
     }
 }
 
-/// [`drain`] while some capture is under way: when `raw` itself is in a capture that
-/// another thread began through cuda-rt, waits for that capture's fence (the work
-/// queued before it began) and returns the outcome; `None` (nothing waited) when the
-/// stream does not capture so, or the capture has no fence.
-///
-/// A fence's wait refused by a capture (another thread's global-mode capture refuses
-/// every thread's waits) is retried until that capture ends, as `drain` does; the
-/// stream is never waited for here.
+/// The fence (`capture::fence_of`) to wait for instead of `raw` when `raw` is in a
+/// capture that another thread began through cuda-rt: `None` (wait for the stream)
+/// while no capture is under way (one relaxed load), when the stream does not
+/// capture, or when its capture has no fence.
 ///
 /// # Safety
 /// As for [`drain`].
-#[cold]
-unsafe fn wait_for_fence(raw: sys::CUstream) -> Option<Result<()>> {
+#[inline]
+unsafe fn fence_of_capture(raw: sys::CUstream) -> Option<std::sync::Arc<crate::event::Event>> {
+    if !crate::capture::any_capture_active() {
+        return None;
+    }
     // SAFETY: `raw` is live (caller).
     let (st, id, _) = unsafe { result::stream::get_capture_info(raw) }.ok()?;
     if st == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
         return None;
     }
-    let fence = crate::capture::fence_of(raw as usize, id)?;
-    let mut pause = std::time::Duration::from_micros(10);
-    loop {
-        // SAFETY: the event is live while `fence` holds it; it was recorded before the
-        // capture began, so waiting for it is not a wait on captured work.
-        let e = match unsafe { result::event::synchronize(fence.as_raw()) } {
-            Ok(()) => return Some(Ok(())),
-            Err(e) => Error::from(e),
-        };
-        let refused_by_a_capture = e.driver_code().is_some_and(crate::error::is_capture_code);
-        if !refused_by_a_capture || crate::capture::this_thread_captures() {
-            return Some(Err(e));
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(std::time::Duration::from_millis(1));
-    }
+    crate::capture::fence_of(raw as usize, id)
 }
 
 fn check_device(s: &StreamRef) -> Result<()> {

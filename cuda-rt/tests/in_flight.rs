@@ -1124,11 +1124,16 @@ gpu_test!(
     }
 );
 
-/// The capturing thread waits for the copying thread of `c` before it ends its
-/// capture (a worker joined inside the capture): the copy must return meanwhile, not
-/// before its DMA ran, with its bytes (`pattern(N, 9)`), and the capture must end with
-/// no node of the copy.
-fn a_capture_waits_for_the_copy(mut c: AcrossCapture) {
+/// A copy of `pattern(N, 9)` across a capture ([`sync_copy_across_a_capture`], the
+/// copy's stream `forked` into it or its origin), whose thread then waits for the
+/// copying thread before it ends the capture (a worker joined inside the capture):
+/// the copy must return meanwhile, not before its DMA ran, with its bytes, and the
+/// capture must end with no node of the copy.
+fn a_capture_waits_for_the_copy(forked: bool) {
+    let _serial = serial();
+    let dev = cuda_rt::alloc(N).unwrap();
+    dev.copy_from_host(&pattern(N, 9)).unwrap();
+    let mut c = sync_copy_across_a_capture(&dev, forked);
     let early = c.back.try_recv().ok();
     let returned_early = early.is_some() && c.gate.held();
     c.gate.open();
@@ -1186,10 +1191,7 @@ fn a_capture_waits_for_the_copy(mut c: AcrossCapture) {
 gpu_test!(
     a_sync_copy_queued_before_a_capture_returns_while_the_capture_waits_for_it,
     {
-        let _serial = serial();
-        let dev = cuda_rt::alloc(N).unwrap();
-        dev.copy_from_host(&pattern(N, 9)).unwrap();
-        a_capture_waits_for_the_copy(sync_copy_across_a_capture(&dev, false));
+        a_capture_waits_for_the_copy(false);
     }
 );
 
@@ -1198,10 +1200,7 @@ gpu_test!(
 gpu_test!(
     a_sync_copy_queued_before_its_stream_joined_a_capture_returns_while_the_capture_waits,
     {
-        let _serial = serial();
-        let dev = cuda_rt::alloc(N).unwrap();
-        dev.copy_from_host(&pattern(N, 9)).unwrap();
-        a_capture_waits_for_the_copy(sync_copy_across_a_capture(&dev, true));
+        a_capture_waits_for_the_copy(true);
     }
 );
 
